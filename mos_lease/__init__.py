@@ -1,0 +1,79 @@
+"""mos-lease: durable logical-agent identity and fenced connector leases.
+
+The public names live here; submodules are named for what they hold.
+"""
+
+from mos_lease.context import ConnectorExecutionContext
+from mos_lease.coordinator import AsyncConnectorLeaseCoordinator, ConnectorLeaseCoordinator
+from mos_lease.errors import (
+    CommitOutcomeUnknown,
+    ConfigurationError,
+    GrantNotTransferable,
+    InternalInconsistency,
+    InvalidInput,
+    MosLeaseError,
+    StoreUnavailable,
+)
+from mos_lease.grants import ExecutionGrant
+from mos_lease.identity import (
+    GRANT_TTL_CAP,
+    LEASE_TTL_CAP,
+    MAX_EPOCH,
+    SCOPE_GRAMMAR,
+    LeaseIdentity,
+)
+from mos_lease.machine import PolicyVerdict
+from mos_lease.policy import (
+    AllowAllPolicy,
+    ConnectorLeaseService,
+    ConnectorRule,
+    DenyAllPolicy,
+    PolicyRequest,
+    StaticConnectorPolicy,
+)
+from mos_lease.ports import AsyncLeaseStore, LeaseInspector, LeaseStore
+from mos_lease.records import AuditEntry, AuditRecord, LeaseHandle, LeaseRow, Snapshot
+from mos_lease.results import GrantResult, InvocationResult, LeaseResult, ValidationResult
+from mos_lease.vocabulary import LeaseState, LifecycleEvent, Outcome, Reason
+
+__all__ = [
+    "GRANT_TTL_CAP",
+    "LEASE_TTL_CAP",
+    "MAX_EPOCH",
+    "SCOPE_GRAMMAR",
+    "AllowAllPolicy",
+    "AsyncConnectorLeaseCoordinator",
+    "AsyncLeaseStore",
+    "AuditEntry",
+    "AuditRecord",
+    "CommitOutcomeUnknown",
+    "ConfigurationError",
+    "ConnectorExecutionContext",
+    "ConnectorLeaseCoordinator",
+    "ConnectorLeaseService",
+    "ConnectorRule",
+    "DenyAllPolicy",
+    "ExecutionGrant",
+    "GrantNotTransferable",
+    "GrantResult",
+    "InternalInconsistency",
+    "InvalidInput",
+    "InvocationResult",
+    "LeaseHandle",
+    "LeaseIdentity",
+    "LeaseInspector",
+    "LeaseResult",
+    "LeaseRow",
+    "LeaseState",
+    "LeaseStore",
+    "LifecycleEvent",
+    "MosLeaseError",
+    "Outcome",
+    "PolicyRequest",
+    "PolicyVerdict",
+    "Reason",
+    "Snapshot",
+    "StaticConnectorPolicy",
+    "StoreUnavailable",
+    "ValidationResult",
+]

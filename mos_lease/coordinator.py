@@ -1,0 +1,575 @@
+"""The coordinator: the thin imperative shell around the pure core.
+
+Every operation is written once, as a generator ("flow") that yields store operations and
+receives their results. Two drivers run the same flows: ``ConnectorLeaseCoordinator`` calls a
+synchronous store, ``AsyncConnectorLeaseCoordinator`` awaits an asyncio one. Neither driver
+knows anything about leases, so the two cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import uuid
+from collections.abc import Awaitable, Callable, Generator
+from datetime import datetime, timedelta
+from typing import Any, Generic, TypeVar
+from uuid import UUID
+
+import attrs
+
+from mos_lease.context import ConnectorExecutionContext
+from mos_lease.errors import (
+    CommitOutcomeUnknown,
+    ConfigurationError,
+    InternalInconsistency,
+    InvalidInput,
+    MosLeaseError,
+    StoreUnavailable,
+)
+from mos_lease.grants import ExecutionGrant, GrantRegistry
+from mos_lease.identity import (
+    GRANT_TTL_CAP,
+    LEASE_TTL_CAP,
+    LeaseIdentity,
+    check_correlation_id,
+    check_epoch,
+    check_id,
+    check_identity,
+    normalize_scopes,
+    normalize_ttl,
+)
+from mos_lease.machine import (
+    Acquire,
+    Close,
+    Command,
+    Heartbeat,
+    Insert,
+    IssueGrant,
+    PolicyVerdict,
+    Release,
+    Renew,
+    Rotate,
+    Takeover,
+    Write,
+    audit_entry,
+    decide,
+    event_of,
+    grant_expiry,
+    grant_refusal,
+    identity_refusal,
+    plan,
+    presented_epoch,
+    success_epoch,
+)
+from mos_lease.policy import ConnectorLeaseService, DenyAllPolicy, PolicyRequest
+from mos_lease.ports import AsyncLeaseStore, IdSource, LeaseStore
+from mos_lease.records import AuditEntry, LeaseHandle, LeaseRow, Snapshot, WriteOutcome
+from mos_lease.results import GrantResult, InvocationResult, LeaseResult, ValidationResult
+from mos_lease.vocabulary import LeaseState, LifecycleEvent, Outcome, Reason
+
+log = logging.getLogger("mos_lease")
+
+T = TypeVar("T")
+S = TypeVar("S")
+
+# --- store operations a flow can yield ---------------------------------------------------
+
+
+@attrs.frozen(slots=True)
+class Load:
+    identity: LeaseIdentity
+
+
+@attrs.frozen(slots=True)
+class Apply:
+    write: Write
+    entry: AuditEntry
+
+
+@attrs.frozen(slots=True)
+class Record:
+    entry: AuditEntry
+
+
+@attrs.frozen(slots=True)
+class Committed:
+    event_id: UUID
+
+
+Op = Load | Apply | Record | Committed
+Flow = Generator[Op, Any, T]
+
+DEFAULT_MAX_CONFLICT_RETRIES = 8
+
+
+def _check_cap(name: str, value: object, hard_cap: timedelta) -> timedelta:
+    try:
+        return normalize_ttl(name, value, hard_cap)
+    except InvalidInput as bad:
+        raise ConfigurationError(
+            f"{bad} (options may only tighten the {hard_cap.total_seconds():g} s cap)"
+        ) from None
+
+
+def _check_handle(lease: object) -> LeaseHandle:
+    if not isinstance(lease, LeaseHandle):
+        raise InvalidInput("lease", f"must be a LeaseHandle, not {type(lease).__name__}")
+    check_identity("lease.identity", lease.identity)
+    check_id("lease.connector_id", lease.connector_id)
+    if not isinstance(lease.lease_id, UUID):
+        raise InvalidInput("lease.lease_id", "must be a UUID")
+    check_epoch("lease.epoch", lease.epoch)
+    return lease
+
+
+class _Flows:
+    """Every operation of the coordinator, independent of how the store is called."""
+
+    def __init__(
+        self,
+        policy: ConnectorLeaseService | None,
+        *,
+        lease_ttl_cap: timedelta | float,
+        grant_ttl_cap: timedelta | float,
+        id_source: IdSource,
+        max_conflict_retries: int,
+    ) -> None:
+        self.policy: ConnectorLeaseService = DenyAllPolicy() if policy is None else policy
+        self.lease_ttl_cap = _check_cap("lease_ttl_cap", lease_ttl_cap, LEASE_TTL_CAP)
+        self.grant_ttl_cap = _check_cap("grant_ttl_cap", grant_ttl_cap, GRANT_TTL_CAP)
+        if isinstance(max_conflict_retries, bool) or not isinstance(max_conflict_retries, int) \
+                or not 0 <= max_conflict_retries <= 100:
+            raise ConfigurationError("max_conflict_retries must be an int in 0..100")
+        self.max_conflict_retries = max_conflict_retries
+        self._ids = id_source
+        self._grants = GrantRegistry()
+
+    @property
+    def live_grants(self) -> int:
+        """How many grants this instance currently remembers (bounded by expiry)."""
+        return len(self._grants)
+
+    def _correlation(self, correlation_id: object) -> str:
+        given = check_correlation_id("correlation_id", correlation_id)
+        return given if given is not None else self._ids().hex
+
+    def _verdict(self, request: PolicyRequest) -> PolicyVerdict:
+        verdict = self.policy.authorize(request)
+        if not isinstance(verdict, PolicyVerdict):
+            raise ConfigurationError(
+                f"policy returned {type(verdict).__name__}, expected PolicyVerdict")
+        return verdict
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    def acquire(self, identity: LeaseIdentity, connector_id: str, scopes: object,
+                ttl: timedelta | float, correlation_id: str | None) -> Flow[LeaseResult]:
+        identity = check_identity("identity", identity)
+        connector_id = check_id("connector_id", connector_id)
+        norm_scopes = normalize_scopes("scopes", scopes)
+        norm_ttl = normalize_ttl("ttl", ttl, self.lease_ttl_cap)
+        command = Acquire(identity, connector_id, norm_scopes, norm_ttl, self._ids(),
+                          self._ids(), self._correlation(correlation_id))
+        verdict = self._verdict(PolicyRequest(LifecycleEvent.ACQUIRE, identity, connector_id,
+                                              norm_scopes, norm_ttl))
+        return (yield from self._lifecycle(command, verdict, None))
+
+    def takeover(self, identity: LeaseIdentity, connector_id: str, scopes: object,
+                 ttl: timedelta | float, expected_epoch: int,
+                 correlation_id: str | None) -> Flow[LeaseResult]:
+        identity = check_identity("identity", identity)
+        connector_id = check_id("connector_id", connector_id)
+        norm_scopes = normalize_scopes("scopes", scopes)
+        norm_ttl = normalize_ttl("ttl", ttl, self.lease_ttl_cap)
+        expected_epoch = check_epoch("expected_epoch", expected_epoch)
+        correlation = self._correlation(correlation_id)
+        # The policy is told the current row's state, so takeover reads before it writes.
+        snapshot: Snapshot = yield Load(identity)
+        row = snapshot.row
+        state = None if row is None else row.state(snapshot.now)
+        verdict = self._verdict(PolicyRequest(
+            LifecycleEvent.TAKEOVER, identity, connector_id, norm_scopes, norm_ttl,
+            current_state=state, current_connector_id=None if row is None else row.connector_id,
+        ))
+        command = Takeover(identity, connector_id, norm_scopes, norm_ttl, expected_epoch,
+                           preempt_active=verdict.allowed and state is LeaseState.ACTIVE,
+                           new_lease_id=self._ids(), event_id=self._ids(),
+                           correlation_id=correlation)
+        return (yield from self._lifecycle(command, verdict, snapshot))
+
+    def heartbeat(self, lease: LeaseHandle, ttl: timedelta | float,
+                  correlation_id: str | None) -> Flow[LeaseResult]:
+        lease = _check_handle(lease)
+        norm_ttl = normalize_ttl("ttl", ttl, self.lease_ttl_cap)
+        command = Heartbeat(lease.identity, lease.connector_id, lease.lease_id, lease.epoch,
+                            norm_ttl, self._ids(), self._correlation(correlation_id))
+        verdict = self._verdict(PolicyRequest(LifecycleEvent.HEARTBEAT, lease.identity,
+                                              lease.connector_id, lease.scopes, norm_ttl))
+        return (yield from self._lifecycle(command, verdict, None))
+
+    def release(self, lease: LeaseHandle, correlation_id: str | None) -> Flow[LeaseResult]:
+        lease = _check_handle(lease)
+        command = Release(lease.identity, lease.connector_id, lease.lease_id, lease.epoch,
+                          self._ids(), self._correlation(correlation_id))
+        verdict = self._verdict(PolicyRequest(LifecycleEvent.RELEASE, lease.identity,
+                                              lease.connector_id, lease.scopes, None))
+        return (yield from self._lifecycle(command, verdict, None))
+
+    def _lifecycle(self, command: Acquire | Takeover | Heartbeat | Release,
+                   verdict: PolicyVerdict, snapshot: Snapshot | None) -> Flow[LeaseResult]:
+        if not verdict.allowed:
+            return (yield from self._deny(command, verdict.reason, None))
+        write = plan(command)
+        assert write is not None
+        if snapshot is None:
+            # Optimistic: the store re-checks the guard, so on the success path the write is
+            # the only round trip. A refusal is named from a fresh read below.
+            outcome = yield from self._apply(command, write)
+            if outcome.row is not None:
+                return self._success(command, outcome.row)
+        for _ in range(self.max_conflict_retries + 1):
+            if snapshot is None:
+                snapshot = yield Load(command.identity)
+            decision = decide(snapshot.row, snapshot.now, command, verdict)
+            if decision.reason is not None:
+                return (yield from self._deny(command, decision.reason, snapshot.row))
+            assert decision.write is not None
+            outcome = yield from self._apply(command, decision.write)
+            if outcome.row is not None:
+                return self._success(command, outcome.row)
+            snapshot = None  # lost a race between read and write: read again
+        raise InternalInconsistency(
+            f"{event_of(command)} kept conflicting after {self.max_conflict_retries} retries")
+
+    def _apply(self, command: Command, write: Write) -> Flow[WriteOutcome]:
+        entry = audit_entry(command, None, success_epoch(command))
+        try:
+            return (yield Apply(write, entry))  # type: ignore[no-any-return]
+        except CommitOutcomeUnknown:
+            pass
+        # The write may or may not have committed. Its audit row exists exactly when it did,
+        # so ask for it instead of retrying blindly (a blind takeover retry would either fail
+        # against our own new epoch or, worse, be taken for someone else's).
+        try:
+            committed: bool = yield Committed(entry.event_id)
+            snapshot: Snapshot = yield Load(command.identity)
+        except StoreUnavailable as down:
+            raise CommitOutcomeUnknown(entry.event_id, str(down)) from down
+        log.warning("mos_lease: %s %s outcome reconciled: committed=%s", entry.event,
+                    command.identity, committed)
+        if not committed:
+            return WriteOutcome(None, snapshot.now)
+        return WriteOutcome(self._reconciled_row(command, write, snapshot), snapshot.now)
+
+    @staticmethod
+    def _reconciled_row(command: Command, write: Write, snapshot: Snapshot) -> LeaseRow:
+        """The row our committed write produced, as far as it can still be known."""
+        row = snapshot.row
+        assert row is not None  # our write committed and rows are never deleted
+        lease_id = write.new_lease_id if isinstance(write, Rotate) else (
+            write.lease_id if isinstance(write, Insert | Renew | Close) else row.lease_id)
+        epoch = success_epoch(command)
+        if row.lease_id == lease_id and row.epoch == epoch:
+            return row
+        # Superseded since: report the write, with an expiry that is already over.
+        assert epoch is not None
+        return attrs.evolve(row, lease_id=lease_id, epoch=epoch,
+                            connector_id=command.connector_id, expires_at=snapshot.now)
+
+    def _success(self, command: Command, row: LeaseRow) -> LeaseResult:
+        return LeaseResult(audit_entry(command, None, None).outcome, None,
+                           command.correlation_id, lease=LeaseHandle.of(row),
+                           current_epoch=row.epoch)
+
+    def _deny(self, command: Command, reason: Reason | None,
+              row: LeaseRow | None) -> Flow[LeaseResult]:
+        assert reason is not None
+        yield Record(audit_entry(command, reason, presented_epoch(command)))
+        log.info("mos_lease: %s denied for %s connector=%s reason=%s", event_of(command),
+                 command.identity, command.connector_id, reason)
+        return LeaseResult(Outcome.DENIED, reason, command.correlation_id,
+                           current_epoch=None if row is None else row.epoch)
+
+    # -- grants -----------------------------------------------------------------------------
+
+    def issue_grant(self, lease: LeaseHandle, scopes: object, ttl: timedelta | float,
+                    correlation_id: str | None) -> Flow[GrantResult]:
+        lease = _check_handle(lease)
+        norm_scopes = normalize_scopes("scopes", scopes)
+        norm_ttl = normalize_ttl("ttl", ttl, self.grant_ttl_cap)
+        command = IssueGrant(lease.identity, lease.connector_id, lease.lease_id, lease.epoch,
+                             norm_scopes, norm_ttl, self._ids(),
+                             self._correlation(correlation_id))
+        verdict = self._verdict(PolicyRequest(LifecycleEvent.GRANT_ISSUE, lease.identity,
+                                              lease.connector_id, norm_scopes, norm_ttl))
+        row = None
+        if verdict.allowed:
+            # Reread the durable current lease: a grant is never minted from a cached view.
+            snapshot: Snapshot = yield Load(lease.identity)
+            row, now = snapshot.row, snapshot.now
+            decision = decide(row, now, command, verdict)
+        else:
+            decision = decide(None, datetime.min, command, verdict)
+        yield Record(decision.audit)
+        if decision.reason is not None:
+            log.info("mos_lease: grant denied for %s connector=%s reason=%s", lease.identity,
+                     lease.connector_id, decision.reason)
+            return GrantResult(Outcome.DENIED, decision.reason, command.correlation_id)
+        assert row is not None
+        grant = self._grants.mint(
+            self._ids(), lease.identity, lease.connector_id, lease.lease_id, lease.epoch,
+            norm_scopes, grant_expiry(row, now, norm_ttl), command.correlation_id, now)
+        return GrantResult(Outcome.GRANT_ISSUED, None, command.correlation_id, grant)
+
+    def validate(self, grant: object, identity: LeaseIdentity, scopes: object,
+                 correlation_id: str | None) -> Flow[ValidationResult]:
+        identity = check_identity("identity", identity)
+        requested = normalize_scopes("scopes", scopes)
+        fallback_correlation = check_correlation_id("correlation_id", correlation_id)
+        if not self._grants.recognizes(grant):
+            # Nothing in an unrecognized object is trusted, not even for the audit row.
+            return (yield from self._deny_validation(
+                Reason.GRANT_UNKNOWN, identity, "unrecognized", None,
+                fallback_correlation or self._ids().hex))
+        assert isinstance(grant, ExecutionGrant)
+        reason = identity_refusal(grant.identity, identity)
+        if reason is None:
+            try:
+                snapshot: Snapshot = yield Load(grant.identity)
+            except StoreUnavailable:
+                # Fail closed, and do not try to write an audit row to a store that just
+                # failed to answer; the log line is the record.
+                log.warning("mos_lease: validation denied for %s: store unavailable", identity)
+                return ValidationResult(Reason.STORE_UNAVAILABLE)
+            self._grants.prune(snapshot.now)
+            row = snapshot.row
+            reason = grant_refusal(
+                row, snapshot.now, connector_id=grant.connector_id, lease_id=grant.lease_id,
+                epoch=grant.epoch, granted_scopes=grant.scopes,
+                grant_expires_at=grant.expires_at, requested=requested)
+            if reason is None:
+                assert row is not None
+                return ValidationResult(None, ConnectorExecutionContext(
+                    identity=grant.identity, connector_id=grant.connector_id,
+                    lease_id=grant.lease_id, epoch=grant.epoch, scopes=requested,
+                    expires_at=min(grant.expires_at, row.expires_at),
+                    correlation_id=grant.correlation_id))
+        return (yield from self._deny_validation(reason, identity, grant.connector_id,
+                                                 grant.epoch, grant.correlation_id))
+
+    def _deny_validation(self, reason: Reason, identity: LeaseIdentity, connector_id: str,
+                         epoch: int | None, correlation_id: str) -> Flow[ValidationResult]:
+        entry = AuditEntry(self._ids(), LifecycleEvent.GRANT_VALIDATE, Outcome.DENIED, reason,
+                           identity, connector_id, epoch, correlation_id)
+        log.info("mos_lease: validation denied for %s connector=%s reason=%s", identity,
+                 connector_id, reason)
+        try:
+            yield Record(entry)
+        except StoreUnavailable:
+            log.warning("mos_lease: could not audit denied validation %s", entry.event_id)
+        return ValidationResult(reason)
+
+    def reconcile(self, identity: LeaseIdentity, event_id: UUID) -> Flow[bool]:
+        check_identity("identity", identity)
+        if not isinstance(event_id, UUID):
+            raise InvalidInput("event_id", "must be a UUID")
+        return (yield Committed(event_id))  # type: ignore[no-any-return]
+
+
+def _call(store: LeaseStore, op: Op) -> object:
+    if isinstance(op, Load):
+        return store.load(op.identity)
+    if isinstance(op, Apply):
+        return store.apply(op.write, op.entry)
+    if isinstance(op, Record):
+        store.record(op.entry)
+        return None
+    return store.event_committed(op.event_id)
+
+
+async def _acall(store: AsyncLeaseStore, op: Op) -> object:
+    if isinstance(op, Load):
+        return await store.load(op.identity)
+    if isinstance(op, Apply):
+        return await store.apply(op.write, op.entry)
+    if isinstance(op, Record):
+        await store.record(op.entry)
+        return None
+    return await store.event_committed(op.event_id)
+
+
+class _Coordinator(Generic[S]):
+    """What both coordinators share: the flows, the options and the process they live in."""
+
+    def __init__(
+        self,
+        store: S,
+        policy: ConnectorLeaseService | None = None,
+        *,
+        lease_ttl_cap: timedelta | float = LEASE_TTL_CAP,
+        grant_ttl_cap: timedelta | float = GRANT_TTL_CAP,
+        id_source: IdSource = uuid.uuid4,
+        max_conflict_retries: int = DEFAULT_MAX_CONFLICT_RETRIES,
+    ) -> None:
+        self.store = store
+        self._flows = _Flows(policy, lease_ttl_cap=lease_ttl_cap, grant_ttl_cap=grant_ttl_cap,
+                             id_source=id_source, max_conflict_retries=max_conflict_retries)
+        self._pid = os.getpid()
+
+    @property
+    def live_grants(self) -> int:
+        """How many grants this instance remembers; expired ones are dropped."""
+        return self._flows.live_grants
+
+    def _foreign_process(self) -> bool:
+        # Registries are wiped in a forked child; this also covers a coordinator object
+        # that reached another process by any other route.
+        return os.getpid() != self._pid
+
+
+class ConnectorLeaseCoordinator(_Coordinator[LeaseStore]):
+    """Synchronous coordinator. One instance per gateway process.
+
+    ``store`` defaults to a fresh in-memory store; ``policy`` defaults to deny-all. The TTL
+    caps (5 minutes for leases, 30 seconds for grants) may only be lowered. Other keyword
+    options are those of :class:`AsyncConnectorLeaseCoordinator`.
+    """
+
+    def __init__(self, store: LeaseStore | None = None,
+                 policy: ConnectorLeaseService | None = None, **options: Any) -> None:
+        if store is None:
+            from mos_lease_memory import InMemoryLeaseStore  # the embedded default
+
+            store = InMemoryLeaseStore()
+        super().__init__(store, policy, **options)
+
+    def _run(self, flow: Flow[T]) -> T:
+        try:
+            op = next(flow)
+            while True:
+                try:
+                    result = _call(self.store, op)
+                except MosLeaseError as failure:
+                    op = flow.throw(failure)
+                else:
+                    op = flow.send(result)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+
+    def acquire(self, identity: LeaseIdentity, connector_id: str, *, scopes: object,
+                ttl: timedelta | float, correlation_id: str | None = None) -> LeaseResult:
+        """Insert-only first acquisition (epoch 1). Never recovers an expired or released
+        lease: that needs :meth:`takeover`."""
+        return self._run(self._flows.acquire(identity, connector_id, scopes, ttl,
+                                             correlation_id))
+
+    def takeover(self, identity: LeaseIdentity, connector_id: str, *, scopes: object,
+                 ttl: timedelta | float, expected_epoch: int,
+                 correlation_id: str | None = None) -> LeaseResult:
+        """Compare-and-set on ``expected_epoch``: rotates the lease id, epoch + 1."""
+        return self._run(self._flows.takeover(identity, connector_id, scopes, ttl,
+                                              expected_epoch, correlation_id))
+
+    def heartbeat(self, lease: LeaseHandle, *, ttl: timedelta | float,
+                  correlation_id: str | None = None) -> LeaseResult:
+        """Extend an active lease to store time + ``ttl``; full match on every field."""
+        return self._run(self._flows.heartbeat(lease, ttl, correlation_id))
+
+    def release(self, lease: LeaseHandle, *, correlation_id: str | None = None) -> LeaseResult:
+        """Release an active lease, keeping its epoch; only a takeover follows it."""
+        return self._run(self._flows.release(lease, correlation_id))
+
+    def issue_grant(self, lease: LeaseHandle, *, scopes: object, ttl: timedelta | float,
+                    correlation_id: str | None = None) -> GrantResult:
+        """Mint a short-lived, process-local grant after rereading the current lease."""
+        return self._run(self._flows.issue_grant(lease, scopes, ttl, correlation_id))
+
+    def validate(self, grant: ExecutionGrant, *, identity: LeaseIdentity, scopes: object,
+                 correlation_id: str | None = None) -> ValidationResult:
+        """Check ``grant`` against the store right now, for work on ``identity`` needing
+        ``scopes``. Prefer :meth:`invoke`, which leaves no gap before the adapter runs."""
+        if self._foreign_process():
+            return ValidationResult(Reason.GRANT_UNKNOWN)
+        return self._run(self._flows.validate(grant, identity, scopes, correlation_id))
+
+    def invoke(self, grant: ExecutionGrant, adapter: Callable[[ConnectorExecutionContext], T],
+               *, identity: LeaseIdentity, scopes: object,
+               correlation_id: str | None = None) -> InvocationResult[T]:
+        """Validate, then call ``adapter`` with the context and nothing else."""
+        checked = self.validate(grant, identity=identity, scopes=scopes,
+                                correlation_id=correlation_id)
+        if checked.context is None:
+            return InvocationResult(checked.reason)
+        return InvocationResult(None, checked.context, adapter(checked.context))
+
+    def reconcile(self, identity: LeaseIdentity, event_id: UUID) -> bool:
+        """Whether the write behind a :class:`CommitOutcomeUnknown` took effect."""
+        return self._run(self._flows.reconcile(identity, event_id))
+
+
+class AsyncConnectorLeaseCoordinator(_Coordinator[AsyncLeaseStore]):
+    """The asyncio coordinator: the same flows, driven against an :class:`AsyncLeaseStore`."""
+
+    def __init__(self, store: AsyncLeaseStore | None = None,
+                 policy: ConnectorLeaseService | None = None, **options: Any) -> None:
+        if store is None:
+            from mos_lease_memory import AsyncInMemoryLeaseStore
+
+            store = AsyncInMemoryLeaseStore()
+        super().__init__(store, policy, **options)
+
+    async def _run(self, flow: Flow[T]) -> T:
+        try:
+            op = next(flow)
+            while True:
+                try:
+                    result = await _acall(self.store, op)
+                except MosLeaseError as failure:
+                    op = flow.throw(failure)
+                else:
+                    op = flow.send(result)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+
+    async def acquire(self, identity: LeaseIdentity, connector_id: str, *, scopes: object,
+                      ttl: timedelta | float, correlation_id: str | None = None) -> LeaseResult:
+        return await self._run(self._flows.acquire(identity, connector_id, scopes, ttl,
+                                                   correlation_id))
+
+    async def takeover(self, identity: LeaseIdentity, connector_id: str, *, scopes: object,
+                       ttl: timedelta | float, expected_epoch: int,
+                       correlation_id: str | None = None) -> LeaseResult:
+        return await self._run(self._flows.takeover(identity, connector_id, scopes, ttl,
+                                                    expected_epoch, correlation_id))
+
+    async def heartbeat(self, lease: LeaseHandle, *, ttl: timedelta | float,
+                        correlation_id: str | None = None) -> LeaseResult:
+        return await self._run(self._flows.heartbeat(lease, ttl, correlation_id))
+
+    async def release(self, lease: LeaseHandle, *,
+                      correlation_id: str | None = None) -> LeaseResult:
+        return await self._run(self._flows.release(lease, correlation_id))
+
+    async def issue_grant(self, lease: LeaseHandle, *, scopes: object, ttl: timedelta | float,
+                          correlation_id: str | None = None) -> GrantResult:
+        return await self._run(self._flows.issue_grant(lease, scopes, ttl, correlation_id))
+
+    async def validate(self, grant: ExecutionGrant, *, identity: LeaseIdentity, scopes: object,
+                       correlation_id: str | None = None) -> ValidationResult:
+        if self._foreign_process():
+            return ValidationResult(Reason.GRANT_UNKNOWN)
+        return await self._run(self._flows.validate(grant, identity, scopes, correlation_id))
+
+    async def invoke(self, grant: ExecutionGrant,
+                     adapter: Callable[[ConnectorExecutionContext], Awaitable[T]], *,
+                     identity: LeaseIdentity, scopes: object,
+                     correlation_id: str | None = None) -> InvocationResult[T]:
+        checked = await self.validate(grant, identity=identity, scopes=scopes,
+                                      correlation_id=correlation_id)
+        if checked.context is None:
+            return InvocationResult(checked.reason)
+        return InvocationResult(None, checked.context, await adapter(checked.context))
+
+    async def reconcile(self, identity: LeaseIdentity, event_id: UUID) -> bool:
+        return await self._run(self._flows.reconcile(identity, event_id))

@@ -1,0 +1,129 @@
+"""Execution grants: short-lived, process-local capabilities.
+
+A grant is accepted only by the registry that minted it, and only as the very object it
+handed out: the registry keeps the object and checks identity, then an HMAC under a secret
+that exists only in this process, so a copy, a pickle round trip, a hand-built object with the
+same fields or fields changed with ``object.__setattr__`` are all refused. A new registry (a
+restarted gateway) has a new secret and knows none of the old grants. In a forked child every
+registry forgets everything, so a grant cannot be smuggled across ``fork()`` either.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import hmac
+import os
+import secrets
+import weakref
+from datetime import datetime
+from typing import NoReturn
+from uuid import UUID
+
+import attrs
+
+from mos_lease.errors import GrantNotTransferable
+from mos_lease.identity import LeaseIdentity, Scopes
+
+
+@attrs.frozen(slots=True, eq=False)
+class ExecutionGrant:
+    """A grant bound to identity, connector, lease id, epoch, scopes and expiry.
+
+    Equality is identity: two grants are the same grant only if they are the same object.
+    """
+
+    grant_id: UUID
+    identity: LeaseIdentity
+    connector_id: str
+    lease_id: UUID
+    epoch: int
+    scopes: Scopes
+    expires_at: datetime
+    correlation_id: str
+    _mac: bytes = attrs.field(repr=False)
+
+    def _refuse(self, *_args: object) -> NoReturn:
+        raise GrantNotTransferable(
+            "execution grants are process-local capabilities and cannot be copied or pickled"
+        )
+
+    __copy__ = _refuse
+    __deepcopy__ = _refuse
+    __reduce__ = _refuse
+    __reduce_ex__ = _refuse
+    __getstate__ = _refuse
+
+
+def _message(grant_id: UUID, identity: LeaseIdentity, connector_id: str, lease_id: UUID,
+             epoch: int, scopes: Scopes, expires_at: datetime, correlation_id: str) -> bytes:
+    # Length-prefixed fields, so no two different field tuples encode to the same bytes.
+    parts = (str(grant_id), identity.tenant_id, identity.logical_agent_id,
+             identity.binding_id, connector_id, str(lease_id), str(epoch), *scopes, "\x00",
+             expires_at.isoformat(), correlation_id)
+    out = bytearray()
+    for part in parts:
+        raw = part.encode("utf-8", "surrogatepass")
+        out += len(raw).to_bytes(4, "big") + raw
+    return bytes(out)
+
+
+_LIVE_REGISTRIES: weakref.WeakSet[GrantRegistry] = weakref.WeakSet()
+
+
+def _forget_all_after_fork() -> None:
+    for registry in list(_LIVE_REGISTRIES):
+        registry._forget()
+
+
+os.register_at_fork(after_in_child=_forget_all_after_fork)
+
+
+class GrantRegistry:
+    """The live grants of one coordinator instance, bounded by expiry."""
+
+    def __init__(self) -> None:
+        self._secret = secrets.token_bytes(32)
+        self._live: dict[UUID, ExecutionGrant] = {}
+        self._expiry_heap: list[tuple[datetime, UUID]] = []
+        _LIVE_REGISTRIES.add(self)
+
+    def __len__(self) -> int:
+        return len(self._live)
+
+    def _forget(self) -> None:
+        self._secret = secrets.token_bytes(32)
+        self._live.clear()
+        self._expiry_heap.clear()
+
+    def _mac(self, *fields: object) -> bytes:
+        return hmac.new(self._secret, _message(*fields), hashlib.sha256).digest()  # type: ignore[arg-type]
+
+    def mint(self, grant_id: UUID, identity: LeaseIdentity, connector_id: str, lease_id: UUID,
+             epoch: int, scopes: Scopes, expires_at: datetime, correlation_id: str,
+             now: datetime) -> ExecutionGrant:
+        self.prune(now)
+        fields = (grant_id, identity, connector_id, lease_id, epoch, scopes, expires_at,
+                  correlation_id)
+        grant = ExecutionGrant(*fields, mac=self._mac(*fields))
+        self._live[grant_id] = grant
+        heapq.heappush(self._expiry_heap, (expires_at, grant_id))
+        return grant
+
+    def recognizes(self, grant: object) -> bool:
+        """True only for an unaltered grant object this registry minted and still holds."""
+        if type(grant) is not ExecutionGrant:
+            return False
+        if self._live.get(grant.grant_id) is not grant:
+            return False
+        expected = self._mac(grant.grant_id, grant.identity, grant.connector_id,
+                             grant.lease_id, grant.epoch, grant.scopes, grant.expires_at,
+                             grant.correlation_id)
+        return hmac.compare_digest(grant._mac, expected)
+
+    def prune(self, now: datetime) -> None:
+        """Drop every grant whose expiry has passed by store time ``now``."""
+        heap = self._expiry_heap
+        while heap and heap[0][0] <= now:
+            _, grant_id = heapq.heappop(heap)
+            self._live.pop(grant_id, None)

@@ -1,0 +1,145 @@
+"""Identity values and the normalization of everything a caller hands in.
+
+Every public entry point runs its arguments through these functions before anything else
+happens, so bad input raises :class:`~mos_lease.errors.InvalidInput` naming the field and
+nothing is read or written.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable
+from datetime import timedelta
+from typing import Final
+
+import attrs
+
+from mos_lease.errors import InvalidInput
+
+MAX_ID_LENGTH: Final = 128
+MAX_SCOPES: Final = 64
+MAX_SCOPE_LENGTH: Final = 128
+MAX_EPOCH: Final = 2**63 - 1  # PostgreSQL bigint; epochs never wrap past it
+LEASE_TTL_CAP: Final = timedelta(minutes=5)
+GRANT_TTL_CAP: Final = timedelta(seconds=30)
+
+# One scope is one or more lowercase segments joined by ":" ("tool:shell:run"). A segment
+# starts with a letter or digit and continues with letters, digits, "_", "-" or ".".
+# No wildcards: authorization is plain set inclusion, so a scope means exactly itself.
+SCOPE_GRAMMAR: Final = r"[a-z0-9][a-z0-9_.\-]*(:[a-z0-9][a-z0-9_.\-]*)*"
+_SCOPE_RE: Final = re.compile(SCOPE_GRAMMAR)
+
+Scopes = tuple[str, ...]
+"""Normalized scopes: deduplicated, sorted, each matching :data:`SCOPE_GRAMMAR`."""
+
+
+def check_id(field: str, value: object) -> str:
+    """Return ``value`` if it is an acceptable identifier, else raise ``InvalidInput``.
+
+    Identifiers are compared byte for byte, so anything that could make two visually equal
+    ids differ (surrounding whitespace, control or format characters) is refused rather than
+    silently cleaned up.
+    """
+    if not isinstance(value, str):
+        raise InvalidInput(field, f"must be a str, not {type(value).__name__}")
+    if not value:
+        raise InvalidInput(field, "must not be empty")
+    if len(value) > MAX_ID_LENGTH:
+        raise InvalidInput(field, f"must be at most {MAX_ID_LENGTH} characters")
+    if value != value.strip():
+        raise InvalidInput(field, "must not start or end with whitespace")
+    for ch in value:
+        code = ord(ch)
+        # C0/C1 controls, DEL, lone surrogates (not encodable as UTF-8) and the Unicode
+        # format characters most used to disguise text (bidi overrides, zero-width).
+        if (
+            code < 0x20
+            or 0x7F <= code <= 0x9F
+            or 0xD800 <= code <= 0xDFFF
+            or 0x200B <= code <= 0x200F
+            or 0x202A <= code <= 0x202E
+            or 0x2066 <= code <= 0x2069
+            or code == 0xFEFF
+        ):
+            raise InvalidInput(field, f"must not contain control characters (U+{code:04X})")
+    return value
+
+
+@attrs.frozen(slots=True)
+class LeaseIdentity:
+    """The normalized identity of one logical agent binding.
+
+    ``logical_agent_id`` is server-owned and stable; connectors come and go and are never
+    part of the identity.
+    """
+
+    tenant_id: str = attrs.field(validator=lambda _i, a, v: check_id(a.name, v))
+    logical_agent_id: str = attrs.field(validator=lambda _i, a, v: check_id(a.name, v))
+    binding_id: str = attrs.field(validator=lambda _i, a, v: check_id(a.name, v))
+
+    def __str__(self) -> str:
+        return f"{self.tenant_id}/{self.logical_agent_id}/{self.binding_id}"
+
+
+def check_identity(field: str, value: object) -> LeaseIdentity:
+    if not isinstance(value, LeaseIdentity):
+        raise InvalidInput(field, f"must be a LeaseIdentity, not {type(value).__name__}")
+    return value
+
+
+def normalize_scopes(field: str, value: object) -> Scopes:
+    """Deduplicate and sort scopes, refusing anything outside the grammar."""
+    if isinstance(value, str | bytes):
+        # A bare string is iterable; treating "tool:run" as eight one-letter scopes would
+        # be a silent privilege bug.
+        raise InvalidInput(field, "must be a collection of scope strings, not a single string")
+    if not isinstance(value, Iterable):
+        raise InvalidInput(field, f"must be a collection of str, not {type(value).__name__}")
+    seen: set[str] = set()
+    for item in value:
+        if not isinstance(item, str):
+            raise InvalidInput(field, f"scopes must be str, not {type(item).__name__}")
+        if len(item) > MAX_SCOPE_LENGTH:
+            raise InvalidInput(field, f"a scope must be at most {MAX_SCOPE_LENGTH} characters")
+        if not _SCOPE_RE.fullmatch(item):
+            raise InvalidInput(field, f"scope {item!r} does not match {SCOPE_GRAMMAR}")
+        seen.add(item)
+        if len(seen) > MAX_SCOPES:
+            raise InvalidInput(field, f"at most {MAX_SCOPES} distinct scopes")
+    return tuple(sorted(seen))
+
+
+def normalize_ttl(field: str, value: object, cap: timedelta) -> timedelta:
+    """Turn seconds (int/float) or a ``timedelta`` into a positive ``timedelta`` <= ``cap``."""
+    if isinstance(value, bool):
+        raise InvalidInput(field, "must be seconds or a timedelta, not bool")
+    if isinstance(value, timedelta):
+        ttl = value
+    elif isinstance(value, int | float):
+        if not math.isfinite(value):
+            raise InvalidInput(field, "must be finite")
+        if value <= 0:
+            raise InvalidInput(field, "must be positive")
+        if value > cap.total_seconds():
+            raise InvalidInput(field, f"must be at most {cap.total_seconds():g} s")
+        ttl = timedelta(seconds=value)
+    else:
+        raise InvalidInput(field, f"must be seconds or a timedelta, not {type(value).__name__}")
+    if ttl <= timedelta(0):
+        raise InvalidInput(field, "must be positive (at least 1 microsecond)")
+    if ttl > cap:
+        raise InvalidInput(field, f"must be at most {cap.total_seconds():g} s")
+    return ttl
+
+
+def check_epoch(field: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidInput(field, f"must be an int, not {type(value).__name__}")
+    if not 1 <= value <= MAX_EPOCH:
+        raise InvalidInput(field, f"must be between 1 and {MAX_EPOCH}")
+    return value
+
+
+def check_correlation_id(field: str, value: object) -> str | None:
+    return None if value is None else check_id(field, value)

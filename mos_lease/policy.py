@@ -1,0 +1,170 @@
+"""The gateway-owned policy surface, its deny-all default and one concrete policy.
+
+Every policy call receives the normalized requested scopes and TTL (``None`` where no TTL
+applies: release), so a policy can enforce least privilege and duration limits. For takeover
+it is also told the current row's state, because whether an *active* lease may be preempted
+is the policy's call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import timedelta
+from typing import Any, Protocol, runtime_checkable
+
+import attrs
+
+from mos_lease.errors import ConfigurationError, InvalidInput
+from mos_lease.identity import (
+    GRANT_TTL_CAP,
+    LEASE_TTL_CAP,
+    LeaseIdentity,
+    Scopes,
+    check_id,
+    normalize_scopes,
+    normalize_ttl,
+)
+from mos_lease.machine import ALLOW, PolicyVerdict
+from mos_lease.vocabulary import LeaseState, LifecycleEvent, Reason
+
+
+@attrs.frozen(slots=True)
+class PolicyRequest:
+    """One policy question, with every input already normalized."""
+
+    event: LifecycleEvent
+    identity: LeaseIdentity
+    connector_id: str
+    scopes: Scopes
+    ttl: timedelta | None
+    # Only for takeover: the state of the current row when the request was made, and who
+    # holds it (``None`` for both when no row exists).
+    current_state: LeaseState | None = None
+    current_connector_id: str | None = None
+
+
+@runtime_checkable
+class ConnectorLeaseService(Protocol):
+    """Gateway policy: decides every lease and grant operation before the store is written."""
+
+    def authorize(self, request: PolicyRequest) -> PolicyVerdict: ...
+
+
+class DenyAllPolicy:
+    """The production default: refuses everything until a real policy is configured."""
+
+    def authorize(self, request: PolicyRequest) -> PolicyVerdict:
+        return PolicyVerdict(False, Reason.POLICY_DENIED)
+
+
+_DENY_POLICY = PolicyVerdict(False, Reason.POLICY_DENIED)
+_DENY_SCOPE = PolicyVerdict(False, Reason.SCOPE_NOT_AUTHORIZED)
+_DENY_TTL = PolicyVerdict(False, Reason.TTL_NOT_AUTHORIZED)
+_DENY_PREEMPT = PolicyVerdict(False, Reason.PREEMPTION_DENIED)
+
+
+@attrs.frozen(slots=True)
+class ConnectorRule:
+    """Which connector may hold which bindings, with which scopes and limits.
+
+    Each of ``tenant_id``, ``logical_agent_id``, ``binding_id`` and ``connector_id`` is an
+    exact id or ``"*"`` for any.
+    """
+
+    tenant_id: str
+    logical_agent_id: str
+    binding_id: str
+    connector_id: str
+    scopes: Scopes
+    max_lease_ttl: timedelta
+    max_grant_ttl: timedelta
+    preempt_active: bool = False
+
+    def matches(self, identity: LeaseIdentity, connector_id: str) -> bool:
+        return (
+            self.tenant_id in ("*", identity.tenant_id)
+            and self.logical_agent_id in ("*", identity.logical_agent_id)
+            and self.binding_id in ("*", identity.binding_id)
+            and self.connector_id in ("*", connector_id)
+        )
+
+
+_RULE_KEYS = frozenset({"tenant_id", "logical_agent_id", "binding_id", "connector_id",
+                        "scopes", "max_lease_ttl", "max_grant_ttl", "preempt_active"})
+
+
+class StaticConnectorPolicy:
+    """A configurable policy built from plain data; the first matching rule decides.
+
+    Example document (all ttl values in seconds)::
+
+        {"rules": [{"tenant_id": "acme", "logical_agent_id": "*", "binding_id": "*",
+                    "connector_id": "claude-1", "scopes": ["tool:run"],
+                    "max_lease_ttl": 60, "max_grant_ttl": 10, "preempt_active": false}]}
+
+    A request no rule matches is denied; so is one asking for scopes or a TTL beyond its
+    rule, and a takeover of an active lease unless the rule sets ``preempt_active``.
+    """
+
+    def __init__(self, rules: Sequence[ConnectorRule]) -> None:
+        self.rules = tuple(rules)
+
+    @classmethod
+    def from_dict(cls, document: Mapping[str, Any]) -> StaticConnectorPolicy:
+        if not isinstance(document, Mapping) or set(document) != {"rules"}:
+            raise ConfigurationError('policy document must be {"rules": [...]}')
+        raw_rules = document["rules"]
+        if not isinstance(raw_rules, Sequence) or isinstance(raw_rules, str):
+            raise ConfigurationError("rules must be a list")
+        return cls([_parse_rule(i, raw) for i, raw in enumerate(raw_rules)])
+
+    def authorize(self, request: PolicyRequest) -> PolicyVerdict:
+        rule = next((r for r in self.rules if r.matches(request.identity, request.connector_id)),
+                    None)
+        if rule is None:
+            return _DENY_POLICY
+        if not set(request.scopes).issubset(rule.scopes):
+            return _DENY_SCOPE
+        limit = rule.max_grant_ttl if request.event is LifecycleEvent.GRANT_ISSUE else (
+            rule.max_lease_ttl)
+        if request.ttl is not None and request.ttl > limit:
+            return _DENY_TTL
+        if (request.event is LifecycleEvent.TAKEOVER
+                and request.current_state is LeaseState.ACTIVE and not rule.preempt_active):
+            return _DENY_PREEMPT
+        return ALLOW
+
+
+def _parse_rule(index: int, raw: object) -> ConnectorRule:
+    where = f"rules[{index}]"
+    if not isinstance(raw, Mapping):
+        raise ConfigurationError(f"{where} must be an object")
+    unknown = set(raw) - _RULE_KEYS
+    if unknown:
+        raise ConfigurationError(f"{where}: unknown keys {sorted(unknown)}")
+    try:
+        ids = {key: raw[key] if raw.get(key) == "*" else check_id(f"{where}.{key}", raw[key])
+               for key in ("tenant_id", "logical_agent_id", "binding_id", "connector_id")}
+        preempt = raw.get("preempt_active", False)
+        if not isinstance(preempt, bool):
+            raise ConfigurationError(f"{where}.preempt_active must be true or false")
+        return ConnectorRule(
+            **ids,
+            scopes=normalize_scopes(f"{where}.scopes", raw["scopes"]),
+            max_lease_ttl=normalize_ttl(f"{where}.max_lease_ttl", raw["max_lease_ttl"],
+                                        LEASE_TTL_CAP),
+            max_grant_ttl=normalize_ttl(f"{where}.max_grant_ttl", raw["max_grant_ttl"],
+                                        GRANT_TTL_CAP),
+            preempt_active=preempt,
+        )
+    except KeyError as missing:
+        raise ConfigurationError(f"{where}: missing key {missing}") from None
+    except InvalidInput as bad:
+        raise ConfigurationError(str(bad)) from None
+
+
+class AllowAllPolicy:
+    """Allows everything, preemption included. For tests and demos only: never production."""
+
+    def authorize(self, request: PolicyRequest) -> PolicyVerdict:
+        return ALLOW

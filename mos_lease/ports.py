@@ -1,0 +1,69 @@
+"""The ports: what the coordinator needs from the world, as small protocols.
+
+A store is the only stateful port. It owns the time authority: every read and every write
+reports the store's own time, and guards are evaluated against that time inside the same
+atomic step, never against a gateway's clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Protocol
+from uuid import UUID
+
+from mos_lease.identity import LeaseIdentity
+from mos_lease.machine import Write
+from mos_lease.records import AuditEntry, AuditRecord, LeaseRow, Snapshot, WriteOutcome
+
+IdSource = Callable[[], UUID]
+"""Makes the lease ids, event ids and grant ids; ``uuid.uuid4`` in production."""
+
+
+class LeaseStore(Protocol):
+    """Synchronous durable store of lease rows and their audit log.
+
+    Contract (checked for any store by :mod:`mos_lease.testing`):
+
+    * ``load`` returns the current row of ``identity`` (or ``None``) and the store's time,
+      read together.
+    * ``apply`` checks ``write``'s guard against the current row at the store's time and, in
+      one atomic step, applies it and appends ``entry`` with that time; if the guard fails it
+      changes nothing and returns ``row=None``. Exactly
+      :func:`mos_lease.machine.write_outcome` semantics.
+    * ``record`` appends one audit entry (a refusal or a grant issue) and returns nothing.
+    * ``event_committed`` tells whether the audit entry ``event_id`` exists, which is how a
+      write whose commit outcome was lost is reconciled.
+    * Rows are never deleted and audit entries never changed or removed.
+
+    Failures before the outcome is decided raise :class:`~mos_lease.errors.StoreUnavailable`;
+    a write whose outcome is unknown raises :class:`~mos_lease.errors.CommitOutcomeUnknown`.
+    """
+
+    def load(self, identity: LeaseIdentity) -> Snapshot: ...
+
+    def apply(self, write: Write, entry: AuditEntry) -> WriteOutcome: ...
+
+    def record(self, entry: AuditEntry) -> None: ...
+
+    def event_committed(self, event_id: UUID) -> bool: ...
+
+
+class AsyncLeaseStore(Protocol):
+    """The asyncio twin of :class:`LeaseStore`, with the same contract."""
+
+    async def load(self, identity: LeaseIdentity) -> Snapshot: ...
+
+    async def apply(self, write: Write, entry: AuditEntry) -> WriteOutcome: ...
+
+    async def record(self, entry: AuditEntry) -> None: ...
+
+    async def event_committed(self, event_id: UUID) -> bool: ...
+
+
+class LeaseInspector(Protocol):
+    """Read-only views for operators and tests (``mos-lease status`` / ``audit``)."""
+
+    def leases(self, tenant_id: str | None = None) -> Sequence[LeaseRow]: ...
+
+    def audit(self, identity: LeaseIdentity | None = None, *, after_seq: int = 0,
+              limit: int = 1000) -> Sequence[AuditRecord]: ...

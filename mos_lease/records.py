@@ -1,0 +1,98 @@
+"""Plain values that cross the boundary between the core, the coordinator and the stores."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from uuid import UUID
+
+import attrs
+
+from mos_lease.identity import LeaseIdentity, Scopes
+from mos_lease.vocabulary import LeaseState, LifecycleEvent, Outcome, Reason
+
+
+@attrs.frozen(slots=True)
+class LeaseRow:
+    """The durable current lease of one identity: one row, never deleted."""
+
+    identity: LeaseIdentity
+    lease_id: UUID
+    connector_id: str
+    scopes: Scopes
+    epoch: int
+    acquired_at: datetime
+    heartbeat_at: datetime
+    expires_at: datetime
+    released_at: datetime | None
+    updated_at: datetime
+
+    def state(self, now: datetime) -> LeaseState:
+        if self.released_at is not None:
+            return LeaseState.RELEASED
+        if self.expires_at <= now:
+            return LeaseState.EXPIRED
+        return LeaseState.ACTIVE
+
+
+@attrs.frozen(slots=True)
+class LeaseHandle:
+    """What the holder of a lease keeps: everything heartbeat, release and grant issue match.
+
+    A handle is plain data, not a capability: the store matches every field against the
+    durable row, so a handle for a replaced lease is refused.
+    """
+
+    identity: LeaseIdentity
+    connector_id: str
+    lease_id: UUID
+    epoch: int
+    scopes: Scopes
+    expires_at: datetime
+
+    @classmethod
+    def of(cls, row: LeaseRow) -> LeaseHandle:
+        return cls(row.identity, row.connector_id, row.lease_id, row.epoch, row.scopes,
+                   row.expires_at)
+
+
+@attrs.frozen(slots=True)
+class AuditEntry:
+    """One audit event as the coordinator asks for it; the store stamps the time.
+
+    Deliberately has no field for scopes, grants, payloads, approval references, tokens or
+    credentials: what is not here cannot leak into the log.
+    """
+
+    event_id: UUID
+    event: LifecycleEvent
+    outcome: Outcome
+    reason: Reason | None
+    identity: LeaseIdentity
+    connector_id: str
+    epoch: int | None
+    correlation_id: str
+
+
+@attrs.frozen(slots=True)
+class AuditRecord:
+    """An audit event as stored, read back for operators and tests."""
+
+    seq: int
+    entry: AuditEntry
+    recorded_at: datetime
+
+
+@attrs.frozen(slots=True)
+class Snapshot:
+    """A store read: the current row (or none) and the store's time in the same read."""
+
+    row: LeaseRow | None
+    now: datetime
+
+
+@attrs.frozen(slots=True)
+class WriteOutcome:
+    """Result of a guarded write: the new row if the guard held, else ``None``."""
+
+    row: LeaseRow | None
+    now: datetime

@@ -1,0 +1,75 @@
+"""Typed results. A denial is a value with a stable reason, never an exception."""
+
+from __future__ import annotations
+
+from typing import Generic, TypeVar
+
+import attrs
+
+from mos_lease.context import ConnectorExecutionContext
+from mos_lease.grants import ExecutionGrant
+from mos_lease.records import LeaseHandle
+from mos_lease.vocabulary import Outcome, Reason
+
+T = TypeVar("T")
+
+
+@attrs.frozen(slots=True)
+class LeaseResult:
+    """Outcome of acquire, takeover, heartbeat or release.
+
+    On success ``lease`` is the handle to keep. On a state-based denial ``current_epoch`` is
+    the epoch of the current row (what a takeover must name as its expected epoch), or
+    ``None`` if no row exists or the policy refused before the lease was looked at.
+    ``reconciled`` is true when the write's commit outcome was lost and established by
+    rereading the store.
+    """
+
+    outcome: Outcome
+    reason: Reason | None
+    correlation_id: str
+    lease: LeaseHandle | None = None
+    current_epoch: int | None = None
+    reconciled: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.reason is None
+
+
+@attrs.frozen(slots=True)
+class GrantResult:
+    outcome: Outcome
+    reason: Reason | None
+    correlation_id: str
+    grant: ExecutionGrant | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.reason is None
+
+
+@attrs.frozen(slots=True)
+class ValidationResult:
+    """``context`` is set exactly when the grant is valid for the requested scopes."""
+
+    reason: Reason | None
+    context: ConnectorExecutionContext | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.reason is None
+
+
+@attrs.frozen(slots=True)
+class InvocationResult(Generic[T]):
+    """Outcome of :meth:`~mos_lease.ConnectorLeaseCoordinator.invoke`: the adapter ran and
+    returned ``value`` only if validation passed."""
+
+    reason: Reason | None
+    context: ConnectorExecutionContext | None = None
+    value: T | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.reason is None
