@@ -1,0 +1,99 @@
+"""The write-guard contract every :class:`~mos_lease.LeaseStore` must meet.
+
+Each guarded write is applied to the store and compared with the reference semantics,
+:func:`mos_lease.machine.write_outcome`, evaluated on the row read just before and at the
+time the store reports for the write. The audit row must appear exactly when the write
+applied, stamped with the write's time.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from datetime import timedelta
+from uuid import UUID, uuid4
+
+from mos_lease.identity import MAX_EPOCH, LeaseIdentity
+from mos_lease.machine import Close, Insert, Renew, Rotate, Write, write_outcome
+from mos_lease.records import AuditEntry
+from mos_lease.testing.harness import StoreHarness
+from mos_lease.vocabulary import LifecycleEvent, Outcome
+
+_EVENTS: dict[type[Write], tuple[LifecycleEvent, Outcome]] = {
+    Insert: (LifecycleEvent.ACQUIRE, Outcome.ACQUIRED),
+    Renew: (LifecycleEvent.HEARTBEAT, Outcome.RENEWED),
+    Close: (LifecycleEvent.RELEASE, Outcome.RELEASED),
+    Rotate: (LifecycleEvent.TAKEOVER, Outcome.TAKEN_OVER),
+}
+
+
+def _entry(write: Write, connector_id: str) -> AuditEntry:
+    event, outcome = _EVENTS[type(write)]
+    return AuditEntry(uuid4(), event, outcome, None, write.identity, connector_id, None,
+                      "contract")
+
+
+def _random_write(rng: random.Random, identity: LeaseIdentity, current: tuple[str, UUID, int],
+                  ) -> Write:
+    connector, lease_id, epoch = current
+    # Mostly plausible writes, sometimes a field off by one: both sides of every guard.
+    if rng.random() < 0.3:
+        connector = rng.choice(["c1", "c2"])
+    if rng.random() < 0.2:
+        lease_id = uuid4()
+    if rng.random() < 0.2:
+        epoch = max(1, epoch + rng.choice([-1, 1]))
+    ttl = timedelta(seconds=rng.choice([5.5, 30.5]))
+    kind = rng.choice(["insert", "renew", "close", "rotate", "rotate"])
+    if kind == "insert":
+        return Insert(identity, uuid4(), connector, ("a",), ttl)
+    if kind == "renew":
+        return Renew(identity, connector, lease_id, epoch, ttl)
+    if kind == "close":
+        return Close(identity, connector, lease_id, epoch)
+    return Rotate(identity, epoch, rng.random() < 0.5, uuid4(), connector, ("a", "b"), ttl)
+
+
+def run_store_contract(harness_factory: Callable[[], StoreHarness], *, steps: int = 300,
+                       seed: int = 0) -> None:
+    """Raise ``AssertionError`` at the first step where the store departs from the contract."""
+    harness = harness_factory()
+    store = harness.store
+    rng = random.Random(seed)
+    run = uuid4().hex[:12]
+    identities = [LeaseIdentity(f"contract-{run}", "agent", f"b{i}") for i in range(3)]
+    current = {identity: ("c1", uuid4(), 1) for identity in identities}
+
+    # The bigint ceiling: a takeover at MAX_EPOCH must be refused, never wrap.
+    assert not write_outcome(
+        Rotate(identities[0], MAX_EPOCH, True, uuid4(), "c1", (), timedelta(seconds=1)),
+        None, store.load(identities[0]).now)
+
+    for step in range(steps):
+        identity = rng.choice(identities)
+        write = _random_write(rng, identity, current[identity])
+        before = store.load(identity)
+        entry = _entry(write, write.connector_id)
+        outcome = store.apply(write, entry)
+        assert outcome.now >= before.now, f"step {step}: store time went backwards"
+        reference = write_outcome(write, before.row, outcome.now)
+        assert outcome.row == reference, f"step {step}: {write} gave {outcome.row}, " \
+                                         f"reference {reference}"
+        after = store.load(identity)
+        assert after.row == (reference if reference is not None else before.row)
+        assert store.event_committed(entry.event_id) == (reference is not None), \
+            f"step {step}: audit row presence does not match the write"
+        if reference is not None:
+            record = store.audit(identity, limit=100_000)[-1]
+            assert record.entry == entry and record.recorded_at == outcome.now
+            current[identity] = (reference.connector_id, reference.lease_id, reference.epoch)
+        if rng.random() < 0.15:
+            harness.advance(timedelta(seconds=rng.choice([3, 31])))
+
+    # Refusals and grant issues are appended as they are.
+    refusal = AuditEntry(uuid4(), LifecycleEvent.GRANT_VALIDATE, Outcome.DENIED, None,
+                         identities[0], "c1", 3, "contract")
+    store.record(refusal)
+    assert store.event_committed(refusal.event_id)
+    assert store.audit(identities[0], limit=100_000)[-1].entry == refusal
+    assert not store.event_committed(uuid4())
