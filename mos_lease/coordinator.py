@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import uuid
-from collections.abc import Awaitable, Callable, Generator
+from collections.abc import Awaitable, Callable, Generator, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Generic, TypeVar
 from uuid import UUID
@@ -88,6 +88,11 @@ class Apply:
 
 
 @attrs.frozen(slots=True)
+class ApplyMany:
+    items: tuple[tuple[Write, AuditEntry], ...]
+
+
+@attrs.frozen(slots=True)
 class Record:
     entry: AuditEntry
 
@@ -97,10 +102,11 @@ class Committed:
     event_id: UUID
 
 
-Op = Load | Apply | Record | Committed
+Op = Load | Apply | ApplyMany | Record | Committed
 Flow = Generator[Op, Any, T]
 
 DEFAULT_MAX_CONFLICT_RETRIES = 8
+MAX_BATCH = 1000
 
 
 def _check_cap(name: str, value: object, hard_cap: timedelta) -> timedelta:
@@ -220,14 +226,19 @@ class _Flows:
                    verdict: PolicyVerdict, snapshot: Snapshot | None) -> Flow[LeaseResult]:
         if not verdict.allowed:
             return (yield from self._deny(command, verdict.reason, None))
-        write = plan(command)
-        assert write is not None
         if snapshot is None:
             # Optimistic: the store re-checks the guard, so on the success path the write is
-            # the only round trip. A refusal is named from a fresh read below.
+            # the only round trip. A refusal is named from a fresh read in ``_settle``.
+            write = plan(command)
+            assert write is not None
             outcome = yield from self._apply(command, write)
             if outcome.row is not None:
                 return self._success(command, outcome.row)
+        return (yield from self._settle(command, verdict, snapshot))
+
+    def _settle(self, command: Acquire | Takeover | Heartbeat | Release,
+                verdict: PolicyVerdict, snapshot: Snapshot | None) -> Flow[LeaseResult]:
+        """Read, decide, write; on losing a race between read and write, read again."""
         for _ in range(self.max_conflict_retries + 1):
             if snapshot is None:
                 snapshot = yield Load(command.identity)
@@ -238,7 +249,7 @@ class _Flows:
             outcome = yield from self._apply(command, decision.write)
             if outcome.row is not None:
                 return self._success(command, outcome.row)
-            snapshot = None  # lost a race between read and write: read again
+            snapshot = None
         raise InternalInconsistency(
             f"{event_of(command)} kept conflicting after {self.max_conflict_retries} retries")
 
@@ -247,16 +258,19 @@ class _Flows:
         try:
             return (yield Apply(write, entry))  # type: ignore[no-any-return]
         except CommitOutcomeUnknown:
-            pass
-        # The write may or may not have committed. Its audit row exists exactly when it did,
-        # so ask for it instead of retrying blindly (a blind takeover retry would either fail
-        # against our own new epoch or, worse, be taken for someone else's).
+            return (yield from self._reconcile_write(command, write, entry.event_id))
+
+    def _reconcile_write(self, command: Command, write: Write,
+                         event_id: UUID) -> Flow[WriteOutcome]:
+        """The write may or may not have committed. Its audit row exists exactly when it did,
+        so ask for that row instead of retrying blindly: a blind takeover retry would fail
+        against our own new epoch, or worse, be mistaken for someone else's."""
         try:
-            committed: bool = yield Committed(entry.event_id)
+            committed: bool = yield Committed(event_id)
             snapshot: Snapshot = yield Load(command.identity)
         except StoreUnavailable as down:
-            raise CommitOutcomeUnknown(entry.event_id, str(down)) from down
-        log.warning("mos_lease: %s %s outcome reconciled: committed=%s", entry.event,
+            raise CommitOutcomeUnknown(event_id, str(down)) from down
+        log.warning("mos_lease: %s %s outcome reconciled: committed=%s", event_of(command),
                     command.identity, committed)
         if not committed:
             return WriteOutcome(None, snapshot.now)
@@ -290,6 +304,45 @@ class _Flows:
                  command.identity, command.connector_id, reason)
         return LeaseResult(Outcome.DENIED, reason, command.correlation_id,
                            current_epoch=None if row is None else row.epoch)
+
+    def heartbeat_many(self, leases: object, ttl: timedelta | float,
+                       correlation_id: str | None) -> Flow[list[LeaseResult]]:
+        if isinstance(leases, LeaseHandle) or not isinstance(leases, Sequence):
+            raise InvalidInput("leases", "must be a sequence of LeaseHandle")
+        if len(leases) > MAX_BATCH:
+            raise InvalidInput("leases", f"at most {MAX_BATCH} leases per batch")
+        handles = [_check_handle(lease) for lease in leases]
+        norm_ttl = normalize_ttl("ttl", ttl, self.lease_ttl_cap)
+        correlation = self._correlation(correlation_id)
+        commands = [Heartbeat(h.identity, h.connector_id, h.lease_id, h.epoch, norm_ttl,
+                              self._ids(), correlation) for h in handles]
+        verdicts = [self._verdict(PolicyRequest(LifecycleEvent.HEARTBEAT, h.identity,
+                                                h.connector_id, h.scopes, norm_ttl))
+                    for h in handles]
+        results: list[LeaseResult | None] = [None] * len(commands)
+        pending = []
+        for i, (command, verdict) in enumerate(zip(commands, verdicts, strict=True)):
+            if verdict.allowed:
+                pending.append(i)
+            else:
+                results[i] = yield from self._deny(command, verdict.reason, None)
+        # One round trip for every renewal; each is still guarded and audited on its own,
+        # and a refused one does not hold back the others.
+        writes = [(Renew(c.identity, c.connector_id, c.lease_id, c.epoch, c.ttl),
+                   audit_entry(c, None, c.epoch)) for c in (commands[i] for i in pending)]
+        outcomes: list[WriteOutcome] | None = None
+        if writes:
+            try:
+                outcomes = list((yield ApplyMany(tuple(writes))))
+            except CommitOutcomeUnknown:
+                outcomes = None
+        for k, i in enumerate(pending):
+            write, entry = writes[k]
+            outcome = (outcomes[k] if outcomes is not None else
+                       (yield from self._reconcile_write(commands[i], write, entry.event_id)))
+            results[i] = (self._success(commands[i], outcome.row) if outcome.row is not None
+                          else (yield from self._settle(commands[i], verdicts[i], None)))
+        return [r for r in results if r is not None]
 
     # -- grants -----------------------------------------------------------------------------
 
@@ -327,13 +380,14 @@ class _Flows:
         identity = check_identity("identity", identity)
         requested = normalize_scopes("scopes", scopes)
         fallback_correlation = check_correlation_id("correlation_id", correlation_id)
-        if not self._grants.recognizes(grant):
+        registry_reason = self._grants.check(grant)
+        if registry_reason is Reason.GRANT_UNKNOWN:
             # Nothing in an unrecognized object is trusted, not even for the audit row.
             return (yield from self._deny_validation(
                 Reason.GRANT_UNKNOWN, identity, "unrecognized", None,
                 fallback_correlation or self._ids().hex))
         assert isinstance(grant, ExecutionGrant)
-        reason = identity_refusal(grant.identity, identity)
+        reason = identity_refusal(grant.identity, identity) or registry_reason
         if reason is None:
             try:
                 snapshot: Snapshot = yield Load(grant.identity)
@@ -382,6 +436,8 @@ def _call(store: LeaseStore, op: Op) -> object:
         return store.load(op.identity)
     if isinstance(op, Apply):
         return store.apply(op.write, op.entry)
+    if isinstance(op, ApplyMany):
+        return store.apply_many(op.items)
     if isinstance(op, Record):
         store.record(op.entry)
         return None
@@ -393,6 +449,8 @@ async def _acall(store: AsyncLeaseStore, op: Op) -> object:
         return await store.load(op.identity)
     if isinstance(op, Apply):
         return await store.apply(op.write, op.entry)
+    if isinstance(op, ApplyMany):
+        return await store.apply_many(op.items)
     if isinstance(op, Record):
         await store.record(op.entry)
         return None
@@ -476,6 +534,12 @@ class ConnectorLeaseCoordinator(_Coordinator[LeaseStore]):
         """Extend an active lease to store time + ``ttl``; full match on every field."""
         return self._run(self._flows.heartbeat(lease, ttl, correlation_id))
 
+    def heartbeat_many(self, leases: Sequence[LeaseHandle], *, ttl: timedelta | float,
+                       correlation_id: str | None = None) -> list[LeaseResult]:
+        """Renew many leases in one store round trip; results are in the order given, and
+        each lease is matched, refused and audited on its own."""
+        return self._run(self._flows.heartbeat_many(leases, ttl, correlation_id))
+
     def release(self, lease: LeaseHandle, *, correlation_id: str | None = None) -> LeaseResult:
         """Release an active lease, keeping its epoch; only a takeover follows it."""
         return self._run(self._flows.release(lease, correlation_id))
@@ -546,6 +610,10 @@ class AsyncConnectorLeaseCoordinator(_Coordinator[AsyncLeaseStore]):
     async def heartbeat(self, lease: LeaseHandle, *, ttl: timedelta | float,
                         correlation_id: str | None = None) -> LeaseResult:
         return await self._run(self._flows.heartbeat(lease, ttl, correlation_id))
+
+    async def heartbeat_many(self, leases: Sequence[LeaseHandle], *, ttl: timedelta | float,
+                             correlation_id: str | None = None) -> list[LeaseResult]:
+        return await self._run(self._flows.heartbeat_many(leases, ttl, correlation_id))
 
     async def release(self, lease: LeaseHandle, *,
                       correlation_id: str | None = None) -> LeaseResult:

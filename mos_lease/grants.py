@@ -24,6 +24,7 @@ import attrs
 
 from mos_lease.errors import GrantNotTransferable
 from mos_lease.identity import LeaseIdentity, Scopes
+from mos_lease.vocabulary import Reason
 
 
 @attrs.frozen(slots=True, eq=False)
@@ -110,16 +111,24 @@ class GrantRegistry:
         heapq.heappush(self._expiry_heap, (expires_at, grant_id))
         return grant
 
-    def recognizes(self, grant: object) -> bool:
-        """True only for an unaltered grant object this registry minted and still holds."""
+    def check(self, grant: object) -> Reason | None:
+        """``None`` for an unaltered grant this registry minted and still holds.
+
+        A grant that verifies under this registry's secret but was already dropped has
+        expired (only expired grants are dropped, and store time does not run backwards),
+        so it is ``grant_expired``; anything else is ``grant_unknown``.
+        """
         if type(grant) is not ExecutionGrant:
-            return False
-        if self._live.get(grant.grant_id) is not grant:
-            return False
+            return Reason.GRANT_UNKNOWN
         expected = self._mac(grant.grant_id, grant.identity, grant.connector_id,
                              grant.lease_id, grant.epoch, grant.scopes, grant.expires_at,
                              grant.correlation_id)
-        return hmac.compare_digest(grant._mac, expected)
+        if not hmac.compare_digest(grant._mac, expected):
+            return Reason.GRANT_UNKNOWN
+        live = self._live.get(grant.grant_id)
+        if live is None:
+            return Reason.GRANT_EXPIRED
+        return None if live is grant else Reason.GRANT_UNKNOWN
 
     def prune(self, now: datetime) -> None:
         """Drop every grant whose expiry has passed by store time ``now``."""

@@ -30,6 +30,8 @@ class LeaseStore(Protocol):
       one atomic step, applies it and appends ``entry`` with that time; if the guard fails it
       changes nothing and returns ``row=None``. Exactly
       :func:`mos_lease.machine.write_outcome` semantics.
+    * ``apply_many`` applies each ``(write, entry)`` as ``apply`` would, in order, in one
+      round trip; a refused write does not affect the others. Outcomes come back in order.
     * ``record`` appends one audit entry (a refusal or a grant issue) and returns nothing.
     * ``event_committed`` tells whether the audit entry ``event_id`` exists, which is how a
       write whose commit outcome was lost is reconciled.
@@ -43,6 +45,9 @@ class LeaseStore(Protocol):
 
     def apply(self, write: Write, entry: AuditEntry) -> WriteOutcome: ...
 
+    def apply_many(self, items: Sequence[tuple[Write, AuditEntry]]) -> Sequence[WriteOutcome]:
+        ...
+
     def record(self, entry: AuditEntry) -> None: ...
 
     def event_committed(self, event_id: UUID) -> bool: ...
@@ -54,6 +59,9 @@ class AsyncLeaseStore(Protocol):
     async def load(self, identity: LeaseIdentity) -> Snapshot: ...
 
     async def apply(self, write: Write, entry: AuditEntry) -> WriteOutcome: ...
+
+    async def apply_many(self, items: Sequence[tuple[Write, AuditEntry]]
+                         ) -> Sequence[WriteOutcome]: ...
 
     async def record(self, entry: AuditEntry) -> None: ...
 

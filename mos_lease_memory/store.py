@@ -48,6 +48,9 @@ class InMemoryLeaseStore:
                 self._append(entry, now)
             return WriteOutcome(row, now)
 
+    def apply_many(self, items: Sequence[tuple[Write, AuditEntry]]) -> list[WriteOutcome]:
+        return [self.apply(write, entry) for write, entry in items]
+
     def record(self, entry: AuditEntry) -> None:
         with self._lock:
             self._append(entry, self.clock.now())
@@ -93,6 +96,10 @@ class AsyncInMemoryLeaseStore:
 
     async def apply(self, write: Write, entry: AuditEntry) -> WriteOutcome:
         return self.sync.apply(write, entry)
+
+    async def apply_many(self, items: Sequence[tuple[Write, AuditEntry]]
+                         ) -> list[WriteOutcome]:
+        return self.sync.apply_many(items)
 
     async def record(self, entry: AuditEntry) -> None:
         self.sync.record(entry)
