@@ -16,3 +16,20 @@ def harness_factory(request: pytest.FixtureRequest) -> HarnessFactory:
     """A factory of fresh harnesses for each shipped store (PostgreSQL ones are marked pg)."""
     assert request.param == "memory"
     return MemoryHarness
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Where PostgreSQL is required (CI sets MOS_LEASE_REQUIRE_PG=1), a skip is a failure:
+    a suite that silently skipped its database tests proves nothing."""
+    import os
+
+    if os.environ.get("MOS_LEASE_REQUIRE_PG") != "1":
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    skipped = reporter.stats.get("skipped", []) if reporter is not None else []
+    if skipped:
+        names = ", ".join(getattr(report, "nodeid", "?") for report in skipped[:10])
+        if reporter is not None:
+            reporter.write_line(f"FAILED: {len(skipped)} test(s) skipped in CI: {names}",
+                                red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
