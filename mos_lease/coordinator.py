@@ -126,7 +126,14 @@ def _check_handle(lease: object) -> LeaseHandle:
     if not isinstance(lease.lease_id, UUID):
         raise InvalidInput("lease.lease_id", "must be a UUID")
     check_epoch("lease.epoch", lease.epoch)
-    return lease
+    scopes = normalize_scopes("lease.scopes", lease.scopes)
+    # A hand-built handle may carry scopes in any order; policies see them normalized.
+    return lease if scopes == lease.scopes else attrs.evolve(lease, scopes=scopes)
+
+
+def _check_adapter(adapter: object) -> None:
+    if not callable(adapter):
+        raise InvalidInput("adapter", f"must be callable, not {type(adapter).__name__}")
 
 
 class _Flows:
@@ -233,7 +240,7 @@ class _Flows:
             assert write is not None
             outcome = yield from self._apply(command, write)
             if outcome.row is not None:
-                return self._success(command, outcome.row)
+                return self._success(command, outcome)
         return (yield from self._settle(command, verdict, snapshot))
 
     def _settle(self, command: Acquire | Takeover | Heartbeat | Release,
@@ -248,7 +255,7 @@ class _Flows:
             assert decision.write is not None
             outcome = yield from self._apply(command, decision.write)
             if outcome.row is not None:
-                return self._success(command, outcome.row)
+                return self._success(command, outcome)
             snapshot = None
         raise InternalInconsistency(
             f"{event_of(command)} kept conflicting after {self.max_conflict_retries} retries")
@@ -273,8 +280,9 @@ class _Flows:
         log.warning("mos_lease: %s %s outcome reconciled: committed=%s", event_of(command),
                     command.identity, committed)
         if not committed:
-            return WriteOutcome(None, snapshot.now)
-        return WriteOutcome(self._reconciled_row(command, write, snapshot), snapshot.now)
+            return WriteOutcome(None, snapshot.now, reconciled=True)
+        return WriteOutcome(self._reconciled_row(command, write, snapshot), snapshot.now,
+                            reconciled=True)
 
     @staticmethod
     def _reconciled_row(command: Command, write: Write, snapshot: Snapshot) -> LeaseRow:
@@ -291,10 +299,11 @@ class _Flows:
         return attrs.evolve(row, lease_id=lease_id, epoch=epoch,
                             connector_id=command.connector_id, expires_at=snapshot.now)
 
-    def _success(self, command: Command, row: LeaseRow) -> LeaseResult:
+    def _success(self, command: Command, outcome: WriteOutcome) -> LeaseResult:
+        assert outcome.row is not None
         return LeaseResult(audit_entry(command, None, None).outcome, None,
-                           command.correlation_id, lease=LeaseHandle.of(row),
-                           current_epoch=row.epoch)
+                           command.correlation_id, lease=LeaseHandle.of(outcome.row),
+                           current_epoch=outcome.row.epoch, reconciled=outcome.reconciled)
 
     def _deny(self, command: Command, reason: Reason | None,
               row: LeaseRow | None) -> Flow[LeaseResult]:
@@ -340,7 +349,7 @@ class _Flows:
             write, entry = writes[k]
             outcome = (outcomes[k] if outcomes is not None else
                        (yield from self._reconcile_write(commands[i], write, entry.event_id)))
-            results[i] = (self._success(commands[i], outcome.row) if outcome.row is not None
+            results[i] = (self._success(commands[i], outcome) if outcome.row is not None
                           else (yield from self._settle(commands[i], verdicts[i], None)))
         return [r for r in results if r is not None]
 
@@ -392,10 +401,12 @@ class _Flows:
             try:
                 snapshot: Snapshot = yield Load(grant.identity)
             except StoreUnavailable:
-                # Fail closed, and do not try to write an audit row to a store that just
-                # failed to answer; the log line is the record.
+                # Fail closed. The audit append below is best effort: the store that could
+                # not be read may not take a write either, and then the log line is the record.
                 log.warning("mos_lease: validation denied for %s: store unavailable", identity)
-                return ValidationResult(Reason.STORE_UNAVAILABLE)
+                reason = Reason.STORE_UNAVAILABLE
+                return (yield from self._deny_validation(reason, identity, grant.connector_id,
+                                                         grant.epoch, grant.correlation_id))
             self._grants.prune(snapshot.now)
             row = snapshot.row
             reason = grant_refusal(
@@ -561,6 +572,7 @@ class ConnectorLeaseCoordinator(_Coordinator[LeaseStore]):
                *, identity: LeaseIdentity, scopes: object,
                correlation_id: str | None = None) -> InvocationResult[T]:
         """Validate, then call ``adapter`` with the context and nothing else."""
+        _check_adapter(adapter)
         checked = self.validate(grant, identity=identity, scopes=scopes,
                                 correlation_id=correlation_id)
         if checked.context is None:
@@ -633,6 +645,7 @@ class AsyncConnectorLeaseCoordinator(_Coordinator[AsyncLeaseStore]):
                      adapter: Callable[[ConnectorExecutionContext], Awaitable[T]], *,
                      identity: LeaseIdentity, scopes: object,
                      correlation_id: str | None = None) -> InvocationResult[T]:
+        _check_adapter(adapter)
         checked = await self.validate(grant, identity=identity, scopes=scopes,
                                       correlation_id=correlation_id)
         if checked.context is None:

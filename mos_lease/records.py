@@ -92,7 +92,12 @@ class Snapshot:
 
 @attrs.frozen(slots=True)
 class WriteOutcome:
-    """Result of a guarded write: the new row if the guard held, else ``None``."""
+    """Result of a guarded write: the new row if the guard held, else ``None``.
+
+    ``reconciled`` is set by the coordinator when the outcome was lost in transit and
+    established afterwards by rereading; stores leave it false.
+    """
 
     row: LeaseRow | None
     now: datetime
+    reconciled: bool = False
