@@ -148,6 +148,12 @@ class _Flows:
         id_source: IdSource,
         max_conflict_retries: int,
     ) -> None:
+        if policy is not None and (isinstance(policy, type)
+                                   or not isinstance(policy, ConnectorLeaseService)):
+            raise ConfigurationError(
+                f"policy must be a ConnectorLeaseService instance, not {type(policy).__name__}")
+        if not callable(id_source):
+            raise ConfigurationError("id_source must be a callable returning UUIDs")
         self.policy: ConnectorLeaseService = DenyAllPolicy() if policy is None else policy
         self.lease_ttl_cap = _check_cap("lease_ttl_cap", lease_ttl_cap, LEASE_TTL_CAP)
         self.grant_ttl_cap = _check_cap("grant_ttl_cap", grant_ttl_cap, GRANT_TTL_CAP)
@@ -316,7 +322,7 @@ class _Flows:
 
     def heartbeat_many(self, leases: object, ttl: timedelta | float,
                        correlation_id: str | None) -> Flow[list[LeaseResult]]:
-        if isinstance(leases, LeaseHandle) or not isinstance(leases, Sequence):
+        if isinstance(leases, LeaseHandle | str | bytes) or not isinstance(leases, Sequence):
             raise InvalidInput("leases", "must be a sequence of LeaseHandle")
         if len(leases) > MAX_BATCH:
             raise InvalidInput("leases", f"at most {MAX_BATCH} leases per batch")

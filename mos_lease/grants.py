@@ -15,6 +15,7 @@ import heapq
 import hmac
 import os
 import secrets
+import threading
 import weakref
 from datetime import datetime
 from typing import NoReturn
@@ -84,6 +85,8 @@ class GrantRegistry:
     """The live grants of one coordinator instance, bounded by expiry."""
 
     def __init__(self) -> None:
+        # A gateway's threads share one coordinator: the dict and the heap change together.
+        self._lock = threading.Lock()
         self._secret = secrets.token_bytes(32)
         self._live: dict[UUID, ExecutionGrant] = {}
         self._expiry_heap: list[tuple[datetime, UUID]] = []
@@ -93,6 +96,7 @@ class GrantRegistry:
         return len(self._live)
 
     def _forget(self) -> None:
+        self._lock = threading.Lock()  # another thread may have held it at fork time
         self._secret = secrets.token_bytes(32)
         self._live.clear()
         self._expiry_heap.clear()
@@ -103,12 +107,13 @@ class GrantRegistry:
     def mint(self, grant_id: UUID, identity: LeaseIdentity, connector_id: str, lease_id: UUID,
              epoch: int, scopes: Scopes, expires_at: datetime, correlation_id: str,
              now: datetime) -> ExecutionGrant:
-        self.prune(now)
         fields = (grant_id, identity, connector_id, lease_id, epoch, scopes, expires_at,
                   correlation_id)
         grant = ExecutionGrant(*fields, mac=self._mac(*fields))
-        self._live[grant_id] = grant
-        heapq.heappush(self._expiry_heap, (expires_at, grant_id))
+        with self._lock:
+            self._prune_locked(now)
+            self._live[grant_id] = grant
+            heapq.heappush(self._expiry_heap, (expires_at, grant_id))
         return grant
 
     def check(self, grant: object) -> Reason | None:
@@ -120,10 +125,15 @@ class GrantRegistry:
         """
         if type(grant) is not ExecutionGrant:
             return Reason.GRANT_UNKNOWN
-        expected = self._mac(grant.grant_id, grant.identity, grant.connector_id,
-                             grant.lease_id, grant.epoch, grant.scopes, grant.expires_at,
-                             grant.correlation_id)
-        if not hmac.compare_digest(grant._mac, expected):
+        try:
+            expected = self._mac(grant.grant_id, grant.identity, grant.connector_id,
+                                 grant.lease_id, grant.epoch, grant.scopes, grant.expires_at,
+                                 grant.correlation_id)
+            authentic = hmac.compare_digest(grant._mac, expected)
+        except (AttributeError, TypeError, ValueError):
+            # Missing or wrongly typed fields: hand-built or tampered with, never minted.
+            return Reason.GRANT_UNKNOWN
+        if not authentic:
             return Reason.GRANT_UNKNOWN
         live = self._live.get(grant.grant_id)
         if live is None:
@@ -132,6 +142,10 @@ class GrantRegistry:
 
     def prune(self, now: datetime) -> None:
         """Drop every grant whose expiry has passed by store time ``now``."""
+        with self._lock:
+            self._prune_locked(now)
+
+    def _prune_locked(self, now: datetime) -> None:
         heap = self._expiry_heap
         while heap and heap[0][0] <= now:
             _, grant_id = heapq.heappop(heap)

@@ -136,5 +136,12 @@ def check_epoch(field: str, value: object) -> int:
     return value
 
 
+def check_count(field: str, value: object, low: int, high: int) -> int:
+    """An int in ``low..high`` (paging arguments and the like); bools are refused."""
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise InvalidInput(field, f"must be an int between {low} and {high}")
+    return value
+
+
 def check_correlation_id(field: str, value: object) -> str | None:
     return None if value is None else check_id(field, value)

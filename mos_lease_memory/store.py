@@ -12,10 +12,12 @@ from datetime import datetime
 from typing import Protocol
 from uuid import UUID
 
-from mos_lease.identity import LeaseIdentity, check_id
+from mos_lease.identity import LeaseIdentity, check_count, check_id, check_identity
 from mos_lease.machine import Write, write_outcome
 from mos_lease.records import AuditEntry, AuditRecord, LeaseRow, Snapshot, WriteOutcome
 from mos_lease_memory.clock import SystemClock
+
+MAX_AUDIT_PAGE = 1_000_000  # as in the PostgreSQL store
 
 
 class Clock(Protocol):
@@ -44,8 +46,8 @@ class InMemoryLeaseStore:
             now = self.clock.now()
             row = write_outcome(write, self._rows.get(write.identity), now)
             if row is not None:
+                self._append(entry, now)  # refuses a repeated event id before any change
                 self._rows[write.identity] = row
-                self._append(entry, now)
             return WriteOutcome(row, now)
 
     def apply_many(self, items: Sequence[tuple[Write, AuditEntry]]) -> list[WriteOutcome]:
@@ -78,6 +80,10 @@ class InMemoryLeaseStore:
 
     def audit(self, identity: LeaseIdentity | None = None, *, after_seq: int = 0,
               limit: int = 1000) -> Sequence[AuditRecord]:
+        if identity is not None:
+            check_identity("identity", identity)
+        check_count("after_seq", after_seq, 0, 2**63 - 1)
+        check_count("limit", limit, 1, MAX_AUDIT_PAGE)
         with self._lock:
             records = self._audit[max(after_seq, 0):]
         if identity is not None:
