@@ -1,0 +1,170 @@
+"""Helpers shared by the unit tests of the core and the coordinator.
+
+Deterministic ids (counter-based UUIDs), a coordinator wired to an in-memory store driven by
+a ``ManualClock``, and small store wrappers that inject infrastructure faults.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+from uuid import UUID
+
+import attrs
+
+from mos_lease import (
+    AllowAllPolicy,
+    AuditRecord,
+    CommitOutcomeUnknown,
+    ConnectorLeaseCoordinator,
+    ConnectorLeaseService,
+    LeaseHandle,
+    LeaseIdentity,
+    LeaseRow,
+    StoreUnavailable,
+)
+from mos_lease.machine import Write
+from mos_lease.records import AuditEntry, Snapshot, WriteOutcome
+from mos_lease_memory import InMemoryLeaseStore, ManualClock
+
+START = datetime(2030, 1, 1, tzinfo=UTC)
+IDENT = LeaseIdentity("acme", "agent-1", "binding-1")
+OTHER_IDENT = LeaseIdentity("acme", "agent-1", "binding-2")
+SCOPES = ("tool:read", "tool:run")
+ALLOW_ALL: ConnectorLeaseService = AllowAllPolicy()
+
+_prefixes = itertools.count(1)
+_prefix_lock = threading.Lock()
+
+
+def fresh_prefix() -> int:
+    """A namespace no other id source in this test process uses."""
+    with _prefix_lock:
+        return next(_prefixes)
+
+
+class CountingIds:
+    """A deterministic, thread-safe id source: ``UUID(int=prefix << 64 | n)``, n = 1, 2, ...
+
+    Two sources with the same prefix produce the same sequence (used to compare the sync and
+    async coordinators); different prefixes never collide (several coordinators on one store
+    must not reuse audit event ids).
+    """
+
+    def __init__(self, prefix: int | None = None) -> None:
+        self.prefix = fresh_prefix() if prefix is None else prefix
+        self._counter = itertools.count(1)
+        self._lock = threading.Lock()
+        self.issued = 0
+
+    def __call__(self) -> UUID:
+        with self._lock:
+            self.issued += 1
+            return UUID(int=(self.prefix << 64) | next(self._counter))
+
+
+@attrs.define
+class Env:
+    """One store, its manual clock and a coordinator on it."""
+
+    clock: ManualClock
+    store: InMemoryLeaseStore
+    coordinator: ConnectorLeaseCoordinator
+    ids: CountingIds
+
+    def restart(self, policy: ConnectorLeaseService = ALLOW_ALL,
+                **options: object) -> ConnectorLeaseCoordinator:
+        """A new gateway process on the same durable store (fresh ids, fresh registry)."""
+        return ConnectorLeaseCoordinator(self.store, policy, id_source=CountingIds(),
+                                         **options)
+
+    def acquire(self, identity: LeaseIdentity = IDENT, connector_id: str = "conn-a",
+                scopes: Sequence[str] = SCOPES, ttl: float | timedelta = 60) -> LeaseHandle:
+        result = self.coordinator.acquire(identity, connector_id, scopes=scopes, ttl=ttl)
+        assert result.ok, result
+        assert result.lease is not None
+        return result.lease
+
+    def audit(self) -> list[AuditRecord]:
+        return list(self.store.audit(limit=1_000_000))
+
+    def rows(self) -> list[LeaseRow]:
+        return list(self.store.leases())
+
+    def state(self) -> tuple[list[AuditRecord], list[LeaseRow]]:
+        """Everything the store holds; compared before and after to prove "no writes"."""
+        return self.audit(), self.rows()
+
+
+def make_env(policy: ConnectorLeaseService | None = ALLOW_ALL, start: datetime = START,
+             **options: object) -> Env:
+    """A coordinator on ``InMemoryLeaseStore(ManualClock(start))`` with counter ids.
+
+    ``policy=None`` gives the coordinator's own default (deny-all).
+    """
+    clock = ManualClock(start)
+    store = InMemoryLeaseStore(clock)
+    ids = CountingIds()
+    coordinator = ConnectorLeaseCoordinator(store, policy, id_source=ids, **options)
+    return Env(clock, store, coordinator, ids)
+
+
+def put_row(store: InMemoryLeaseStore, row: LeaseRow) -> None:
+    """Overwrite the durable row directly: only for states the API cannot reach quickly."""
+    store._rows[row.identity] = row
+
+
+def row_of(store: InMemoryLeaseStore, identity: LeaseIdentity = IDENT) -> LeaseRow:
+    row = store.load(identity).row
+    assert row is not None
+    return row
+
+
+class FaultyStore:
+    """Wraps an ``InMemoryLeaseStore``; each fault is switched on by a flag.
+
+    ``fail_load``/``fail_record`` raise ``StoreUnavailable``; ``lose_commit`` makes the next
+    ``apply`` raise ``CommitOutcomeUnknown`` after (``"after"``) or instead of (``"before"``)
+    applying the write.
+    """
+
+    def __init__(self, inner: InMemoryLeaseStore) -> None:
+        self.inner = inner
+        self.fail_load = False
+        self.fail_record = False
+        self.lose_commit: str | None = None
+        self.loads = 0
+
+    def load(self, identity: LeaseIdentity) -> Snapshot:
+        self.loads += 1
+        if self.fail_load:
+            raise StoreUnavailable("load: connection refused")
+        return self.inner.load(identity)
+
+    def apply(self, write: Write, entry: AuditEntry) -> WriteOutcome:
+        mode, self.lose_commit = self.lose_commit, None
+        if mode == "before":
+            raise CommitOutcomeUnknown(entry.event_id, "connection dropped before commit")
+        outcome = self.inner.apply(write, entry)
+        if mode == "after":
+            raise CommitOutcomeUnknown(entry.event_id, "connection dropped after commit")
+        return outcome
+
+    def apply_many(self, items: Sequence[tuple[Write, AuditEntry]]) -> list[WriteOutcome]:
+        return [self.apply(write, entry) for write, entry in items]
+
+    def record(self, entry: AuditEntry) -> None:
+        if self.fail_record:
+            raise StoreUnavailable("record: connection refused")
+        self.inner.record(entry)
+
+    def event_committed(self, event_id: UUID) -> bool:
+        return self.inner.event_committed(event_id)
+
+
+def expire(env: Env, handle: LeaseHandle) -> None:
+    """Move the store clock to exactly the lease's expiry (expired: ``expires_at <= now``)."""
+    gap = handle.expires_at - env.clock.now()
+    env.clock.advance(max(gap, timedelta(0)))
