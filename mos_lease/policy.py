@@ -103,7 +103,8 @@ class StaticConnectorPolicy:
                     "max_lease_ttl": 60, "max_grant_ttl": 10, "preempt_active": false}]}
 
     A request no rule matches is denied; so is one asking for scopes or a TTL beyond its
-    rule, and a takeover of an active lease unless the rule sets ``preempt_active``.
+    rule, and a takeover of an active lease unless the rule sets ``preempt_active``. Release
+    needs only a matching rule. ``"*"`` matches a whole field; there are no patterns.
     """
 
     def __init__(self, rules: Sequence[ConnectorRule]) -> None:
@@ -123,6 +124,10 @@ class StaticConnectorPolicy:
                     None)
         if rule is None:
             return _DENY_POLICY
+        if request.event is LifecycleEvent.RELEASE:
+            # Giving a lease up only ever reduces what a connector can do; a rule narrowed
+            # since the lease was taken must not trap the holder into keeping it.
+            return ALLOW
         if not set(request.scopes).issubset(rule.scopes):
             return _DENY_SCOPE
         limit = rule.max_grant_ttl if request.event is LifecycleEvent.GRANT_ISSUE else (
@@ -145,6 +150,11 @@ def _parse_rule(index: int, raw: object) -> ConnectorRule:
     try:
         ids = {key: raw[key] if raw.get(key) == "*" else check_id(f"{where}.{key}", raw[key])
                for key in ("tenant_id", "logical_agent_id", "binding_id", "connector_id")}
+        partial = sorted(key for key, value in ids.items() if "*" in value and value != "*")
+        if partial:
+            raise ConfigurationError(
+                f"{where}: {', '.join(partial)}: '*' matches a whole field only; "
+                "patterns such as 'claude-*' are not supported")
         preempt = raw.get("preempt_active", False)
         if not isinstance(preempt, bool):
             raise ConfigurationError(f"{where}.preempt_active must be true or false")

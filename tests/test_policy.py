@@ -371,3 +371,27 @@ def test_a_hand_built_handle_still_gives_the_policy_normalized_scopes() -> None:
     env.coordinator.release(messy)
     seen = [r.scopes for r in policy.requests[-2:]]
     assert seen == [("tool:read", "tool:run")] * 2
+
+
+def test_release_needs_only_a_matching_rule_even_after_the_rule_was_narrowed() -> None:
+    from mos_lease.identity import LeaseIdentity
+
+    narrowed = StaticConnectorPolicy.from_dict({"rules": [
+        {"tenant_id": "*", "logical_agent_id": "*", "binding_id": "*", "connector_id": "c1",
+         "scopes": ["a"], "max_lease_ttl": 10, "max_grant_ttl": 5}]})
+    identity = LeaseIdentity("t", "a", "b")
+    release = PolicyRequest(LifecycleEvent.RELEASE, identity, "c1", ("a", "z"), None)
+    assert narrowed.authorize(release).allowed
+    heartbeat = PolicyRequest(LifecycleEvent.HEARTBEAT, identity, "c1", ("a", "z"),
+                              timedelta(seconds=5))
+    assert narrowed.authorize(heartbeat).reason is Reason.SCOPE_NOT_AUTHORIZED
+    stranger = PolicyRequest(LifecycleEvent.RELEASE, identity, "c2", ("a",), None)
+    assert narrowed.authorize(stranger).reason is Reason.POLICY_DENIED
+
+
+def test_partial_wildcards_are_refused_not_taken_literally() -> None:
+    with pytest.raises(ConfigurationError, match="whole field"):
+        StaticConnectorPolicy.from_dict({"rules": [
+            {"tenant_id": "*", "logical_agent_id": "*", "binding_id": "*",
+             "connector_id": "claude-*", "scopes": [], "max_lease_ttl": 10,
+             "max_grant_ttl": 5}]})
