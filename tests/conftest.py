@@ -8,13 +8,17 @@ import pytest
 
 from mos_lease.testing import MemoryHarness, StoreHarness
 
+pytest_plugins = ["tests.pg_fixtures"]
+
 HarnessFactory = Callable[[], StoreHarness]
 
 
-@pytest.fixture(params=["memory"])
+@pytest.fixture(params=["memory", pytest.param("postgres", marks=pytest.mark.pg)])
 def harness_factory(request: pytest.FixtureRequest) -> HarnessFactory:
     """A factory of fresh harnesses for each shipped store (PostgreSQL ones are marked pg)."""
-    assert request.param == "memory"
+    if request.param == "postgres":
+        factory: HarnessFactory = request.getfixturevalue("pg_harness_factory")
+        return factory
     return MemoryHarness
 
 

@@ -1,0 +1,7 @@
+"""``python -m mos_lease_pg migrate|status|audit``: the PostgreSQL commands on their own."""
+
+import sys
+
+from mos_lease_pg.cli import main
+
+sys.exit(main())

@@ -1,0 +1,265 @@
+"""Where the store's connections come from: one dedicated connection, or a pool.
+
+Every connection is in autocommit mode, so each statement is its own transaction and no
+session state is left behind between statements: the store works through a
+transaction-pooling proxy. The timeouts travel as libpq ``options`` (``-c
+statement_timeout=...``) at connect time; where a proxy refuses startup options, turn
+``session_options`` off and set them on the role instead (``roles.sql`` does).
+
+A dedicated connection is the fast path (no pool checkout per call: NOTES.md measured
+~19 µs per checkout, ~40% of a validation). It is opened on first use and replaced on the
+next call after it broke, so the store recovers from a database restart by itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from datetime import timedelta
+from typing import Any
+
+import attrs
+import psycopg
+import psycopg_pool
+from psycopg.conninfo import conninfo_to_dict
+
+from mos_lease.errors import ConfigurationError, StoreUnavailable
+from mos_lease_pg.translate import unavailable_on_checkout
+
+
+def _positive_or_none(_inst: object, attr: attrs.Attribute[Any], value: object) -> None:
+    if value is not None and (not isinstance(value, timedelta) or value <= timedelta(0)):
+        raise ConfigurationError(f"{attr.name} must be a positive timedelta or None")
+
+
+def _positive_seconds(_inst: object, attr: attrs.Attribute[Any], value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise ConfigurationError(f"{attr.name} must be a positive number of seconds")
+
+
+@attrs.frozen(slots=True)
+class ConnectionSettings:
+    """How the store connects and how long it lets the server work.
+
+    ``statement_timeout`` bounds every statement and ``lock_timeout`` every row-lock wait;
+    both errors roll the statement back and surface as ``StoreUnavailable``.
+    ``connect_timeout`` (seconds, libpq rounds up to at least 2) bounds opening a connection
+    and ``pool_timeout`` (seconds) waiting for a pooled one. ``prepare`` uses server-side
+    prepared statements (turn it off behind a proxy that cannot track them).
+    ``session_options`` sends the timeouts as libpq startup options.
+    """
+
+    statement_timeout: timedelta | None = attrs.field(default=timedelta(seconds=5),
+                                                      validator=_positive_or_none)
+    lock_timeout: timedelta | None = attrs.field(default=timedelta(seconds=2),
+                                                 validator=_positive_or_none)
+    connect_timeout: float = attrs.field(default=5.0, validator=_positive_seconds)
+    pool_timeout: float = attrs.field(default=2.0, validator=_positive_seconds)
+    prepare: bool = True
+    session_options: bool = True
+    application_name: str = "mos-lease"
+
+    def options(self) -> list[str]:
+        """The ``-c name=value`` startup options these settings send."""
+        if not self.session_options:
+            return []
+        flags = []
+        for name, value in (("statement_timeout", self.statement_timeout),
+                            ("lock_timeout", self.lock_timeout)):
+            if value is not None:
+                millis = max(1, round(value / timedelta(milliseconds=1)))
+                flags.append(f"-c {name}={millis}")
+        return flags
+
+
+def connect_kwargs(conninfo: str, settings: ConnectionSettings) -> dict[str, Any]:
+    """Keyword arguments for ``psycopg.connect(conninfo, **kwargs)`` or a pool's ``kwargs``.
+
+    Options already in ``conninfo`` are kept; ours are appended after them.
+    """
+    try:
+        given = conninfo_to_dict(conninfo)
+    except psycopg.ProgrammingError as bad:
+        raise ConfigurationError(f"invalid PostgreSQL connection string: {bad}") from None
+    # prepare_threshold=0 prepares each statement on its first use (a prepared lookup is
+    # ~22% faster); None disables server-side preparation altogether.
+    kwargs: dict[str, Any] = {"autocommit": True,
+                              "prepare_threshold": 0 if settings.prepare else None}
+    options = " ".join(filter(None, [str(given.get("options") or ""), *settings.options()]))
+    if options:
+        kwargs["options"] = options
+    if "connect_timeout" not in given:
+        kwargs["connect_timeout"] = max(2, round(settings.connect_timeout))
+    if "application_name" not in given:
+        kwargs["application_name"] = settings.application_name
+    return kwargs
+
+
+def make_pool(conninfo: str, settings: ConnectionSettings | None = None, *,
+              min_size: int = 1, max_size: int = 4,
+              **pool_options: Any) -> psycopg_pool.ConnectionPool[Any]:
+    """An open ``ConnectionPool`` whose connections suit the store."""
+    settings = settings if settings is not None else ConnectionSettings()
+    return psycopg_pool.ConnectionPool(
+        conninfo, kwargs=connect_kwargs(conninfo, settings), min_size=min_size,
+        max_size=max_size, timeout=settings.pool_timeout, open=True, **pool_options)
+
+
+async def open_async_pool(conninfo: str, settings: ConnectionSettings | None = None, *,
+                          min_size: int = 1, max_size: int = 4,
+                          **pool_options: Any) -> psycopg_pool.AsyncConnectionPool:
+    """An open ``AsyncConnectionPool`` whose connections suit the store."""
+    settings = settings if settings is not None else ConnectionSettings()
+    pool = psycopg_pool.AsyncConnectionPool(
+        conninfo, kwargs=connect_kwargs(conninfo, settings), min_size=min_size,
+        max_size=max_size, timeout=settings.pool_timeout, open=False, **pool_options)
+    await pool.open()
+    return pool
+
+
+def _check_autocommit(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> None:
+    # Outside autocommit a statement would leave a transaction open (and the pool would
+    # spend a second round trip committing it): refuse a pool configured that way.
+    if not conn.autocommit:
+        raise ConfigurationError(
+            "pooled connections must be in autocommit mode: build the pool with "
+            "mos_lease_pg.make_pool or pass kwargs=connect_kwargs(conninfo, settings)")
+
+
+class DedicatedConnection:
+    """One connection, opened on first use and replaced after it broke."""
+
+    def __init__(self, conninfo: str, settings: ConnectionSettings) -> None:
+        self._conninfo = conninfo
+        self._kwargs = connect_kwargs(conninfo, settings)
+        self._conn: psycopg.Connection[Any] | None = None
+        self._lock = threading.Lock()
+        # Held for a whole call: psycopg serializes single statements on a connection, but
+        # another thread's statement would join a pipeline (a batch) in progress.
+        self._in_use = threading.Lock()
+        self._closed = False
+
+    def _current(self) -> psycopg.Connection[Any]:
+        conn = self._conn
+        if conn is not None and not conn.closed and not conn.broken:
+            return conn
+        with self._lock:
+            if self._closed:
+                raise StoreUnavailable("the store is closed")
+            conn = self._conn
+            if conn is None or conn.closed or conn.broken:
+                if conn is not None:
+                    conn.close()
+                self._conn = None
+                try:
+                    conn = psycopg.Connection.connect(self._conninfo, **self._kwargs)
+                except psycopg.Error as exc:
+                    raise unavailable_on_checkout(exc, pool_timeout=0) from exc
+                self._conn = conn
+            return conn
+
+    @contextmanager
+    def checkout(self) -> Iterator[psycopg.Connection[Any]]:
+        with self._in_use:
+            yield self._current()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+
+class PooledConnection:
+    """Connections checked out of a caller-owned ``ConnectionPool`` for one call each."""
+
+    def __init__(self, pool: psycopg_pool.ConnectionPool[Any],
+                 settings: ConnectionSettings) -> None:
+        self._pool = pool
+        self._timeout = settings.pool_timeout
+
+    @contextmanager
+    def checkout(self) -> Iterator[psycopg.Connection[Any]]:
+        try:
+            conn = self._pool.getconn(timeout=self._timeout)
+        except psycopg.Error as exc:  # PoolTimeout, PoolClosed, ... are psycopg errors too
+            raise unavailable_on_checkout(exc, pool_timeout=self._timeout) from exc
+        try:
+            _check_autocommit(conn)
+            yield conn
+        finally:
+            # The pool replaces a connection that comes back broken.
+            self._pool.putconn(conn)
+
+    def close(self) -> None:
+        """The pool belongs to the caller, who closes it."""
+
+
+class AsyncDedicatedConnection:
+    """The asyncio twin of :class:`DedicatedConnection`."""
+
+    def __init__(self, conninfo: str, settings: ConnectionSettings) -> None:
+        self._conninfo = conninfo
+        self._kwargs = connect_kwargs(conninfo, settings)
+        self._conn: psycopg.AsyncConnection[Any] | None = None
+        self._lock = asyncio.Lock()
+        self._in_use = asyncio.Lock()  # see DedicatedConnection
+        self._closed = False
+
+    async def _current(self) -> psycopg.AsyncConnection[Any]:
+        conn = self._conn
+        if conn is not None and not conn.closed and not conn.broken:
+            return conn
+        async with self._lock:
+            if self._closed:
+                raise StoreUnavailable("the store is closed")
+            conn = self._conn
+            if conn is None or conn.closed or conn.broken:
+                if conn is not None:
+                    await conn.close()
+                self._conn = None
+                try:
+                    conn = await psycopg.AsyncConnection.connect(self._conninfo, **self._kwargs)
+                except psycopg.Error as exc:
+                    raise unavailable_on_checkout(exc, pool_timeout=0) from exc
+                self._conn = conn
+            return conn
+
+    @asynccontextmanager
+    async def checkout(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        async with self._in_use:
+            yield await self._current()
+
+    async def close(self) -> None:
+        async with self._lock:
+            self._closed = True
+            if self._conn is not None:
+                await self._conn.close()
+                self._conn = None
+
+
+class AsyncPooledConnection:
+    """The asyncio twin of :class:`PooledConnection`."""
+
+    def __init__(self, pool: psycopg_pool.AsyncConnectionPool[Any],
+                 settings: ConnectionSettings) -> None:
+        self._pool = pool
+        self._timeout = settings.pool_timeout
+
+    @asynccontextmanager
+    async def checkout(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        try:
+            conn = await self._pool.getconn(timeout=self._timeout)
+        except psycopg.Error as exc:  # PoolTimeout, PoolClosed, ... are psycopg errors too
+            raise unavailable_on_checkout(exc, pool_timeout=self._timeout) from exc
+        try:
+            _check_autocommit(conn)
+            yield conn
+        finally:
+            await self._pool.putconn(conn)
+
+    async def close(self) -> None:
+        """The pool belongs to the caller, who closes it."""

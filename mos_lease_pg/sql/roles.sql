@@ -1,0 +1,127 @@
+-- mos-lease least-privilege role layout.
+--
+--   owner role    (default mos_lease_owner)    owns the schema and every mos-lease object;
+--                                              runs `mos-lease migrate`. Never used by
+--                                              gateways.
+--   gateway role  (default mos_lease_gateway)  what every gateway process connects as. It
+--                                              can do exactly what the store needs:
+--        logical_agent_connector_leases   SELECT, INSERT, UPDATE of the non-identity
+--                                         columns (UPDATE also allows the SELECT ... FOR
+--                                         UPDATE that settles an in-doubt write)
+--        connector_lease_audit_log        SELECT, INSERT (the identity column needs no
+--                                         sequence privilege)
+--        connector_resource_epochs        SELECT, INSERT, UPDATE (downstream fencing)
+--        mos_lease_schema_migrations      nothing
+--      and nothing else: no DELETE or TRUNCATE anywhere, no CREATE in any schema.
+--
+-- The tables' triggers refuse UPDATE, DELETE and TRUNCATE of the audit log and DELETE and
+-- TRUNCATE of lease rows for every role, the owner included; only a superuser (or the
+-- owner, by disabling the triggers on purpose) can get past them.
+--
+-- Run it as a superuser, or a role with CREATEROLE that may grant on the schema, in the
+-- database that holds (or will hold) the tables:
+--
+--   psql -d DBNAME -v owner_role=mos_lease_owner -v gateway_role=mos_lease_gateway \
+--        -v schema_name=mos_lease -v statement_timeout=5s -v lock_timeout=2s -f roles.sql
+--
+-- It is idempotent. Run it once before the first `mos-lease migrate` (it creates the roles
+-- and the schema) and again after every migrate that adds tables (it grants on the tables
+-- that exist). The roles are created LOGIN without a password: set one (ALTER ROLE ...
+-- PASSWORD) or another authentication method in pg_hba.conf.
+--
+-- The search_path and the timeouts are set on the roles (per database), so they hold even
+-- behind a transaction-pooling proxy that drops the connection's startup options.
+\set ON_ERROR_STOP on
+\if :{?owner_role}
+\else
+\set owner_role mos_lease_owner
+\endif
+\if :{?gateway_role}
+\else
+\set gateway_role mos_lease_gateway
+\endif
+\if :{?schema_name}
+\else
+\set schema_name mos_lease
+\endif
+\if :{?statement_timeout}
+\else
+\set statement_timeout 5s
+\endif
+\if :{?lock_timeout}
+\else
+\set lock_timeout 2s
+\endif
+
+-- psql does not substitute variables inside the DO body, so they travel as settings.
+\o /dev/null
+SELECT set_config('mos_lease.owner_role', :'owner_role', false),
+       set_config('mos_lease.gateway_role', :'gateway_role', false),
+       set_config('mos_lease.schema_name', :'schema_name', false),
+       set_config('mos_lease.statement_timeout', :'statement_timeout', false),
+       set_config('mos_lease.lock_timeout', :'lock_timeout', false);
+\o
+
+DO $layout$
+DECLARE
+    owner_role   text := current_setting('mos_lease.owner_role');
+    gateway_role text := current_setting('mos_lease.gateway_role');
+    schema_name  text := current_setting('mos_lease.schema_name');
+    db           text := current_database();
+    leases       text;
+    audit_log    text;
+    epochs       text;
+    migrations   text;
+BEGIN
+    IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = owner_role) THEN
+        EXECUTE format('CREATE ROLE %I LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE', owner_role);
+    END IF;
+    IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = gateway_role) THEN
+        EXECUTE format('CREATE ROLE %I LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE',
+                       gateway_role);
+    END IF;
+    IF NOT EXISTS (SELECT FROM pg_namespace WHERE nspname = schema_name) THEN
+        EXECUTE format('CREATE SCHEMA %I AUTHORIZATION %I', schema_name, owner_role);
+    END IF;
+    EXECUTE format('REVOKE ALL ON SCHEMA %I FROM PUBLIC', schema_name);
+    EXECUTE format('GRANT USAGE ON SCHEMA %I TO %I', schema_name, gateway_role);
+
+    -- Role defaults in this database: where the tables are, and how long a statement or a
+    -- lock wait may take (the store also sends these at connect; the role default is what
+    -- holds behind a pooling proxy).
+    EXECUTE format('ALTER ROLE %I IN DATABASE %I SET search_path = %I',
+                   owner_role, db, schema_name);
+    EXECUTE format('ALTER ROLE %I IN DATABASE %I SET search_path = %I',
+                   gateway_role, db, schema_name);
+    EXECUTE format('ALTER ROLE %I IN DATABASE %I SET statement_timeout = %L',
+                   gateway_role, db, current_setting('mos_lease.statement_timeout'));
+    EXECUTE format('ALTER ROLE %I IN DATABASE %I SET lock_timeout = %L',
+                   gateway_role, db, current_setting('mos_lease.lock_timeout'));
+
+    leases := format('%I.logical_agent_connector_leases', schema_name);
+    audit_log := format('%I.connector_lease_audit_log', schema_name);
+    epochs := format('%I.connector_resource_epochs', schema_name);
+    migrations := format('%I.mos_lease_schema_migrations', schema_name);
+
+    IF to_regclass(leases) IS NOT NULL THEN
+        EXECUTE format('REVOKE ALL ON %s FROM PUBLIC, %I', leases, gateway_role);
+        EXECUTE format('GRANT SELECT, INSERT ON %s TO %I', leases, gateway_role);
+        -- Identity columns are not in the list: a gateway cannot move a row to another
+        -- identity even if the trigger were disabled.
+        EXECUTE format('GRANT UPDATE (lease_id, connector_id, allowed_scopes, epoch, '
+                       'acquired_at, heartbeat_at, expires_at, released_at, updated_at) '
+                       'ON %s TO %I', leases, gateway_role);
+    END IF;
+    IF to_regclass(audit_log) IS NOT NULL THEN
+        EXECUTE format('REVOKE ALL ON %s FROM PUBLIC, %I', audit_log, gateway_role);
+        EXECUTE format('GRANT SELECT, INSERT ON %s TO %I', audit_log, gateway_role);
+    END IF;
+    IF to_regclass(epochs) IS NOT NULL THEN
+        EXECUTE format('REVOKE ALL ON %s FROM PUBLIC, %I', epochs, gateway_role);
+        EXECUTE format('GRANT SELECT, INSERT, UPDATE ON %s TO %I', epochs, gateway_role);
+    END IF;
+    IF to_regclass(migrations) IS NOT NULL THEN
+        EXECUTE format('REVOKE ALL ON %s FROM PUBLIC, %I', migrations, gateway_role);
+    END IF;
+END
+$layout$;

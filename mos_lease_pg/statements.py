@@ -1,0 +1,273 @@
+"""The SQL the store sends and the mapping between its rows and the core's records.
+
+This module is the single source of truth for both stores: :class:`Call` describes one
+statement (its text, parameters, how to read its result and what a lost connection during it
+means), and the sync and async stores only send calls. The SQL itself lives in
+``sql/statements/*.sql`` inside the package.
+
+Every lease write is the envelope ``guarded_write.sql`` around one of ``insert.sql``,
+``renew.sql``, ``close.sql`` or ``rotate.sql``: a single data-modifying statement that reads
+the database clock, applies the write if its guard holds and appends the audit row from the
+write's ``RETURNING``. Those guards are :func:`mos_lease.machine.guard_holds` written in SQL.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import re
+from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime, timedelta
+from importlib import resources
+from typing import Any, Final, Generic, TypeVar
+from uuid import UUID
+
+import attrs
+
+from mos_lease.identity import LeaseIdentity
+from mos_lease.machine import Close, Insert, Renew, Rotate, Write
+from mos_lease.records import AuditEntry, AuditRecord, LeaseRow, Snapshot, WriteOutcome
+from mos_lease.vocabulary import LifecycleEvent, Outcome, Reason
+
+T = TypeVar("T")
+Row = tuple[Any, ...]
+
+
+def sql_text(*path: str) -> str:
+    """The text of a ``.sql`` file shipped in the package, e.g. ``sql_text("roles.sql")``."""
+    return resources.files("mos_lease_pg").joinpath("sql", *path).read_text("utf-8")
+
+
+_COMMENT_LINE = re.compile(r"^\s*--.*\n", re.MULTILINE)
+
+
+def _statement_text(name: str) -> str:
+    # Whole-line comments are for readers of the file, not for the server: dropping them
+    # keeps the statement text (sent and hashed on every call) short, and keeps a stray "%"
+    # in a comment from being taken for a parameter.
+    return _COMMENT_LINE.sub("", sql_text("statements", name))
+
+
+@attrs.frozen(slots=True)
+class Statement:
+    name: str
+    text: bytes  # bytes, so psycopg takes a text read from a file as a query
+
+
+def _statement(name: str) -> Statement:
+    return Statement(name, _statement_text(name).encode("utf-8"))
+
+
+def _guarded(name: str) -> Statement:
+    text = _statement_text("guarded_write.sql").replace("{write}", _statement_text(name).rstrip())
+    return Statement(name, text.encode("utf-8"))
+
+
+LOAD: Final = _statement("load.sql")
+RECORD: Final = _statement("record.sql")
+EVENT_COMMITTED: Final = _statement("event_committed.sql")
+SETTLE: Final = _statement("settle.sql")
+NOW: Final = _statement("now.sql")
+LEASES: Final = _statement("leases.sql")
+AUDIT: Final = _statement("audit.sql")
+WRITES: Final[Mapping[type[Write], Statement]] = {
+    Insert: _guarded("insert.sql"),
+    Renew: _guarded("renew.sql"),
+    Close: _guarded("close.sql"),
+    Rotate: _guarded("rotate.sql"),
+}
+
+
+class Kind(enum.Enum):
+    """What a lost connection during a call means, and whether the call may be resent."""
+
+    READ = "read"  # changes nothing: resend once on a fresh connection
+    IDEMPOTENT_WRITE = "idempotent write"  # keyed by its event id: resending is safe
+    WRITE = "write"  # may have committed: the outcome is unknown and must be reconciled
+
+
+@attrs.frozen(slots=True)
+class Call(Generic[T]):
+    """One statement to send, and how to turn its rows into the store's answer."""
+
+    what: str  # for error messages: "load", "takeover write", ...
+    statement: Statement
+    params: Mapping[str, object]
+    parse: Callable[[Sequence[Row]], T]
+    kind: Kind = Kind.READ
+    # Whether the statement returns rows (asking psycopg for the description instead costs
+    # a dozen microseconds per call, a third of a validation's read).
+    returns_rows: bool = True
+    # For writes: the audit event that exists exactly when the write committed.
+    event_id: UUID | None = None
+    identity: LeaseIdentity | None = None
+
+
+# --- row mapping --------------------------------------------------------------------------
+
+
+def _utc(value: datetime) -> datetime:
+    # The session time zone decides how timestamptz arrives; the core works in UTC.
+    return value.astimezone(UTC)
+
+
+def _maybe_utc(value: datetime | None) -> datetime | None:
+    return None if value is None else _utc(value)
+
+
+def lease_row(identity: LeaseIdentity, cols: Sequence[Any]) -> LeaseRow:
+    """Map (lease_id, connector_id, allowed_scopes, epoch, acquired_at, heartbeat_at,
+    expires_at, released_at, updated_at) to a :class:`LeaseRow`."""
+    lease_id, connector_id, scopes, epoch, acquired, heartbeat, expires, released, updated = cols
+    return LeaseRow(
+        identity=identity, lease_id=lease_id, connector_id=connector_id,
+        scopes=tuple(scopes), epoch=epoch, acquired_at=_utc(acquired),
+        heartbeat_at=_utc(heartbeat), expires_at=_utc(expires),
+        released_at=_maybe_utc(released), updated_at=_utc(updated),
+    )
+
+
+def _single(rows: Sequence[Row]) -> Row:
+    if len(rows) != 1:
+        raise AssertionError(f"expected exactly one row, got {len(rows)}")
+    return rows[0]
+
+
+def _time_and_row(identity: LeaseIdentity, rows: Sequence[Row]) -> tuple[datetime, LeaseRow | None]:
+    now, *cols = _single(rows)
+    # lease_id is NOT NULL in the table, so a NULL here means "no row" (LEFT JOIN).
+    return _utc(now), None if cols[0] is None else lease_row(identity, cols)
+
+
+def _snapshot(identity: LeaseIdentity, rows: Sequence[Row]) -> Snapshot:
+    now, row = _time_and_row(identity, rows)
+    return Snapshot(row, now)
+
+
+def _write_outcome(identity: LeaseIdentity, rows: Sequence[Row]) -> WriteOutcome:
+    now, row = _time_and_row(identity, rows)
+    return WriteOutcome(row, now)
+
+
+def _nothing(rows: Sequence[Row]) -> None:
+    return None
+
+
+def _flag(rows: Sequence[Row]) -> bool:
+    return bool(_single(rows)[0])
+
+
+def _time(rows: Sequence[Row]) -> datetime:
+    return _utc(_single(rows)[0])
+
+
+def _lease_rows(rows: Sequence[Row]) -> list[LeaseRow]:
+    return [lease_row(LeaseIdentity(*row[:3]), row[3:]) for row in rows]
+
+
+def audit_record(row: Row) -> AuditRecord:
+    """Map one ``audit.sql`` row to an :class:`AuditRecord`."""
+    (seq, event_id, event, outcome, reason, tenant_id, agent_id, binding_id, connector_id,
+     epoch, correlation_id, recorded_at) = row
+    entry = AuditEntry(
+        event_id=event_id, event=LifecycleEvent(event), outcome=Outcome(outcome),
+        reason=None if reason is None else Reason(reason),
+        identity=LeaseIdentity(tenant_id, agent_id, binding_id), connector_id=connector_id,
+        epoch=epoch, correlation_id=correlation_id,
+    )
+    return AuditRecord(seq, entry, _utc(recorded_at))
+
+
+def _audit_records(rows: Sequence[Row]) -> list[AuditRecord]:
+    return [audit_record(row) for row in rows]
+
+
+# --- calls --------------------------------------------------------------------------------
+
+
+def _identity_params(identity: LeaseIdentity) -> dict[str, object]:
+    return {"tenant_id": identity.tenant_id, "logical_agent_id": identity.logical_agent_id,
+            "binding_id": identity.binding_id}
+
+
+def _entry_params(entry: AuditEntry) -> dict[str, object]:
+    return {
+        "event_id": entry.event_id, "event": entry.event.value, "outcome": entry.outcome.value,
+        "reason": None if entry.reason is None else entry.reason.value,
+        "entry_tenant_id": entry.identity.tenant_id,
+        "entry_logical_agent_id": entry.identity.logical_agent_id,
+        "entry_binding_id": entry.identity.binding_id,
+        "entry_connector_id": entry.connector_id, "entry_epoch": entry.epoch,
+        "correlation_id": entry.correlation_id,
+    }
+
+
+def load(identity: LeaseIdentity, offset: timedelta) -> Call[Snapshot]:
+    return Call("load", LOAD, {"offset": offset, **_identity_params(identity)},
+                functools.partial(_snapshot, identity))
+
+
+def _write_params(write: Write) -> dict[str, object]:
+    if isinstance(write, Insert):
+        return {"lease_id": write.lease_id, "connector_id": write.connector_id,
+                "scopes": list(write.scopes), "ttl": write.ttl}
+    if isinstance(write, Renew):
+        return {"connector_id": write.connector_id, "lease_id": write.lease_id,
+                "epoch": write.epoch, "ttl": write.ttl}
+    if isinstance(write, Close):
+        return {"connector_id": write.connector_id, "lease_id": write.lease_id,
+                "epoch": write.epoch}
+    return {"expected_epoch": write.expected_epoch, "preempt_active": write.preempt_active,
+            "new_lease_id": write.new_lease_id, "connector_id": write.connector_id,
+            "scopes": list(write.scopes), "ttl": write.ttl}
+
+
+def apply(write: Write, entry: AuditEntry, offset: timedelta) -> Call[WriteOutcome]:
+    params = {"offset": offset, **_identity_params(write.identity), **_write_params(write),
+              **_entry_params(entry)}
+    return Call(f"{entry.event} write", WRITES[type(write)], params,
+                functools.partial(_write_outcome, write.identity), Kind.WRITE,
+                event_id=entry.event_id, identity=write.identity)
+
+
+def apply_many(items: Sequence[tuple[Write, AuditEntry]],
+               offset: timedelta) -> list[Call[WriteOutcome]]:
+    return [apply(write, entry, offset) for write, entry in items]
+
+
+def lock_order(calls: Sequence[Call[Any]]) -> list[int]:
+    """The order to send a batch in: by identity, so that two batches sharing leases lock
+    their rows in the same order and cannot deadlock."""
+    def key(i: int) -> tuple[str, str, str]:
+        identity = calls[i].identity
+        assert identity is not None
+        return identity.tenant_id, identity.logical_agent_id, identity.binding_id
+    return sorted(range(len(calls)), key=key)
+
+
+def record(entry: AuditEntry, offset: timedelta) -> Call[None]:
+    return Call("audit record", RECORD, {"offset": offset, **_entry_params(entry)}, _nothing,
+                Kind.IDEMPOTENT_WRITE, returns_rows=False)
+
+
+def settle(identity: LeaseIdentity) -> Call[None]:
+    return Call("settle in-doubt write", SETTLE, _identity_params(identity), _nothing)
+
+
+def event_committed(event_id: UUID) -> Call[bool]:
+    return Call("event lookup", EVENT_COMMITTED, {"event_id": event_id}, _flag)
+
+
+def now(offset: timedelta) -> Call[datetime]:
+    return Call("clock read", NOW, {"offset": offset}, _time)
+
+
+def leases(tenant_id: str | None) -> Call[list[LeaseRow]]:
+    return Call("lease listing", LEASES, {"tenant_id": tenant_id}, _lease_rows)
+
+
+def audit(*, tenant_id: str | None, logical_agent_id: str | None, binding_id: str | None,
+          after_seq: int, limit: int) -> Call[list[AuditRecord]]:
+    params = {"tenant_id": tenant_id, "logical_agent_id": logical_agent_id,
+              "binding_id": binding_id, "after_seq": after_seq, "limit": limit}
+    return Call("audit listing", AUDIT, params, _audit_records)

@@ -1,0 +1,329 @@
+"""The PostgreSQL lease stores: thin senders of the calls built in :mod:`statements`.
+
+:class:`PostgresLeaseStore` implements :class:`mos_lease.ports.LeaseStore` and
+:class:`AsyncPostgresLeaseStore` implements :class:`mos_lease.ports.AsyncLeaseStore`; both
+also offer the :class:`mos_lease.ports.LeaseInspector` views. Everything they share (which
+statement, which parameters, how rows map back, what a failure means) lives in
+:class:`_StoreCore`, :mod:`mos_lease_pg.statements` and :mod:`mos_lease_pg.translate`; the
+classes below differ only in ``await``.
+
+Each operation is one statement, so one round trip and one transaction (``apply_many``
+pipelines its writes into one round trip; reconciling a write whose connection was lost
+adds one settling read). The database clock is the time authority: every statement reads
+``clock_timestamp()`` (plus ``time_offset``, which only tests set) in the same round trip as
+the row it judges.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from types import TracebackType
+from typing import Any, TypeVar
+from uuid import UUID
+
+import psycopg
+import psycopg_pool
+
+from mos_lease.errors import ConfigurationError, InvalidInput
+from mos_lease.identity import LeaseIdentity, check_id, check_identity
+from mos_lease.machine import Write
+from mos_lease.records import AuditEntry, AuditRecord, LeaseRow, Snapshot, WriteOutcome
+from mos_lease_pg import statements
+from mos_lease_pg.connection import (
+    AsyncDedicatedConnection,
+    AsyncPooledConnection,
+    ConnectionSettings,
+    DedicatedConnection,
+    PooledConnection,
+)
+from mos_lease_pg.statements import Call, Kind
+from mos_lease_pg.translate import Failure, statement_failure
+
+T = TypeVar("T")
+
+MAX_AUDIT_PAGE = 1_000_000
+_IN_DOUBT_MEMORY = 1024
+
+
+def _check_count(field: str, value: object, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise InvalidInput(field, f"must be an int between {low} and {high}")
+    return value
+
+
+def _check_optional_id(field: str, value: object) -> str | None:
+    return None if value is None else check_id(field, value)
+
+
+class _StoreCore:
+    """What both stores share: the time offset, the calls, and in-doubt bookkeeping."""
+
+    def __init__(self, time_offset: timedelta) -> None:
+        if not isinstance(time_offset, timedelta):
+            raise ConfigurationError("time_offset must be a timedelta")
+        self._offset = time_offset
+        # Writes whose connection was lost mid-flight, by audit event: reconciling one first
+        # waits out any transaction still holding its row (see settle.sql).
+        self._in_doubt: OrderedDict[UUID, LeaseIdentity] = OrderedDict()
+
+    @property
+    def time_offset(self) -> timedelta:
+        """Added to the database clock. Tests move it; production leaves it at zero."""
+        return self._offset
+
+    def advance(self, by: timedelta | float) -> None:
+        """Move this store's view of the database clock forward (tests only)."""
+        step = by if isinstance(by, timedelta) else timedelta(seconds=by)
+        if step < timedelta(0):
+            raise ValueError("time does not go backwards")
+        self._offset += step
+
+    def _failed(self, calls: Sequence[Call[Any]], exc: psycopg.Error) -> Failure:
+        """Translate a failure of one call, or of a batch of writes sent together."""
+        first = calls[0]
+        what = first.what if len(calls) == 1 else f"batch of {len(calls)} writes"
+        failure = statement_failure(
+            exc, what=what, write_event=first.event_id if first.kind is Kind.WRITE else None)
+        if failure.connection_lost:
+            for call in calls:
+                if call.kind is Kind.WRITE:
+                    assert call.event_id is not None and call.identity is not None
+                    self._in_doubt[call.event_id] = call.identity
+            while len(self._in_doubt) > _IN_DOUBT_MEMORY:
+                self._in_doubt.popitem(last=False)
+        return failure
+
+    @staticmethod
+    def _resend(call: Call[Any], failure: Failure, attempt: int) -> bool:
+        # Only a call that cannot change anything twice is sent again, once, and only when
+        # the connection (not the statement) failed: typically the first use of a
+        # connection that died while idle, e.g. across a database restart.
+        return failure.connection_lost and call.kind is not Kind.WRITE and attempt == 0
+
+    def _settle_call(self, event_id: UUID) -> Call[None] | None:
+        identity = self._in_doubt.get(event_id)
+        return None if identity is None else statements.settle(identity)
+
+    @staticmethod
+    def _audit_call(identity: object, after_seq: object, limit: object) -> Call[list[AuditRecord]]:
+        checked = None if identity is None else check_identity("identity", identity)
+        return statements.audit(
+            tenant_id=None if checked is None else checked.tenant_id,
+            logical_agent_id=None if checked is None else checked.logical_agent_id,
+            binding_id=None if checked is None else checked.binding_id,
+            after_seq=_check_count("after_seq", after_seq, 0, 2**63 - 1),
+            limit=_check_count("limit", limit, 1, MAX_AUDIT_PAGE))
+
+    @staticmethod
+    def _search_call(tenant_id: object, logical_agent_id: object, binding_id: object,
+                     after_seq: object, limit: object) -> Call[list[AuditRecord]]:
+        return statements.audit(
+            tenant_id=_check_optional_id("tenant_id", tenant_id),
+            logical_agent_id=_check_optional_id("logical_agent_id", logical_agent_id),
+            binding_id=_check_optional_id("binding_id", binding_id),
+            after_seq=_check_count("after_seq", after_seq, 0, 2**63 - 1),
+            limit=_check_count("limit", limit, 1, MAX_AUDIT_PAGE))
+
+
+def _source_args(conninfo: str | None, pool: object, settings: ConnectionSettings | None
+                 ) -> ConnectionSettings:
+    if (conninfo is None) == (pool is None):
+        raise ConfigurationError("pass exactly one of conninfo or pool")
+    if conninfo is not None and not isinstance(conninfo, str):
+        raise ConfigurationError("conninfo must be a libpq connection string or URL")
+    return settings if settings is not None else ConnectionSettings()
+
+
+class PostgresLeaseStore(_StoreCore):
+    """The synchronous PostgreSQL store.
+
+    Give it either ``conninfo`` (a libpq connection string or URL: the store keeps one
+    dedicated connection, the fastest choice, safe to share between threads, which then
+    take turns) or ``pool`` (a caller-owned ``psycopg_pool.ConnectionPool`` built with
+    :func:`mos_lease_pg.make_pool`; one checkout per call). ``settings`` sets timeouts and
+    statement preparation. ``time_offset`` is for tests.
+    """
+
+    def __init__(self, conninfo: str | None = None, *,
+                 pool: psycopg_pool.ConnectionPool[Any] | None = None,
+                 settings: ConnectionSettings | None = None,
+                 time_offset: timedelta = timedelta(0)) -> None:
+        super().__init__(time_offset)
+        self.settings = _source_args(conninfo, pool, settings)
+        self._source: DedicatedConnection | PooledConnection = (
+            DedicatedConnection(conninfo, self.settings) if conninfo is not None
+            else PooledConnection(pool, self.settings))  # type: ignore[arg-type]
+
+    def _run(self, call: Call[T]) -> T:
+        for attempt in range(2):
+            with self._source.checkout() as conn:
+                try:
+                    cur = conn.execute(call.statement.text, call.params,
+                                       prepare=self.settings.prepare)
+                    rows = cur.fetchall() if call.returns_rows else []
+                except psycopg.Error as exc:
+                    failure = self._failed([call], exc)
+                    if self._resend(call, failure, attempt):
+                        continue
+                    raise failure.error from exc
+            return call.parse(rows)
+        raise AssertionError("unreachable")
+
+    def _run_batch(self, calls: Sequence[Call[T]]) -> list[T]:
+        # Pipeline mode: every statement is sent before any result is read, so the batch
+        # costs one round trip; it also runs as one transaction (one commit flush). A guard
+        # that does not hold is not an error, so it does not disturb the others.
+        if not calls:
+            return []
+        with self._source.checkout() as conn:
+            try:
+                with conn.pipeline():
+                    cursors = {i: conn.execute(calls[i].statement.text, calls[i].params,
+                                               prepare=self.settings.prepare)
+                               for i in statements.lock_order(calls)}
+                rows = {i: cur.fetchall() for i, cur in cursors.items()}
+            except psycopg.Error as exc:
+                raise self._failed(calls, exc).error from exc
+        return [call.parse(rows[i]) for i, call in enumerate(calls)]
+
+    # -- LeaseStore ---------------------------------------------------------------------
+
+    def load(self, identity: LeaseIdentity) -> Snapshot:
+        return self._run(statements.load(identity, self._offset))
+
+    def apply(self, write: Write, entry: AuditEntry) -> WriteOutcome:
+        return self._run(statements.apply(write, entry, self._offset))
+
+    def apply_many(self, items: Sequence[tuple[Write, AuditEntry]]) -> list[WriteOutcome]:
+        return self._run_batch(statements.apply_many(items, self._offset))
+
+    def record(self, entry: AuditEntry) -> None:
+        self._run(statements.record(entry, self._offset))
+
+    def event_committed(self, event_id: UUID) -> bool:
+        settle = self._settle_call(event_id)
+        if settle is not None:
+            self._run(settle)
+        return self._run(statements.event_committed(event_id))
+
+    # -- LeaseInspector and operator views ----------------------------------------------
+
+    def leases(self, tenant_id: str | None = None) -> Sequence[LeaseRow]:
+        return self._run(statements.leases(_check_optional_id("tenant_id", tenant_id)))
+
+    def audit(self, identity: LeaseIdentity | None = None, *, after_seq: int = 0,
+              limit: int = 1000) -> Sequence[AuditRecord]:
+        return self._run(self._audit_call(identity, after_seq, limit))
+
+    def search_audit(self, *, tenant_id: str | None = None, logical_agent_id: str | None = None,
+                     binding_id: str | None = None, after_seq: int = 0,
+                     limit: int = 1000) -> Sequence[AuditRecord]:
+        """Audit records narrowed by any of tenant, agent and binding (``mos-lease audit``)."""
+        return self._run(self._search_call(tenant_id, logical_agent_id, binding_id,
+                                           after_seq, limit))
+
+    def now(self) -> datetime:
+        """The store's time: the database clock plus ``time_offset``."""
+        return self._run(statements.now(self._offset))
+
+    def close(self) -> None:
+        """Close the dedicated connection (a pool stays open: it is the caller's)."""
+        self._source.close()
+
+    def __enter__(self) -> PostgresLeaseStore:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+
+class AsyncPostgresLeaseStore(_StoreCore):
+    """The asyncio PostgreSQL store; options as :class:`PostgresLeaseStore`, with an
+    ``AsyncConnectionPool`` (see :func:`mos_lease_pg.open_async_pool`) for ``pool``."""
+
+    def __init__(self, conninfo: str | None = None, *,
+                 pool: psycopg_pool.AsyncConnectionPool[Any] | None = None,
+                 settings: ConnectionSettings | None = None,
+                 time_offset: timedelta = timedelta(0)) -> None:
+        super().__init__(time_offset)
+        self.settings = _source_args(conninfo, pool, settings)
+        self._source: AsyncDedicatedConnection | AsyncPooledConnection = (
+            AsyncDedicatedConnection(conninfo, self.settings) if conninfo is not None
+            else AsyncPooledConnection(pool, self.settings))  # type: ignore[arg-type]
+
+    async def _run(self, call: Call[T]) -> T:
+        for attempt in range(2):
+            async with self._source.checkout() as conn:
+                try:
+                    cur = await conn.execute(call.statement.text, call.params,
+                                             prepare=self.settings.prepare)
+                    rows = await cur.fetchall() if call.returns_rows else []
+                except psycopg.Error as exc:
+                    failure = self._failed([call], exc)
+                    if self._resend(call, failure, attempt):
+                        continue
+                    raise failure.error from exc
+            return call.parse(rows)
+        raise AssertionError("unreachable")
+
+    async def _run_batch(self, calls: Sequence[Call[T]]) -> list[T]:
+        if not calls:
+            return []
+        async with self._source.checkout() as conn:
+            try:
+                async with conn.pipeline():
+                    cursors = {i: await conn.execute(calls[i].statement.text, calls[i].params,
+                                                     prepare=self.settings.prepare)
+                               for i in statements.lock_order(calls)}
+                rows = {i: await cur.fetchall() for i, cur in cursors.items()}
+            except psycopg.Error as exc:
+                raise self._failed(calls, exc).error from exc
+        return [call.parse(rows[i]) for i, call in enumerate(calls)]
+
+    async def load(self, identity: LeaseIdentity) -> Snapshot:
+        return await self._run(statements.load(identity, self._offset))
+
+    async def apply(self, write: Write, entry: AuditEntry) -> WriteOutcome:
+        return await self._run(statements.apply(write, entry, self._offset))
+
+    async def apply_many(self, items: Sequence[tuple[Write, AuditEntry]]
+                         ) -> list[WriteOutcome]:
+        return await self._run_batch(statements.apply_many(items, self._offset))
+
+    async def record(self, entry: AuditEntry) -> None:
+        await self._run(statements.record(entry, self._offset))
+
+    async def event_committed(self, event_id: UUID) -> bool:
+        settle = self._settle_call(event_id)
+        if settle is not None:
+            await self._run(settle)
+        return await self._run(statements.event_committed(event_id))
+
+    async def leases(self, tenant_id: str | None = None) -> Sequence[LeaseRow]:
+        return await self._run(statements.leases(_check_optional_id("tenant_id", tenant_id)))
+
+    async def audit(self, identity: LeaseIdentity | None = None, *, after_seq: int = 0,
+                    limit: int = 1000) -> Sequence[AuditRecord]:
+        return await self._run(self._audit_call(identity, after_seq, limit))
+
+    async def search_audit(self, *, tenant_id: str | None = None,
+                           logical_agent_id: str | None = None, binding_id: str | None = None,
+                           after_seq: int = 0, limit: int = 1000) -> Sequence[AuditRecord]:
+        return await self._run(self._search_call(tenant_id, logical_agent_id, binding_id,
+                                                 after_seq, limit))
+
+    async def now(self) -> datetime:
+        return await self._run(statements.now(self._offset))
+
+    async def aclose(self) -> None:
+        await self._source.close()
+
+    async def __aenter__(self) -> AsyncPostgresLeaseStore:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.aclose()

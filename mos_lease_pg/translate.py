@@ -1,0 +1,94 @@
+"""Driver errors become the library's typed errors here, and nowhere else.
+
+The one question that matters is whether a statement could have taken effect:
+
+* failing to get a connection (connect error, pool exhausted or closed) happens before
+  anything was sent: :class:`~mos_lease.errors.StoreUnavailable`;
+* an error the server *reported* for a statement (a timeout, a lock timeout, a missing
+  table, a privilege) means its transaction rolled back, since every statement runs in its
+  own transaction: :class:`~mos_lease.errors.StoreUnavailable`, or
+  :class:`~mos_lease.errors.InternalInconsistency` when the schema refused the data (a bug,
+  never a state of the world);
+* a connection lost while a statement was in flight leaves a write's outcome unknown:
+  :class:`~mos_lease.errors.CommitOutcomeUnknown`, reconciled by the coordinator through the
+  write's audit event. For a read it is just :class:`~mos_lease.errors.StoreUnavailable`.
+"""
+
+from __future__ import annotations
+
+from uuid import UUID
+
+import attrs
+import psycopg
+import psycopg_pool
+
+from mos_lease.errors import (
+    CommitOutcomeUnknown,
+    InternalInconsistency,
+    MosLeaseError,
+    StoreUnavailable,
+)
+
+# Server-side states that end the session rather than the statement: the server went away
+# (shutdown, crash, pg_terminate_backend, idle-session timeout) and may or may not have
+# committed what it was doing.
+_SESSION_ENDING = frozenset({"57P01", "57P02", "57P03", "57P05"})
+
+
+def connection_lost(exc: BaseException) -> bool:
+    """Whether ``exc`` means the connection is gone, not that a statement failed."""
+    if isinstance(exc, psycopg.InterfaceError):
+        return True  # e.g. "the connection is closed": nothing left to talk to
+    if not isinstance(exc, psycopg.OperationalError):
+        return False
+    state = exc.sqlstate
+    return state is None or state.startswith("08") or state in _SESSION_ENDING
+
+
+def _describe(exc: BaseException) -> str:
+    state = getattr(exc, "sqlstate", None)
+    # The first line of the message: libpq adds hints and context on later lines.
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return f"{text} (sqlstate {state})" if state else text
+
+
+def unavailable_on_checkout(exc: BaseException, *, pool_timeout: float) -> StoreUnavailable:
+    """Getting a connection failed; nothing was sent."""
+    if isinstance(exc, psycopg_pool.PoolTimeout):
+        return StoreUnavailable(
+            f"PostgreSQL pool exhausted: no connection became free within {pool_timeout:g} s")
+    if isinstance(exc, psycopg_pool.PoolClosed):
+        return StoreUnavailable("PostgreSQL pool is closed")
+    if isinstance(exc, psycopg_pool.TooManyRequests):
+        return StoreUnavailable("PostgreSQL pool refused the request: too many waiting")
+    return StoreUnavailable(f"cannot connect to PostgreSQL: {_describe(exc)}")
+
+
+@attrs.frozen(slots=True)
+class Failure:
+    """A translated statement failure."""
+
+    error: MosLeaseError
+    connection_lost: bool
+
+
+def statement_failure(exc: psycopg.Error, *, what: str, write_event: UUID | None) -> Failure:
+    """Translate an error raised while a statement was sent or its result read.
+
+    ``write_event`` is the audit event of a (non-idempotent) write, ``None`` otherwise.
+    """
+    lost = connection_lost(exc)
+    detail = _describe(exc)
+    error: MosLeaseError
+    if lost and write_event is not None:
+        error = CommitOutcomeUnknown(write_event, f"connection lost during {what}: {detail}")
+    elif lost:
+        error = StoreUnavailable(f"connection lost during {what}: {detail}")
+    elif isinstance(exc, psycopg.IntegrityError):
+        error = InternalInconsistency(f"the schema refused the {what}: {detail}")
+    else:
+        # Statement timeout (57014), lock timeout (55P03), missing table or privilege (42...),
+        # read-only standby (25006), out of resources (53...): the statement's transaction
+        # rolled back, so nothing changed.
+        error = StoreUnavailable(f"{what} failed: {detail}")
+    return Failure(error, lost)

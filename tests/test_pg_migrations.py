@@ -1,0 +1,119 @@
+"""Migrations: they build exactly the shipped schema, are idempotent, survive concurrent
+migrators, and a failed one leaves nothing behind."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from mos_lease_pg import (
+    MigrationError,
+    applied_versions,
+    available_migrations,
+    describe_schema,
+    migrate,
+)
+from mos_lease_pg.statements import sql_text
+from tests.pg_support import in_schema, unique_name
+
+pytestmark = pytest.mark.pg
+
+
+def _schema_of(dsn: str) -> str:
+    with psycopg.connect(dsn) as conn:
+        found = conn.execute("SELECT current_schema()").fetchone()
+    assert found is not None and found[0]
+    return str(found[0])
+
+
+def _describe(dsn: str) -> list[str]:
+    with psycopg.connect(dsn) as conn:
+        return describe_schema(conn, _schema_of(dsn))
+
+
+def _versions(dsn: str) -> list[tuple[int, str]]:
+    with psycopg.connect(dsn) as conn:
+        return [(v, n) for v, n in conn.execute(
+            "SELECT version, name FROM mos_lease_schema_migrations ORDER BY version")]
+
+
+def test_shipped_migrations_are_numbered_without_gaps() -> None:
+    migrations = available_migrations()
+    assert [m.version for m in migrations] == list(range(1, len(migrations) + 1))
+    assert migrations[0].name == "initial"
+
+
+def test_migrations_build_exactly_the_shipped_schema(pg_schema_dsn: str, pg_dsn: str,
+                                                     pg_admin: psycopg.Connection[Any]) -> None:
+    assert migrate(pg_schema_dsn) == [m.version for m in available_migrations()]
+    shipped = unique_name("shipped")
+    pg_admin.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(shipped)))
+    try:
+        with psycopg.connect(in_schema(pg_dsn, shipped), autocommit=True) as conn:
+            conn.execute(sql_text("migrations_table.sql").encode())
+            conn.execute(sql_text("schema.sql").encode())
+        migrated, from_file = _describe(pg_schema_dsn), _describe(in_schema(pg_dsn, shipped))
+    finally:
+        pg_admin.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(shipped)))
+    assert migrated == from_file
+    text = "\n".join(migrated)
+    # The description is detailed enough to notice what matters.
+    for fact in ("table: logical_agent_connector_leases | r | fillfactor=90",
+                 "connector_lease_audit_log_append_only",
+                 "logical_agent_connector_leases_fencing",
+                 "logical_agent_connector_leases_no_delete",
+                 "connector_lease_audit_log | connector_lease_audit_log_event_id_key",
+                 "CHECK ((epoch >= 1))",
+                 "table: connector_resource_epochs",
+                 "column: logical_agent_connector_leases | 7 | epoch | bigint | true"):
+        assert fact in text, fact
+    # No column that could carry what the audit log must never hold.
+    audit_columns = {line.split(" | ")[2] for line in migrated
+                     if line.startswith("column: connector_lease_audit_log |")}
+    assert audit_columns == {"seq", "event_id", "event", "outcome", "reason", "tenant_id",
+                             "logical_agent_id", "binding_id", "connector_id", "epoch",
+                             "correlation_id", "recorded_at"}
+    # The main test database was migrated the same way.
+    assert _describe(pg_dsn) == migrated
+
+
+def test_migrate_is_idempotent(pg_schema_dsn: str) -> None:
+    assert migrate(pg_schema_dsn) == [1]
+    assert migrate(pg_schema_dsn) == []
+    assert applied_versions(pg_schema_dsn) == [1]
+    assert _versions(pg_schema_dsn) == [(1, "initial")]
+
+
+def test_concurrent_migrators_apply_each_version_once(pg_schema_dsn: str,
+                                                      pg_dsn: str) -> None:
+    assert applied_versions(pg_schema_dsn) == []
+    command = [sys.executable, "-m", "mos_lease_pg", "migrate", "--dsn", pg_schema_dsn]
+    runs = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True) for _ in range(4)]
+    outputs = [run.communicate(timeout=60) for run in runs]
+    assert [run.returncode for run in runs] == [0, 0, 0, 0], outputs
+    assert sum("applied migrations: 1" in out for out, _ in outputs) == 1
+    assert _versions(pg_schema_dsn) == [(1, "initial")]
+    assert _describe(pg_schema_dsn) == _describe(pg_dsn)
+
+
+def test_a_failed_migration_leaves_nothing_behind(pg_schema_dsn: str) -> None:
+    with psycopg.connect(pg_schema_dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE connector_lease_audit_log (squatter int)")
+    with pytest.raises(MigrationError, match="already exists"):
+        migrate(pg_schema_dsn)
+    assert applied_versions(pg_schema_dsn) == []
+    with psycopg.connect(pg_schema_dsn) as conn:
+        left = conn.execute("SELECT to_regclass('logical_agent_connector_leases'),"
+                            " to_regproc('mos_lease_refuse')").fetchone()
+    assert left == (None, None)
+
+
+def test_unreachable_database_is_a_migration_error() -> None:
+    with pytest.raises(MigrationError, match="cannot connect"):
+        migrate("host=127.0.0.1 port=1 dbname=x user=x connect_timeout=2")
