@@ -131,6 +131,11 @@ def _check_handle(lease: object) -> LeaseHandle:
     return lease if scopes == lease.scopes else attrs.evolve(lease, scopes=scopes)
 
 
+def _is_own_write(command: Command, row: LeaseRow | None) -> bool:
+    return (row is not None and isinstance(command, Acquire | Takeover)
+            and row.lease_id == command.new_lease_id)
+
+
 def _check_adapter(adapter: object) -> None:
     if not callable(adapter):
         raise InvalidInput("adapter", f"must be callable, not {type(adapter).__name__}")
@@ -255,6 +260,11 @@ class _Flows:
         for _ in range(self.max_conflict_retries + 1):
             if snapshot is None:
                 snapshot = yield Load(command.identity)
+            if _is_own_write(command, snapshot.row):
+                # A write of ours whose reply was lost committed after all (lease ids are
+                # generated before the write and never reused, so the row names its writer).
+                return self._success(command, WriteOutcome(snapshot.row, snapshot.now,
+                                                           reconciled=True))
             decision = decide(snapshot.row, snapshot.now, command, verdict)
             if decision.reason is not None:
                 return (yield from self._deny(command, decision.reason, snapshot.row))

@@ -1036,3 +1036,36 @@ def test_racing_takeovers_have_exactly_one_winner_per_epoch(active: bool) -> Non
         assert (row.epoch, row.lease_id) == (epoch + 1, winners[0].lease.lease_id)
     taken = [r.entry.epoch for r in env.audit() if r.entry.outcome is Outcome.TAKEN_OVER]
     assert taken == list(range(2, 12))
+
+
+def test_an_acquire_that_commits_after_reconciliation_said_no_is_still_ours() -> None:
+    """A lost acquire can commit on the server after the coordinator looked for its audit
+    row; the lease row then carries our own lease id and the result must say acquired."""
+    from mos_lease import CommitOutcomeUnknown
+    from mos_lease.machine import write_outcome
+
+    class LateCommit(InMemoryLeaseStore):
+        def __init__(self) -> None:
+            super().__init__(ManualClock())
+            self.pending: tuple[Any, Any] | None = None
+
+        def apply(self, write: Any, entry: Any) -> Any:
+            if self.pending is None and entry.event.value == "acquire":
+                self.pending = (write, entry)
+                raise CommitOutcomeUnknown(entry.event_id, "reply lost")
+            return super().apply(write, entry)
+
+        def event_committed(self, event_id: Any) -> bool:
+            answer = super().event_committed(event_id)
+            if self.pending is not None:  # the in-flight insert lands just after we asked
+                write, entry = self.pending
+                assert write_outcome(write, None, self.clock.now()) is not None
+                super().apply(write, entry)
+            return answer
+
+    store = LateCommit()
+    coordinator = ConnectorLeaseCoordinator(store, AllowAllPolicy())
+    result = coordinator.acquire(IDENT, "conn-a", scopes=SCOPES, ttl=10)
+    assert result.ok and result.reconciled
+    assert result.lease is not None and result.lease.epoch == 1
+    assert [r.entry.outcome for r in store.audit(IDENT)] == [Outcome.ACQUIRED]
