@@ -3,6 +3,12 @@
 The public names live here; submodules are named for what they hold.
 """
 
+from mos_lease.adapter import (
+    AsyncConnectorAdapter,
+    ConnectorAdapter,
+    run_adapter,
+    run_adapter_async,
+)
 from mos_lease.context import ConnectorExecutionContext
 from mos_lease.coordinator import AsyncConnectorLeaseCoordinator, ConnectorLeaseCoordinator
 from mos_lease.errors import (
@@ -14,6 +20,13 @@ from mos_lease.errors import (
     MosLeaseError,
     StoreUnavailable,
 )
+from mos_lease.fencing import (
+    AsyncResourceGuard,
+    FencedEffectRefused,
+    FenceReason,
+    GuardDecision,
+    ResourceGuard,
+)
 from mos_lease.grants import ExecutionGrant
 from mos_lease.identity import (
     GRANT_TTL_CAP,
@@ -22,6 +35,7 @@ from mos_lease.identity import (
     SCOPE_GRAMMAR,
     LeaseIdentity,
 )
+from mos_lease.keeper import AsyncLeaseKeeper, LeaseKeeper, LeaseLoss, LossCause
 from mos_lease.machine import PolicyVerdict
 from mos_lease.policy import (
     AllowAllPolicy,
@@ -34,6 +48,7 @@ from mos_lease.policy import (
 from mos_lease.ports import AsyncLeaseStore, LeaseInspector, LeaseStore
 from mos_lease.records import AuditEntry, AuditRecord, LeaseHandle, LeaseRow, Snapshot
 from mos_lease.results import GrantResult, InvocationResult, LeaseResult, ValidationResult
+from mos_lease.token import FencingToken, format_token, parse_token
 from mos_lease.vocabulary import LeaseState, LifecycleEvent, Outcome, Reason
 
 __all__ = [
@@ -42,38 +57,54 @@ __all__ = [
     "MAX_EPOCH",
     "SCOPE_GRAMMAR",
     "AllowAllPolicy",
+    "AsyncConnectorAdapter",
     "AsyncConnectorLeaseCoordinator",
+    "AsyncLeaseKeeper",
     "AsyncLeaseStore",
+    "AsyncResourceGuard",
     "AuditEntry",
     "AuditRecord",
     "CommitOutcomeUnknown",
     "ConfigurationError",
+    "ConnectorAdapter",
     "ConnectorExecutionContext",
     "ConnectorLeaseCoordinator",
     "ConnectorLeaseService",
     "ConnectorRule",
     "DenyAllPolicy",
     "ExecutionGrant",
+    "FenceReason",
+    "FencedEffectRefused",
+    "FencingToken",
     "GrantNotTransferable",
     "GrantResult",
+    "GuardDecision",
     "InternalInconsistency",
     "InvalidInput",
     "InvocationResult",
     "LeaseHandle",
     "LeaseIdentity",
     "LeaseInspector",
+    "LeaseKeeper",
+    "LeaseLoss",
     "LeaseResult",
     "LeaseRow",
     "LeaseState",
     "LeaseStore",
     "LifecycleEvent",
+    "LossCause",
     "MosLeaseError",
     "Outcome",
     "PolicyRequest",
     "PolicyVerdict",
     "Reason",
+    "ResourceGuard",
     "Snapshot",
     "StaticConnectorPolicy",
     "StoreUnavailable",
     "ValidationResult",
+    "format_token",
+    "parse_token",
+    "run_adapter",
+    "run_adapter_async",
 ]
