@@ -119,16 +119,20 @@ def _check_cap(name: str, value: object, hard_cap: timedelta) -> timedelta:
 
 
 def _check_handle(lease: object) -> LeaseHandle:
+    """Check every field of a (possibly hand-built) handle and return it rebuilt from plain,
+    normalized values, so nothing a caller subclassed takes part in a fencing comparison."""
     if not isinstance(lease, LeaseHandle):
         raise InvalidInput("lease", f"must be a LeaseHandle, not {type(lease).__name__}")
-    check_identity("lease.identity", lease.identity)
-    check_id("lease.connector_id", lease.connector_id)
-    if not isinstance(lease.lease_id, UUID):
+    lease_id = lease.lease_id
+    if not isinstance(lease_id, UUID):
         raise InvalidInput("lease.lease_id", "must be a UUID")
-    check_epoch("lease.epoch", lease.epoch)
-    scopes = normalize_scopes("lease.scopes", lease.scopes)
-    # A hand-built handle may carry scopes in any order; policies see them normalized.
-    return lease if scopes == lease.scopes else attrs.evolve(lease, scopes=scopes)
+    return LeaseHandle(
+        identity=check_identity("lease.identity", lease.identity),
+        connector_id=check_id("lease.connector_id", lease.connector_id),
+        lease_id=lease_id if type(lease_id) is UUID else UUID(int=int.__index__(lease_id.int)),
+        epoch=check_epoch("lease.epoch", lease.epoch),
+        scopes=normalize_scopes("lease.scopes", lease.scopes),
+        expires_at=lease.expires_at)
 
 
 def _is_own_write(command: Command, row: LeaseRow | None) -> bool:

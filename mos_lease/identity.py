@@ -21,6 +21,7 @@ from mos_lease.errors import InvalidInput
 MAX_ID_LENGTH: Final = 128
 MAX_SCOPES: Final = 64
 MAX_SCOPE_LENGTH: Final = 128
+MAX_SCOPE_ITEMS: Final = 4 * MAX_SCOPES  # items before deduplication
 MAX_EPOCH: Final = 2**63 - 1  # PostgreSQL bigint; epochs never wrap past it
 LEASE_TTL_CAP: Final = timedelta(minutes=5)
 GRANT_TTL_CAP: Final = timedelta(seconds=30)
@@ -44,6 +45,10 @@ def check_id(field: str, value: object) -> str:
     """
     if not isinstance(value, str):
         raise InvalidInput(field, f"must be a str, not {type(value).__name__}")
+    if type(value) is not str:
+        # A str subclass could override comparison and make every fencing check pass:
+        # continue with the plain string it holds.
+        value = str.__str__(value)
     if not value:
         raise InvalidInput(field, "must not be empty")
     if len(value) > MAX_ID_LENGTH:
@@ -61,6 +66,19 @@ def check_id(field: str, value: object) -> str:
     return value
 
 
+# Converters, not validators: they also turn str subclasses into plain strings.
+def _tenant_id(value: str) -> str:
+    return check_id("tenant_id", value)
+
+
+def _logical_agent_id(value: str) -> str:
+    return check_id("logical_agent_id", value)
+
+
+def _binding_id(value: str) -> str:
+    return check_id("binding_id", value)
+
+
 @attrs.frozen(slots=True)
 class LeaseIdentity:
     """The normalized identity of one logical agent binding.
@@ -69,9 +87,9 @@ class LeaseIdentity:
     part of the identity.
     """
 
-    tenant_id: str = attrs.field(validator=lambda _i, a, v: check_id(a.name, v))
-    logical_agent_id: str = attrs.field(validator=lambda _i, a, v: check_id(a.name, v))
-    binding_id: str = attrs.field(validator=lambda _i, a, v: check_id(a.name, v))
+    tenant_id: str = attrs.field(converter=_tenant_id)
+    logical_agent_id: str = attrs.field(converter=_logical_agent_id)
+    binding_id: str = attrs.field(converter=_binding_id)
 
     def __str__(self) -> str:
         return f"{self.tenant_id}/{self.logical_agent_id}/{self.binding_id}"
@@ -80,6 +98,12 @@ class LeaseIdentity:
 def check_identity(field: str, value: object) -> LeaseIdentity:
     if not isinstance(value, LeaseIdentity):
         raise InvalidInput(field, f"must be a LeaseIdentity, not {type(value).__name__}")
+    if type(value) is not LeaseIdentity:
+        # A subclass may override equality; rebuild from its (checked, plain) fields.
+        try:
+            return LeaseIdentity(value.tenant_id, value.logical_agent_id, value.binding_id)
+        except InvalidInput as bad:
+            raise InvalidInput(f"{field}.{bad.field}", bad.message) from None
     return value
 
 
@@ -92,7 +116,10 @@ def normalize_scopes(field: str, value: object) -> Scopes:
     if not isinstance(value, Iterable):
         raise InvalidInput(field, f"must be a collection of str, not {type(value).__name__}")
     seen: set[str] = set()
-    for item in value:
+    for count, item in enumerate(value, start=1):
+        if count > MAX_SCOPE_ITEMS:
+            # Counted before deduplication, so an endless iterator cannot hang the caller.
+            raise InvalidInput(field, f"at most {MAX_SCOPE_ITEMS} scope items")
         if not isinstance(item, str):
             raise InvalidInput(field, f"scopes must be str, not {type(item).__name__}")
         if len(item) > MAX_SCOPE_LENGTH:
@@ -112,13 +139,15 @@ def normalize_ttl(field: str, value: object, cap: timedelta) -> timedelta:
     if isinstance(value, timedelta):
         ttl = value
     elif isinstance(value, int | float):
-        if not math.isfinite(value):
+        if isinstance(value, float) and not math.isfinite(value):
             raise InvalidInput(field, "must be finite")
+        # Compared before any conversion: an int beyond the float range must be refused,
+        # not overflow.
         if value <= 0:
             raise InvalidInput(field, "must be positive")
         if value > cap.total_seconds():
             raise InvalidInput(field, f"must be at most {cap.total_seconds():g} s")
-        ttl = timedelta(seconds=value)
+        ttl = timedelta(seconds=float(value))
     else:
         raise InvalidInput(field, f"must be seconds or a timedelta, not {type(value).__name__}")
     if ttl <= timedelta(0):
@@ -131,6 +160,8 @@ def normalize_ttl(field: str, value: object, cap: timedelta) -> timedelta:
 def check_epoch(field: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidInput(field, f"must be an int, not {type(value).__name__}")
+    if type(value) is not int:
+        value = int.__index__(value)  # a subclass could lie in comparisons
     if not 1 <= value <= MAX_EPOCH:
         raise InvalidInput(field, f"must be between 1 and {MAX_EPOCH}")
     return value

@@ -292,3 +292,37 @@ def test_bad_epochs_are_refused(value: object) -> None:
 def test_good_epochs(value: int) -> None:
     assert check_epoch("epoch", value) == value
     assert MAX_EPOCH == 2**63 - 1
+
+
+def test_lying_str_subclasses_are_reduced_to_plain_strings() -> None:
+    """A str subclass that claims equality with everything must not take part in a fencing
+    comparison: ids come out of the checks as plain ``str``."""
+    from mos_lease.identity import LeaseIdentity, check_id
+
+    class Liar(str):
+        def __eq__(self, other: object) -> bool:
+            return True
+
+        def __ne__(self, other: object) -> bool:
+            return False
+
+        __hash__ = str.__hash__
+
+    checked = check_id("connector_id", Liar("c1"))
+    assert type(checked) is str and checked == "c1" and checked != "c2"
+    identity = LeaseIdentity(Liar("t"), Liar("a"), Liar("b"))
+    assert all(type(v) is str for v in (identity.tenant_id, identity.logical_agent_id,
+                                         identity.binding_id))
+    assert identity != LeaseIdentity("x", "a", "b")
+
+
+def test_endless_scope_iterables_and_huge_int_ttls_are_refused() -> None:
+    import itertools
+
+    from mos_lease.identity import LEASE_TTL_CAP, normalize_scopes, normalize_ttl
+
+    with pytest.raises(InvalidInput, match="scope items"):
+        normalize_scopes("scopes", itertools.repeat("tool:read"))
+    for huge in (10**400, -(10**400)):
+        with pytest.raises(InvalidInput):
+            normalize_ttl("ttl", huge, LEASE_TTL_CAP)
