@@ -96,15 +96,20 @@ class LeaseIdentity:
 
 
 def check_identity(field: str, value: object) -> LeaseIdentity:
+    """A plain, valid ``LeaseIdentity``: every field is checked again, since a subclass or
+    ``object.__setattr__`` can put anything behind the constructor's back."""
     if not isinstance(value, LeaseIdentity):
         raise InvalidInput(field, f"must be a LeaseIdentity, not {type(value).__name__}")
-    if type(value) is not LeaseIdentity:
-        # A subclass may override equality; rebuild from its (checked, plain) fields.
-        try:
-            return LeaseIdentity(value.tenant_id, value.logical_agent_id, value.binding_id)
-        except InvalidInput as bad:
-            raise InvalidInput(f"{field}.{bad.field}", bad.message) from None
-    return value
+    try:
+        tenant = check_id("tenant_id", value.tenant_id)
+        agent = check_id("logical_agent_id", value.logical_agent_id)
+        binding = check_id("binding_id", value.binding_id)
+    except InvalidInput as bad:
+        raise InvalidInput(f"{field}.{bad.field}", bad.message) from None
+    if (type(value) is LeaseIdentity and tenant is value.tenant_id
+            and agent is value.logical_agent_id and binding is value.binding_id):
+        return value  # the common case: nothing to rebuild
+    return LeaseIdentity(tenant, agent, binding)
 
 
 def normalize_scopes(field: str, value: object) -> Scopes:
