@@ -22,6 +22,11 @@ def harness_factory(request: pytest.FixtureRequest) -> HarnessFactory:
     return MemoryHarness
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--soak", action="store_true", default=False,
+                     help="run the fault scenarios (tests/faults) at the issue's full counts")
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Where PostgreSQL is required (CI sets MOS_LEASE_REQUIRE_PG=1), a skip is a failure:
     a suite that silently skipped its database tests proves nothing."""

@@ -1,0 +1,414 @@
+"""What the fault scenarios share: figure tables, worker processes, database reads and a
+private PostgreSQL cluster that may be stopped.
+
+Nothing here touches the shared server's life: scenarios that stop PostgreSQL start their
+own throwaway cluster (:class:`PrivateCluster`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import json
+import os
+import pwd
+import re
+import secrets
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg.conninfo import make_conninfo
+
+from tests.faults.history import AuditRow, FinalRow, Ident
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def scaled(soak: bool, short: int, full: int) -> int:
+    """The count a scenario runs: ``full`` (the issue's figure) under ``--soak``."""
+    return full if soak else short
+
+
+def run_prefix(name: str) -> str:
+    """A tenant prefix no other run or scenario uses; every identity of a scenario starts
+    with it, which is how its audit rows and lease rows are found again."""
+    return f"f{name}-{secrets.token_hex(4)}"
+
+
+# --- figure tables ------------------------------------------------------------------------
+
+
+@dataclass
+class Figure:
+    name: str
+    value: object
+    required: str = ""
+    ok: bool | None = None
+
+
+@dataclass
+class Table:
+    scenario: str
+    mode: str
+    figures: list[Figure] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def add(self, name: str, value: object, required: str = "",
+            ok: bool | None = None) -> None:
+        self.figures.append(Figure(name, value, required, ok))
+
+    def counts(self, name: str, configured: int, achieved: int) -> None:
+        """A count the issue names: what was configured and what actually ran."""
+        self.add(name, f"{achieved} of {configured} configured", "",
+                 achieved >= configured)
+
+    def render(self) -> str:
+        rows = [("figure", "value", "required", "holds")]
+        for f in self.figures:
+            holds = "" if f.ok is None else ("yes" if f.ok else "NO")
+            rows.append((f.name, _text(f.value), f.required, holds))
+        widths = [max(len(r[i]) for r in rows) for i in range(4)]
+        head = f"== {self.scenario} [{self.mode}] ({self.seconds:.1f} s)"
+        lines = [head]
+        for i, row in enumerate(rows):
+            lines.append("| " + " | ".join(c.ljust(w) for c, w in zip(row, widths,
+                                                                     strict=True)) + " |")
+            if i == 0:
+                lines.append("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+        lines += [f"  note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+    def failed(self) -> list[Figure]:
+        return [f for f in self.figures if f.ok is False]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"scenario": self.scenario, "mode": self.mode, "seconds": self.seconds,
+                "figures": [{"name": f.name, "value": _text(f.value), "required": f.required,
+                             "ok": f.ok} for f in self.figures],
+                "notes": self.notes}
+
+
+def _text(value: object) -> str:
+    if isinstance(value, float):
+        return f"{value:.3g}" if abs(value) < 1000 else f"{value:.0f}"
+    return str(value)
+
+
+def save_table(table: Table, directory: Path) -> None:
+    """Append the table to this run's figures files (Markdown and JSON lines)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    with (directory / f"figures-{table.mode}.md").open("a", encoding="utf-8") as out:
+        out.write(table.render() + "\n\n")
+    with (directory / f"figures-{table.mode}.jsonl").open("a", encoding="utf-8") as out:
+        out.write(json.dumps(table.to_json()) + "\n")
+
+
+# --- worker processes ---------------------------------------------------------------------
+
+
+class WorkerError(AssertionError):
+    pass
+
+
+class Worker:
+    """One worker OS process: ``python -m tests.faults.workers ROLE CONFIG``.
+
+    The protocol is lines on stdin/stdout: the worker prints ``READY`` when set up, waits
+    for ``GO`` where the role needs a common start, and prints ``SUMMARY {json}`` last.
+    stderr goes to a file (a full pipe would block the worker).
+    """
+
+    def __init__(self, role: str, config: Mapping[str, Any], workdir: Path, *,
+                 skew: tuple[float, float] | None = None) -> None:
+        self.name = str(config.get("process", role))
+        self.workdir = workdir
+        cfg_path = workdir / f"{self.name}.config.json"
+        cfg_path.write_text(json.dumps(config), encoding="utf-8")
+        self.stderr_path = workdir / f"{self.name}.stderr"
+        command = [sys.executable, "-X", "utf8", "-m"]
+        if skew is not None:
+            command += ["tests.faults.clockskew", repr(skew[0]), repr(skew[1]), "--",
+                        "tests.faults.workers"]
+        else:
+            command += ["tests.faults.workers"]
+        command += [role, str(cfg_path)]
+        env = dict(os.environ)
+        env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+        # Worker processes must not turn their own warnings into crashes of the harness,
+        # but must not hide them either: they go to the stderr file.
+        env.pop("PYTHONWARNINGS", None)
+        self._stderr = self.stderr_path.open("wb")
+        self.proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=self._stderr, cwd=ROOT, env=env)
+        self._buffer = b""
+        self.lines: list[str] = []
+        self.summary: dict[str, Any] | None = None
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def _read_some(self, timeout: float) -> bool:
+        assert self.proc.stdout is not None
+        fd = self.proc.stdout.fileno()
+        ready, _, _ = select.select([fd], [], [], max(0.0, timeout))
+        if not ready:
+            return True
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            return False
+        self._buffer += chunk
+        while b"\n" in self._buffer:
+            line, self._buffer = self._buffer.split(b"\n", 1)
+            text = line.decode("utf-8", "replace")
+            self.lines.append(text)
+            if text.startswith("SUMMARY "):
+                self.summary = json.loads(text[len("SUMMARY "):])
+        return True
+
+    def wait_for(self, word: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while word not in self.lines:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise WorkerError(f"{self.name}: no {word} within {timeout} s; "
+                                  f"stderr: {self.stderr_tail()}")
+            if not self._read_some(min(left, 0.2)):
+                raise WorkerError(f"{self.name} exited before {word}: {self.stderr_tail()}")
+
+    def send(self, line: str) -> None:
+        assert self.proc.stdin is not None
+        with contextlib.suppress(BrokenPipeError, OSError):
+            self.proc.stdin.write((line + "\n").encode())
+            self.proc.stdin.flush()
+
+    def signal(self, sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.proc.pid, sig)
+
+    def finish(self, timeout: float) -> dict[str, Any]:
+        """Wait for the worker to exit by itself and return its summary."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self.kill()
+                raise WorkerError(f"{self.name} did not finish within {timeout} s; "
+                                  f"stderr: {self.stderr_tail()}")
+            if not self._read_some(min(left, 0.2)):
+                break  # end of its stdout: it exited
+        try:
+            self.proc.wait(timeout=max(0.5, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise WorkerError(f"{self.name} closed stdout but did not exit") from None
+        self._close_pipes()
+        if self.proc.returncode != 0 or self.summary is None:
+            raise WorkerError(f"{self.name} exited with {self.proc.returncode}; "
+                              f"stderr: {self.stderr_tail()}")
+        return self.summary
+
+    def kill(self) -> None:
+        """SIGKILL and reap (no zombie, no open pipe left for -W error to complain of)."""
+        if self.proc.poll() is None:
+            self.signal(signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=10)
+        self._close_pipes()
+
+    def _close_pipes(self) -> None:
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            if pipe is not None:
+                with contextlib.suppress(OSError):
+                    pipe.close()
+        self._stderr.close()
+
+    def stderr_tail(self, limit: int = 3000) -> str:
+        try:
+            return self.stderr_path.read_text("utf-8", "replace")[-limit:]
+        except OSError:
+            return ""
+
+
+@contextlib.contextmanager
+def workers_cleanup() -> Iterator[list[Worker]]:
+    """A list to put workers in; each is killed and reaped on the way out, whatever
+    happened."""
+    made: list[Worker] = []
+    try:
+        yield made
+    finally:
+        for worker in made:
+            worker.kill()
+
+
+# --- database reads (the checker's own SQL, independent of the store) ------------------------
+
+
+def audit_rows(conn: psycopg.Connection[Any], prefix: str) -> list[AuditRow]:
+    rows = conn.execute(
+        "SELECT seq, event_id, event, outcome, reason, tenant_id, logical_agent_id, "
+        "binding_id, connector_id, epoch, correlation_id, recorded_at "
+        "FROM connector_lease_audit_log WHERE starts_with(tenant_id, %s) ORDER BY seq",
+        (prefix,)).fetchall()
+    return [AuditRow(seq=r[0], event_id=str(r[1]), event=r[2], outcome=r[3], reason=r[4],
+                     identity=(r[5], r[6], r[7]), connector_id=r[8], epoch=r[9],
+                     correlation_id=r[10], recorded_at=r[11]) for r in rows]
+
+
+def audit_rows_of(conn: psycopg.Connection[Any], identities: Iterable[Ident]) -> list[AuditRow]:
+    """The audit rows of exactly these identities (for runs that also use identities outside
+    their prefix, such as fuzzed ones)."""
+    # Text with NUL bytes cannot be stored, so no row can have it.
+    ids = sorted({i for i in identities if "\x00" not in "".join(i)})
+    rows = conn.execute(
+        "SELECT a.seq, a.event_id, a.event, a.outcome, a.reason, a.tenant_id, "
+        "a.logical_agent_id, a.binding_id, a.connector_id, a.epoch, a.correlation_id, "
+        "a.recorded_at FROM connector_lease_audit_log AS a "
+        "JOIN unnest(%s::text[], %s::text[], %s::text[]) AS i(t, g, b) "
+        "ON a.tenant_id = i.t AND a.logical_agent_id = i.g AND a.binding_id = i.b "
+        "ORDER BY a.seq",
+        ([i[0] for i in ids], [i[1] for i in ids], [i[2] for i in ids])).fetchall()
+    return [AuditRow(seq=r[0], event_id=str(r[1]), event=r[2], outcome=r[3], reason=r[4],
+                     identity=(r[5], r[6], r[7]), connector_id=r[8], epoch=r[9],
+                     correlation_id=r[10], recorded_at=r[11]) for r in rows]
+
+
+def final_rows(conn: psycopg.Connection[Any], prefix: str) -> list[FinalRow]:
+    rows = conn.execute(
+        "SELECT tenant_id, logical_agent_id, binding_id, lease_id, epoch "
+        "FROM logical_agent_connector_leases WHERE starts_with(tenant_id, %s)",
+        (prefix,)).fetchall()
+    return [FinalRow((r[0], r[1], r[2]), str(r[3]), r[4]) for r in rows]
+
+
+def footprint(conn: psycopg.Connection[Any]) -> tuple[int, int, Any]:
+    """(highest audit seq, lease row count, latest lease update): changes whenever anything
+    is written, so equal footprints before and after a call mean it wrote nothing."""
+    row = conn.execute(
+        "SELECT (SELECT coalesce(max(seq), 0) FROM connector_lease_audit_log), "
+        "(SELECT count(*) FROM logical_agent_connector_leases), "
+        "(SELECT max(updated_at) FROM logical_agent_connector_leases)").fetchone()
+    assert row is not None
+    return int(row[0]), int(row[1]), row[2]
+
+
+def db_now(conn: psycopg.Connection[Any]) -> Any:
+    row = conn.execute("SELECT clock_timestamp()").fetchone()
+    assert row is not None
+    return row[0]
+
+
+def backends(conn: psycopg.Connection[Any], application_name: str) -> int:
+    row = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s",
+                       (application_name,)).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def set_epoch(conn: psycopg.Connection[Any], identity: Ident, epoch: int) -> None:
+    """Raise an identity's epoch directly (as an administrator would restore one): only
+    for states the API cannot reach in test time, such as the bigint maximum."""
+    conn.execute("UPDATE logical_agent_connector_leases SET epoch = %s "
+                 "WHERE tenant_id = %s AND logical_agent_id = %s AND binding_id = %s",
+                 (epoch, *identity))
+
+
+# --- a private cluster that scenarios may stop ---------------------------------------------
+
+
+def _pg_bindir() -> str:
+    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/pg_ctl"),
+                   key=lambda p: tuple(int(n) for n in re.findall(r"\d+", p)))
+    if not found:
+        raise RuntimeError("no PostgreSQL server binaries under /usr/lib/postgresql/*/bin")
+    return os.path.dirname(found[-1])
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class PrivateCluster:
+    """A throwaway PostgreSQL cluster owned by this test: initdb into a temporary directory
+    (run as ``postgres`` when we are root: PostgreSQL refuses root), fsync off, loopback only,
+    on a free port. Only this cluster is ever stopped or restarted by a scenario."""
+
+    def __init__(self) -> None:
+        self.bindir = _pg_bindir()
+        self.user: str | None = None
+        self.base = tempfile.mkdtemp(prefix="mos-lease-faults-pg-")
+        if os.geteuid() == 0:
+            account = pwd.getpwnam("postgres")
+            os.chown(self.base, account.pw_uid, account.pw_gid)
+            self.user = "postgres"
+        self.data = os.path.join(self.base, "data")
+        self.log = os.path.join(self.base, "log")
+        self.port = free_port()
+        self.running = False
+        self._run("initdb", "-D", self.data, "-A", "trust", "-U", "postgres", "-E", "UTF8",
+                  "--no-sync")
+
+    @property
+    def dsn(self) -> str:
+        return make_conninfo("", host="127.0.0.1", port=str(self.port), user="postgres",
+                             dbname="postgres")
+
+    def dsn_for(self, dbname: str) -> str:
+        return make_conninfo(self.dsn, dbname=dbname)
+
+    def _run(self, tool: str, *args: str, timeout: float = 60) -> None:
+        subprocess.run([f"{self.bindir}/{tool}", *args], user=self.user, check=True,
+                       capture_output=True, timeout=timeout)
+
+    def start(self) -> float:
+        """Start and wait until it accepts connections; returns the seconds it took."""
+        began = time.monotonic()
+        self._run("pg_ctl", "-D", self.data, "-l", self.log, "-w", "-t", "60", "-o",
+                  f"-F -p {self.port} -c listen_addresses=127.0.0.1 -k {self.base} "
+                  "-c max_connections=60", "start")
+        self.running = True
+        return time.monotonic() - began
+
+    def stop(self, mode: str = "fast") -> float:
+        began = time.monotonic()
+        self._run("pg_ctl", "-D", self.data, "-m", mode, "-w", "-t", "60", "stop")
+        self.running = False
+        return time.monotonic() - began
+
+    def close(self) -> None:
+        if self.running:
+            with contextlib.suppress(subprocess.SubprocessError, OSError):
+                self.stop("immediate")
+        shutil.rmtree(self.base, ignore_errors=True)
+
+
+def create_db(admin_dsn: str, name: str) -> str:
+    from psycopg import sql
+
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    return make_conninfo(admin_dsn, dbname=name)
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
+    return ordered[index]
