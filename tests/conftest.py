@@ -24,7 +24,7 @@ def harness_factory(request: pytest.FixtureRequest) -> HarnessFactory:
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--soak", action="store_true", default=False,
-                     help="run the fault scenarios (tests/faults) at the issue's full counts")
+                     help="run the fault scenarios (tests/faults) at the full counts")
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

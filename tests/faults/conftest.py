@@ -1,7 +1,7 @@
 """Fixtures of the fault, race and attack scenarios.
 
 ``pytest -m faults`` runs the short version of every scenario; ``--soak`` (or
-``MOS_LEASE_SOAK=1``) runs the counts the issue names. pytest only reads options from the
+``MOS_LEASE_SOAK=1``) runs the full counts. pytest only reads options from the
 conftest files it loads at start-up, so the ``--soak`` option itself is registered in
 ``tests/conftest.py``.
 
@@ -31,7 +31,7 @@ _DIR = pytest.StashKey[Path]()
 
 @pytest.fixture(scope="session")
 def soak(request: pytest.FixtureRequest) -> bool:
-    """True for the long run (the issue's counts), False for the short CI run."""
+    """True for the long run (the full counts), False for the short CI run."""
     option = bool(request.config.getoption("--soak", default=False))
     return option or os.environ.get("MOS_LEASE_SOAK", "") not in ("", "0")
 

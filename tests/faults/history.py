@@ -8,7 +8,7 @@ straight from PostgreSQL (with this module's own SQL, not the store's, so a stor
 hide itself) and with the final lease rows.
 
 The checker is deliberately independent of :mod:`mos_lease`: it knows the protocol only as
-the issue states it, so it can catch the library disagreeing with itself. Its checks:
+the guarantees state it, so it can catch the library disagreeing with itself. Its checks:
 
 * at most one lease valid per identity at any instant: once a newer lease has been observed
   valid, no older one may be observed valid again (observations are intervals of database
@@ -241,7 +241,7 @@ def _check_winners(identity: Ident, ops: Sequence[OpRecord]) -> Iterator[Violati
 def _check_stale(identity: Ident, ops: Sequence[OpRecord]) -> Iterator[Violation]:
     """A lower epoch accepted after a higher epoch was observed valid."""
     # For each epoch, the earliest end of an operation proving it valid; a takeover wins a
-    # tie, so the violation is named after it (the issue's "after a newer takeover").
+    # tie, so the violation is named after it ("after a newer takeover").
     earliest: dict[int, tuple[datetime, OpRecord]] = {}
     for r in ops:
         if r.status is Status.OK and r.epoch is not None and r.end is not None \

@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def scaled(soak: bool, short: int, full: int) -> int:
-    """The count a scenario runs: ``full`` (the issue's figure) under ``--soak``."""
+    """The count a scenario runs: ``full`` (the full figure) under ``--soak``."""
     return full if soak else short
 
 
@@ -70,7 +70,7 @@ class Table:
         self.figures.append(Figure(name, value, required, ok))
 
     def counts(self, name: str, configured: int, achieved: int) -> None:
-        """A count the issue names: what was configured and what actually ran."""
+        """A count the specification names: what was configured and what actually ran."""
         self.add(name, f"{achieved} of {configured} configured", "",
                  achieved >= configured)
 

@@ -31,7 +31,7 @@ from tests.faults.workers import Gateway
 pytestmark = [pytest.mark.faults, pytest.mark.pg]
 
 # "expired": the rival waits until the frozen holder's lease has expired by database time
-# (the case). "preempted": the rival preempts while the holder's lease and grants are
+# (the specified case). "preempted": the rival preempts while the holder's lease and grants are
 # still unexpired, so only the epoch fences the holder when it wakes up.
 MODES = ("expired", "preempted")
 TTL = {"expired": 1.0, "preempted": 20.0}
