@@ -36,6 +36,16 @@ def _describe(dsn: str) -> list[str]:
         return describe_schema(conn, _schema_of(dsn))
 
 
+def _library_part(lines: list[str], like: list[str]) -> list[str]:
+    """The lines of ``lines`` about objects that ``like`` describes too: the shared test
+    database also holds tables other tests create (example ledgers, effect tables)."""
+    def name(line: str) -> str:
+        return line.split(": ", 1)[1].split(" | ", 1)[0]
+
+    names = {name(line) for line in like}
+    return [line for line in lines if name(line) in names]
+
+
 def _versions(dsn: str) -> list[tuple[int, str]]:
     with psycopg.connect(dsn) as conn:
         return [(v, n) for v, n in conn.execute(
@@ -79,7 +89,7 @@ def test_migrations_build_exactly_the_shipped_schema(pg_schema_dsn: str, pg_dsn:
                              "logical_agent_id", "binding_id", "connector_id", "epoch",
                              "correlation_id", "recorded_at"}
     # The main test database was migrated the same way.
-    assert _describe(pg_dsn) == migrated
+    assert _library_part(_describe(pg_dsn), migrated) == migrated
 
 
 def test_migrate_is_idempotent(pg_schema_dsn: str) -> None:
@@ -99,7 +109,8 @@ def test_concurrent_migrators_apply_each_version_once(pg_schema_dsn: str,
     assert [run.returncode for run in runs] == [0, 0, 0, 0], outputs
     assert sum("applied migrations: 1" in out for out, _ in outputs) == 1
     assert _versions(pg_schema_dsn) == [(1, "initial")]
-    assert _describe(pg_schema_dsn) == _describe(pg_dsn)
+    migrated = _describe(pg_schema_dsn)
+    assert migrated == _library_part(_describe(pg_dsn), migrated)
 
 
 def test_a_failed_migration_leaves_nothing_behind(pg_schema_dsn: str) -> None:
