@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import heapq
 import hmac
+import operator
 import os
 import secrets
 import threading
@@ -70,6 +71,17 @@ def _message(grant_id: UUID, identity: LeaseIdentity, connector_id: str, lease_i
     return bytes(out)
 
 
+def _parts(grant: ExecutionGrant) -> tuple[object, ...]:
+    """Every object a grant is made of, down to values that cannot change in place (the
+    UUIDs' ints, the identity's strings): a grant is unaltered exactly when each of these is
+    still the very object it was minted with."""
+    identity = grant.identity
+    return (grant.grant_id, grant.grant_id.int, identity, identity.tenant_id,
+            identity.logical_agent_id, identity.binding_id, grant.connector_id,
+            grant.lease_id, grant.lease_id.int, grant.epoch, grant.scopes, grant.expires_at,
+            grant.correlation_id, grant._mac)
+
+
 _LIVE_REGISTRIES: weakref.WeakSet[GrantRegistry] = weakref.WeakSet()
 
 
@@ -88,7 +100,8 @@ class GrantRegistry:
         # A gateway's threads share one coordinator: the dict and the heap change together.
         self._lock = threading.Lock()
         self._secret = secrets.token_bytes(32)
-        self._live: dict[UUID, ExecutionGrant] = {}
+        # grant id -> (the grant handed out, its parts at mint time)
+        self._live: dict[UUID, tuple[ExecutionGrant, tuple[object, ...]]] = {}
         self._expiry_heap: list[tuple[datetime, UUID]] = []
         _LIVE_REGISTRIES.add(self)
 
@@ -112,7 +125,7 @@ class GrantRegistry:
         grant = ExecutionGrant(*fields, mac=self._mac(*fields))
         with self._lock:
             self._prune_locked(now)
-            self._live[grant_id] = grant
+            self._live[grant_id] = (grant, _parts(grant))
             heapq.heappush(self._expiry_heap, (expires_at, grant_id))
         return grant
 
@@ -125,6 +138,18 @@ class GrantRegistry:
         """
         if type(grant) is not ExecutionGrant:
             return Reason.GRANT_UNKNOWN
+        # Fast path, every validation of a live grant: the very object handed out, and each
+        # of its parts still the very object it was minted with. Identity comparisons cannot
+        # be fooled by a look-alike's __eq__ or __str__, and cost a fraction of the HMAC.
+        try:
+            live = self._live.get(grant.grant_id)
+            if live is not None and live[0] is grant:
+                unaltered = all(map(operator.is_, _parts(grant), live[1]))
+                return None if unaltered else Reason.GRANT_UNKNOWN
+        except (AttributeError, TypeError):
+            return Reason.GRANT_UNKNOWN
+        # Not (or no longer) live: the HMAC tells a dropped, expired grant from one this
+        # registry never minted.
         try:
             expected = self._mac(grant.grant_id, grant.identity, grant.connector_id,
                                  grant.lease_id, grant.epoch, grant.scopes, grant.expires_at,
@@ -135,10 +160,9 @@ class GrantRegistry:
             return Reason.GRANT_UNKNOWN
         if not authentic:
             return Reason.GRANT_UNKNOWN
-        live = self._live.get(grant.grant_id)
-        if live is None:
-            return Reason.GRANT_EXPIRED
-        return None if live is grant else Reason.GRANT_UNKNOWN
+        # Authentic but not the live object: dropped (expired) if no grant with its id is
+        # live any more; a live id held by another object means this one is a copy.
+        return Reason.GRANT_EXPIRED if grant.grant_id not in self._live else Reason.GRANT_UNKNOWN
 
     def prune(self, now: datetime) -> None:
         """Drop every grant whose expiry has passed by store time ``now``."""

@@ -65,7 +65,10 @@ class ConnectionSettings:
         """The ``-c name=value`` startup options these settings send."""
         if not self.session_options:
             return []
-        flags = []
+        # Timestamps arrive in the session time zone and the core works in UTC: a UTC
+        # session lets psycopg hand over datetimes already in ``timezone.utc`` (no zoneinfo
+        # conversion per column, a few microseconds per lease row).
+        flags = ["-c TimeZone=UTC"]
         for name, value in (("statement_timeout", self.statement_timeout),
                             ("lock_timeout", self.lock_timeout)):
             if value is not None:

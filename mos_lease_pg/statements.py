@@ -70,6 +70,7 @@ SETTLE: Final = _statement("settle.sql")
 NOW: Final = _statement("now.sql")
 LEASES: Final = _statement("leases.sql")
 AUDIT: Final = _statement("audit.sql")
+RENEW_MANY: Final = _statement("renew_many.sql")
 WRITES: Final[Mapping[type[Write], Statement]] = {
     Insert: _guarded("insert.sql"),
     Renew: _guarded("renew.sql"),
@@ -233,6 +234,45 @@ def apply(write: Write, entry: AuditEntry, offset: timedelta) -> Call[WriteOutco
 def apply_many(items: Sequence[tuple[Write, AuditEntry]],
                offset: timedelta) -> list[Call[WriteOutcome]]:
     return [apply(write, entry, offset) for write, entry in items]
+
+
+def _write_outcomes(identities: Sequence[LeaseIdentity],
+                    rows: Sequence[Row]) -> list[WriteOutcome]:
+    if len(rows) != len(identities):
+        raise AssertionError(f"expected {len(identities)} rows, got {len(rows)}")
+    return [_write_outcome(identity, (row,)) for identity, row in zip(identities, rows,
+                                                                       strict=True)]
+
+
+def renew_many(items: Sequence[tuple[Write, AuditEntry]],
+               offset: timedelta) -> Call[list[WriteOutcome]] | None:
+    """One statement renewing every lease of a batch of heartbeats (``renew_many.sql``), or
+    ``None`` when ``items`` is not such a batch (then each write is sent on its own)."""
+    if len(items) < 2:
+        return None
+    for write, entry in items:
+        if (type(write) is not Renew or entry.event is not LifecycleEvent.HEARTBEAT
+                or entry.outcome is not Outcome.RENEWED or entry.reason is not None
+                or entry.identity != write.identity or entry.connector_id != write.connector_id
+                or entry.epoch != write.epoch):
+            return None
+    renews = [write for write, _ in items if isinstance(write, Renew)]
+    params = {
+        "offset": offset,
+        "tenant_ids": [w.identity.tenant_id for w in renews],
+        "logical_agent_ids": [w.identity.logical_agent_id for w in renews],
+        "binding_ids": [w.identity.binding_id for w in renews],
+        "connector_ids": [w.connector_id for w in renews],
+        "lease_ids": [w.lease_id for w in renews],
+        "epochs": [w.epoch for w in renews],
+        "ttls": [w.ttl for w in renews],
+        "event_ids": [entry.event_id for _, entry in items],
+        "correlation_ids": [entry.correlation_id for _, entry in items],
+    }
+    first_write, first_entry = items[0]
+    return Call(f"batch of {len(items)} heartbeat writes", RENEW_MANY, params,
+                functools.partial(_write_outcomes, [w.identity for w in renews]), Kind.WRITE,
+                event_id=first_entry.event_id, identity=first_write.identity)
 
 
 def lock_order(calls: Sequence[Call[Any]]) -> list[int]:

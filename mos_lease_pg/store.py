@@ -197,7 +197,19 @@ class PostgresLeaseStore(_StoreCore):
         return self._run(statements.apply(write, entry, self._offset))
 
     def apply_many(self, items: Sequence[tuple[Write, AuditEntry]]) -> list[WriteOutcome]:
-        return self._run_batch(statements.apply_many(items, self._offset))
+        batch = statements.renew_many(items, self._offset)
+        if batch is None:
+            return self._run_batch(statements.apply_many(items, self._offset))
+        # A batch of heartbeats is one statement. If it fails, every write in it is in doubt
+        # exactly as in a pipelined batch, so failures are translated per write.
+        with self._source.checkout() as conn:
+            try:
+                rows = conn.execute(batch.statement.text, batch.params,
+                                    prepare=self.settings.prepare).fetchall()
+            except psycopg.Error as exc:
+                raise self._failed(statements.apply_many(items, self._offset),
+                                   exc).error from exc
+        return batch.parse(rows)
 
     def record(self, entry: AuditEntry) -> None:
         self._run(statements.record(entry, self._offset))
@@ -291,7 +303,18 @@ class AsyncPostgresLeaseStore(_StoreCore):
 
     async def apply_many(self, items: Sequence[tuple[Write, AuditEntry]]
                          ) -> list[WriteOutcome]:
-        return await self._run_batch(statements.apply_many(items, self._offset))
+        batch = statements.renew_many(items, self._offset)
+        if batch is None:
+            return await self._run_batch(statements.apply_many(items, self._offset))
+        async with self._source.checkout() as conn:
+            try:
+                cur = await conn.execute(batch.statement.text, batch.params,
+                                         prepare=self.settings.prepare)
+                rows = await cur.fetchall()
+            except psycopg.Error as exc:
+                raise self._failed(statements.apply_many(items, self._offset),
+                                   exc).error from exc
+        return batch.parse(rows)
 
     async def record(self, entry: AuditEntry) -> None:
         await self._run(statements.record(entry, self._offset))

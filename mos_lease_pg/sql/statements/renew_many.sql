@@ -1,0 +1,57 @@
+-- Batched heartbeat: many renewals in one statement, one round trip and one commit.
+--
+-- Each lease is matched on its full key and guarded exactly as in renew.sql, and audited by
+-- its own row (inserted from the UPDATE's RETURNING, so it exists exactly when that lease was
+-- renewed). A lease whose guard fails is simply not renewed: it is not an error and does
+-- not affect the others. `locked` takes the row locks in identity order (LockRows sits
+-- above the sort), so two batches sharing leases cannot deadlock. The final SELECT returns
+-- one row per request, in request order: the time, plus the new lease columns if renewed.
+WITH t AS (SELECT clock_timestamp() + %(offset)s::interval AS now),
+req AS (
+    SELECT *
+    FROM unnest(%(tenant_ids)s::text[], %(logical_agent_ids)s::text[],
+                %(binding_ids)s::text[], %(connector_ids)s::text[], %(lease_ids)s::uuid[],
+                %(epochs)s::bigint[], %(ttls)s::interval[], %(event_ids)s::uuid[],
+                %(correlation_ids)s::text[])
+        WITH ORDINALITY AS r(tenant_id, logical_agent_id, binding_id, connector_id, lease_id,
+                             epoch, ttl, event_id, correlation_id, ord)
+),
+locked AS MATERIALIZED (
+    SELECT l.tenant_id, l.logical_agent_id, l.binding_id
+    FROM logical_agent_connector_leases AS l
+    WHERE (l.tenant_id, l.logical_agent_id, l.binding_id) IN
+          (SELECT r.tenant_id, r.logical_agent_id, r.binding_id FROM req AS r)
+    ORDER BY l.tenant_id, l.logical_agent_id, l.binding_id
+    FOR UPDATE
+),
+written AS (
+    UPDATE logical_agent_connector_leases AS l
+    SET heartbeat_at = t.now, expires_at = t.now + r.ttl, updated_at = t.now
+    FROM t, req AS r, locked AS k
+    WHERE k.tenant_id = l.tenant_id
+      AND k.logical_agent_id = l.logical_agent_id
+      AND k.binding_id = l.binding_id
+      AND l.tenant_id = r.tenant_id
+      AND l.logical_agent_id = r.logical_agent_id
+      AND l.binding_id = r.binding_id
+      AND l.connector_id = r.connector_id
+      AND l.lease_id = r.lease_id
+      AND l.epoch = r.epoch
+      AND l.released_at IS NULL
+      AND l.expires_at > t.now
+    RETURNING r.ord, r.event_id, r.correlation_id, l.tenant_id, l.logical_agent_id,
+              l.binding_id, l.lease_id, l.connector_id, l.allowed_scopes, l.epoch,
+              l.acquired_at, l.heartbeat_at, l.expires_at, l.released_at, l.updated_at
+),
+audited AS (
+    INSERT INTO connector_lease_audit_log
+        (event_id, event, outcome, reason, tenant_id, logical_agent_id, binding_id,
+         connector_id, epoch, correlation_id, recorded_at)
+    SELECT w.event_id, 'heartbeat', 'renewed', NULL, w.tenant_id, w.logical_agent_id,
+           w.binding_id, w.connector_id, w.epoch, w.correlation_id, t.now
+    FROM written AS w, t
+)
+SELECT t.now, w.lease_id, w.connector_id, w.allowed_scopes, w.epoch, w.acquired_at,
+       w.heartbeat_at, w.expires_at, w.released_at, w.updated_at
+FROM t CROSS JOIN req AS r LEFT JOIN written AS w ON w.ord = r.ord
+ORDER BY r.ord
