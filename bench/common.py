@@ -1,0 +1,113 @@
+"""What every part of the benchmark shares: the server, throwaway databases, the store's
+connection, and the raw statements taken from the adapter itself."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping
+from datetime import timedelta
+from typing import Any
+from uuid import UUID, uuid4
+
+import psycopg
+from psycopg import sql
+
+from mos_lease import LeaseIdentity
+from mos_lease.machine import Write
+from mos_lease.records import AuditEntry
+from mos_lease.vocabulary import LifecycleEvent, Outcome
+from mos_lease_pg import PostgresLeaseStore, migrate, statements
+from tests.pg_support import (
+    PgServer,
+    create_database,
+    drop_database,
+    find_server,
+    unique_name,
+)
+
+SCOPES = ("tool:run",)
+LEASE_TTL = 120  # seconds: long enough that no lease expires during a block
+GRANT_TTL = 30  # seconds: the cap; grants are refreshed well before they run out
+
+Params = Mapping[str, object]
+
+
+class BenchError(Exception):
+    """The benchmark could not run (no server, ...): exit status 2."""
+
+
+class CorrectnessError(Exception):
+    """Something the benchmark asserts did not hold (two winners in a round, a loser that
+    got an exception instead of a typed refusal, ...): exit status 3."""
+
+
+def server() -> PgServer:
+    """The server the tests would use (same discovery rules: ``MOS_LEASE_TEST_DSN``, a
+    trust-auth server on 127.0.0.1:5432, testcontainers, a throwaway ``initdb`` cluster)."""
+    found = find_server()
+    if isinstance(found, str):
+        raise BenchError(found)
+    return found
+
+
+@contextlib.contextmanager
+def throwaway_database(srv: PgServer, prefix: str, *, migrated: bool = True) -> Iterator[str]:
+    """A database of its own, migrated, dropped afterwards. Lease rows refuse DELETE and
+    TRUNCATE by design, so a benchmark never reuses one."""
+    name = unique_name(prefix)
+    dsn = create_database(srv.dsn, name)
+    try:
+        if migrated:
+            migrate(dsn)
+        yield dsn
+    finally:
+        drop_database(srv.dsn, name)
+
+
+def create_schema(dsn: str, schema: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
+
+
+def store_connection(store: PostgresLeaseStore) -> psycopg.Connection[Any]:
+    """The store's own dedicated connection, so raw floors run on the very connection (and
+    backend, and prepared-statement cache) the library uses. Reaches into the store: the
+    adapter deliberately has no public accessor for it."""
+    source = store._source
+    with source.checkout() as conn:
+        return conn
+
+
+# --- the raw statements, straight from the adapter --------------------------------------
+
+
+def raw_write(store: PostgresLeaseStore, write: Write, entry: AuditEntry) -> tuple[bytes, Params]:
+    """The exact text and parameters the store sends for ``write``: built by
+    ``mos_lease_pg.statements`` itself, so the floor cannot drift from the library."""
+    call = statements.apply(write, entry, store.time_offset)
+    return call.statement.text, call.params
+
+
+def raw_load(store: PostgresLeaseStore, identity: LeaseIdentity) -> tuple[bytes, Params]:
+    call = statements.load(identity, store.time_offset)
+    return call.statement.text, call.params
+
+
+def entry(event: LifecycleEvent, outcome: Outcome, identity: LeaseIdentity, connector_id: str,
+          epoch: int | None, event_id: UUID | None = None) -> AuditEntry:
+    return AuditEntry(event_id or uuid4(), event, outcome, None, identity, connector_id, epoch,
+                      uuid4().hex)
+
+
+def run_raw(conn: psycopg.Connection[Any], text: bytes, params: Params) -> tuple[Any, ...]:
+    """Send one statement prepared, as the store does, and return its single row."""
+    rows: list[tuple[Any, ...]] = conn.execute(text, params, prepare=True).fetchall()
+    return rows[0]
+
+
+def written(row: tuple[Any, ...]) -> bool:
+    """Whether a guarded write's result row says the guard held (lease columns not NULL)."""
+    return row[1] is not None
+
+
+TTL = timedelta(seconds=LEASE_TTL)

@@ -1,0 +1,295 @@
+"""mos-lease benchmark: the library against floors measured in the same run.
+
+    python bench/run.py [--quick] [--json PATH] [--check] [--cpu N] [--no-pin]
+
+Finds PostgreSQL exactly as the tests do (``MOS_LEASE_TEST_DSN``, then a trust-auth server on
+127.0.0.1:5432, testcontainers, a throwaway initdb cluster), works in throwaway databases it
+creates and drops, and prints ops/s, p50 and p99 of every case and the ratios of the library
+to its floors. See bench/README.md for how to read them.
+
+Exit status: 0 when the benchmark ran (figures are reported, not judged, unless --check);
+1 with --check when a target was missed; 2 when it could not run (no server, bad
+arguments); 3 when a correctness assertion failed (e.g. not exactly one winner in a round).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import secrets
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import _path  # noqa: F401  (the repository's own mos_lease, before anything imports it)
+import attrs
+import contention
+import grant_memory
+import psycopg
+import purecore
+import scale
+import single
+from common import BenchError, CorrectnessError, server, store_connection, throwaway_database
+from measure import Series, throughput_ratio
+from pinning import pin
+from targets import JSON_KEYS, evaluate
+
+import mos_lease
+from mos_lease_pg import PostgresLeaseStore
+from tests.pg_support import PgServer
+
+
+@attrs.frozen
+class Mode:
+    name: str
+    single: single.Counts
+    contention_rounds: int
+    contention_blocks: int
+    scale_small: int
+    scale_large: int
+    scale_rounds: int
+    scale_per_round: int
+    core_decisions: int
+    core_repeats: int
+    memory_small: int
+    memory_large: int
+
+
+FULL = Mode("full", single.FULL, contention_rounds=800, contention_blocks=8,
+            scale_small=1_000, scale_large=1_000_000, scale_rounds=20, scale_per_round=1000,
+            core_decisions=200_000, core_repeats=7, memory_small=10_000,
+            memory_large=1_000_000)
+QUICK = Mode("quick", single.QUICK, contention_rounds=40, contention_blocks=4,
+             scale_small=1_000, scale_large=20_000, scale_rounds=4, scale_per_round=200,
+             core_decisions=20_000, core_repeats=3, memory_small=1_000, memory_large=20_000)
+
+
+@attrs.frozen
+class Row:
+    op: str
+    case: str
+    rate: float
+    unit: str
+    p50_us: float = math.nan
+    p99_us: float = math.nan
+    ratios: str = ""
+
+
+@attrs.define
+class Report:
+    mode: Mode
+    environment: list[str] = attrs.field(factory=list)
+    rows: list[Row] = attrs.field(factory=list)
+    figures: dict[str, float] = attrs.field(factory=dict)
+    notes: list[str] = attrs.field(factory=list)
+    shapes: list[str] = attrs.field(factory=list)
+
+    def series(self, op: str, case: str, s: Series, unit: str, ratios: str = "") -> None:
+        self.rows.append(Row(op, case, s.ops_per_s, unit, s.p50_us, s.p99_us, ratios))
+
+
+def _environment(srv: PgServer, conn: psycopg.Connection[Any], mode: Mode) -> list[str]:
+    def show(name: str) -> str:
+        row = conn.execute(f"SHOW {name}".encode()).fetchone()
+        return "?" if row is None else str(row[0])
+
+    return [
+        f"mode {mode.name}; PostgreSQL {show('server_version')} via {srv.how} "
+        f"(fsync={show('fsync')}, synchronous_commit={show('synchronous_commit')}, "
+        f"shared_buffers={show('shared_buffers')})",
+        f"Python {platform.python_version()}, psycopg {psycopg.__version__} "
+        f"({psycopg.pq.__impl__}, libpq {psycopg.pq.version()}), {os.cpu_count()} CPUs, "
+        f"load average at start {os.getloadavg()[0]:.2f}",
+        f"library measured: {Path(mos_lease.__file__).resolve().parent.parent}",
+    ]
+
+
+def _ratio_text(value: float, name: str) -> str:
+    return f"{value:.2f}x {name}"
+
+
+def measure_all(srv: PgServer, mode: Mode, args: argparse.Namespace,
+                progress: Callable[[str], None]) -> Report:
+    report = Report(mode)
+    tenant = f"bench-{secrets.token_hex(4)}"
+    with throwaway_database(srv, "mos_lease_bench") as dsn:
+        with PostgresLeaseStore(dsn) as store:
+            conn = store_connection(store)
+            report.environment = _environment(srv, conn, mode)
+            pinning = pin(conn, cpu=args.cpu, enabled=not args.no_pin)
+            report.environment.append(f"pinning: {pinning.note}")
+            progress(pinning.note)
+            try:
+                one = single.run(store, conn, tenant, mode.single, progress)
+                progress("pure core")
+                core = purecore.run(decisions=mode.core_decisions, repeats=mode.core_repeats)
+                with throwaway_database(srv, "mos_lease_bench_scale", migrated=False) as sdsn:
+                    scaled = scale.run(sdsn, small=mode.scale_small, large=mode.scale_large,
+                                       rounds=mode.scale_rounds,
+                                       per_round=mode.scale_per_round, pinning=pinning,
+                                       progress=progress)
+            finally:
+                pinning.restore()
+        progress(f"contention: {contention.PROCESSES} processes racing takeover (unpinned)")
+        raced = contention.run(dsn, tenant, rounds=mode.contention_rounds,
+                               blocks=mode.contention_blocks)
+    progress(f"grant registry memory ({mode.memory_large:,} grants, fresh interpreter)")
+    memory = grant_memory.run(small=mode.memory_small, large=mode.memory_large)
+    _single_figures(report, one)
+    _other_figures(report, raced, scaled, core, memory)
+    report.environment.append(f"load average at end {os.getloadavg()[0]:.2f}")
+    return report
+
+
+def _single_figures(report: Report, one: single.SingleResults) -> None:
+    figures = report.figures
+    v = one.comparisons["validate"]
+    figures["validate_vs_raw"] = throughput_ratio(v["library"], v["raw"])
+    figures["validate_vs_select1"] = throughput_ratio(v["library"], v["select1"])
+    figures["validate_p99_vs_raw"] = v["library"].p99_us / v["raw"].p99_us
+    report.series("validate", "library validate()", v["library"], "ops/s",
+                  f"{_ratio_text(figures['validate_vs_raw'], 'raw')}, "
+                  f"{_ratio_text(figures['validate_vs_select1'], 'SELECT 1')}")
+    report.series("validate", "raw load.sql", v["raw"], "ops/s")
+    report.series("validate", "raw SELECT 1", v["select1"], "ops/s")
+    for op in ("heartbeat", "acquire", "takeover", "release"):
+        c = one.comparisons[op]
+        figures[f"{op}_vs_raw"] = throughput_ratio(c["library"], c["raw"])
+        figures[f"{op}_vs_naive"] = throughput_ratio(c["library"], c["naive"])
+        report.series(op, f"library {op}()", c["library"], "ops/s",
+                      f"{_ratio_text(figures[f'{op}_vs_raw'], 'raw')}, "
+                      f"{_ratio_text(figures[f'{op}_vs_naive'], 'naive')}")
+        report.series(op, "raw statement", c["raw"], "ops/s")
+        report.series(op, "naive 5 round trips", c["naive"], "ops/s")
+    b = one.comparisons["batch"]
+    figures["batch_heartbeat_vs_single"] = throughput_ratio(b["batch"], b["single"])
+    report.series("batch", f"heartbeat_many({single.BATCH})", b["batch"], "leases/s",
+                  _ratio_text(figures["batch_heartbeat_vs_single"], "single"))
+    report.series("batch", "heartbeat() one by one", b["single"], "leases/s")
+
+    for name, shape in one.shapes.items():
+        figures[f"{name}_round_trips"] = shape.round_trips
+        figures[f"{name}_transactions"] = shape.transactions
+        figures[f"{name}_parses"] = shape.parses
+        report.shapes.append(f"{name:<20} {shape}")
+    report.notes.extend(one.notes)
+
+
+def _other_figures(report: Report, raced: contention.ContentionResult,
+                   scaled: scale.ScaleResult, core: purecore.CoreResult,
+                   memory: grant_memory.MemoryResult) -> None:
+    figures = report.figures
+    figures["contention_vs_raw"] = raced.ratio
+    report.rows.append(Row("contention", f"library race, {contention.PROCESSES} procs",
+                           raced.library_rounds_per_s, "rounds/s",
+                           ratios=_ratio_text(raced.ratio, "raw race")))
+    report.rows.append(Row("contention", "raw CAS race", raced.raw_rounds_per_s, "rounds/s"))
+    report.notes.append(
+        f"contention: exactly one winner in each of {raced.rounds['library']} library and "
+        f"{raced.rounds['raw']} raw timed rounds (and warm-up rounds); library losers' "
+        f"refusals: {raced.refusals}; epochs and audit rows checked")
+
+    figures["scale_p50_1m_vs_1k"] = scaled.ratio
+    for side, rows in (("small", scaled.small), ("large", scaled.large)):
+        s = scaled.series[side]
+        extra = _ratio_text(scaled.ratio, "p50 of small") if side == "large" else ""
+        report.series("scale", f"validate, {rows:,} rows", s, "ops/s", extra)
+    report.notes.append(f"scale: {scaled.small:,} and {scaled.large:,} rows loaded and vacuumed "
+                        f"in {scaled.load_seconds:.1f} s")
+
+    figures["core_decisions_per_s"] = core.decisions_per_s
+    report.rows.append(Row("core", f"decide(), mix of {core.mix}", core.decisions_per_s,
+                           "decisions/s", ratios=f"best repeat {core.best_per_s:,.0f}/s"))
+
+    figures["grant_registry_rss_growth_mib"] = memory.growth_mib
+    report.notes.append(
+        f"memory: RSS {memory.rss_small_mib:.1f} MiB after {memory.small:,} grants minted and "
+        f"expired, {memory.rss_large_mib:.1f} MiB after {memory.large:,} "
+        f"(growth {memory.growth_mib:+.2f} MiB); live grants left: {memory.live_after}")
+
+
+def _num(value: float, digits: int = 0) -> str:
+    return "-" if math.isnan(value) else f"{value:,.{digits}f}"
+
+
+def render(report: Report) -> str:
+    out = ["mos-lease benchmark", *(f"  {line}" for line in report.environment), ""]
+    header = f"{'operation':<11} {'case':<28} {'rate':>12} {'unit':<10} {'p50 µs':>8} " \
+             f"{'p99 µs':>8}  ratios (same run)"
+    out += [header, "-" * len(header)]
+    last = ""
+    for row in report.rows:
+        out.append(f"{row.op if row.op != last else '':<11} {row.case:<28} "
+                   f"{_num(row.rate):>12} {row.unit:<10} {_num(row.p50_us, 1):>8} "
+                   f"{_num(row.p99_us, 1):>8}  {row.ratios}")
+        last = row.op
+    out += ["", "wire shapes (libpq trace of one warm call):",
+            *(f"  {line}" for line in report.shapes)]
+    out += ["", "checks and notes:", *(f"  {line}" for line in report.notes)]
+    out += ["", f"{'figure':<32} {'value':>14}  {'target':<10} met"]
+    for target, value, met in evaluate(report.figures):
+        shown = f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.3f}"
+        out.append(f"{target.figure:<32} {shown:>14}  {target!s:<10} {'yes' if met else 'NO'}")
+    return "\n".join(out)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="bench/run.py", description="mos-lease benchmark: ratios to same-run floors")
+    parser.add_argument("--quick", action="store_true",
+                        help="tiny counts: checks the benchmark works (< 60 s), not figures")
+    parser.add_argument("--json", type=Path, metavar="PATH",
+                        help="write the named figures as one flat JSON object")
+    parser.add_argument("--check", action="store_true",
+                        help="exit 1 if any target is missed")
+    parser.add_argument("--cpu", type=int, default=None,
+                        help="core to pin client and backend to (default: the lowest allowed)")
+    parser.add_argument("--no-pin", action="store_true",
+                        help="do not pin the single-connection comparisons to one core")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    mode = QUICK if args.quick else FULL
+    started = time.monotonic()
+
+    def progress(message: str) -> None:
+        print(f"[{time.monotonic() - started:6.1f} s] {message}", file=sys.stderr, flush=True)
+
+    try:
+        srv = server()
+    except BenchError as exc:
+        print(f"bench: {exc}", file=sys.stderr)
+        return 2
+    progress(f"PostgreSQL via {srv.how}")
+    try:
+        report = measure_all(srv, mode, args, progress)
+    except CorrectnessError as exc:
+        print(f"bench: CORRECTNESS FAILURE: {exc}", file=sys.stderr)
+        return 3
+    except BenchError as exc:
+        print(f"bench: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        srv.stop()
+    print(render(report))
+    print(f"\n(ran in {time.monotonic() - started:.0f} s)")
+    if args.json is not None:
+        args.json.write_text(json.dumps({key: report.figures[key] for key in JSON_KEYS},
+                                        indent=2) + "\n", encoding="utf-8")
+    if args.check:
+        missed = [t.figure for t, _, met in evaluate(report.figures) if not met]
+        if missed:
+            print(f"bench: targets missed: {', '.join(missed)}", file=sys.stderr)
+            return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,75 @@
+"""The targets, each checked against a figure measured in the same run."""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Callable, Mapping
+
+import attrs
+
+# The figures ``--json`` writes, in this order (a stable set of names).
+JSON_KEYS = (
+    "validate_vs_raw",
+    "validate_vs_select1",
+    "validate_p99_vs_raw",
+    "heartbeat_vs_raw",
+    "heartbeat_vs_naive",
+    "acquire_vs_raw",
+    "takeover_vs_raw",
+    "release_vs_raw",
+    "batch_heartbeat_vs_single",
+    "contention_vs_raw",
+    "scale_p50_1m_vs_1k",
+    "core_decisions_per_s",
+    "grant_registry_rss_growth_mib",
+)
+
+
+@attrs.frozen
+class Target:
+    figure: str
+    relation: str  # ">=", "<=", "<"
+    bound: float
+
+    @property
+    def test(self) -> Callable[[float, float], bool]:
+        return {">=": operator.ge, "<=": operator.le, "<": operator.lt}[self.relation]
+
+    def met(self, value: float) -> bool:
+        return not math.isnan(value) and self.test(value, self.bound)
+
+    def __str__(self) -> str:
+        return f"{self.relation} {self.bound:g}"
+
+
+TARGETS = (
+    Target("validate_vs_raw", ">=", 0.85),
+    Target("validate_p99_vs_raw", "<=", 2.0),
+    Target("heartbeat_vs_raw", ">=", 0.9),
+    Target("heartbeat_vs_naive", ">=", 1.8),
+    Target("acquire_vs_raw", ">=", 0.9),
+    Target("acquire_vs_naive", ">=", 1.8),
+    Target("takeover_vs_raw", ">=", 0.9),
+    Target("takeover_vs_naive", ">=", 1.8),
+    Target("release_vs_raw", ">=", 0.9),
+    Target("release_vs_naive", ">=", 1.8),
+    Target("batch_heartbeat_vs_single", ">=", 8.0),
+    Target("contention_vs_raw", ">=", 0.8),
+    Target("scale_p50_1m_vs_1k", "<=", 1.3),
+    Target("core_decisions_per_s", ">=", 300_000),
+    Target("grant_registry_rss_growth_mib", "<", 10.0),
+    # Wire shapes (from the libpq trace): 1 = as required.
+    Target("validate_round_trips", "<=", 1),
+    Target("validate_parses", "<=", 0),
+    Target("heartbeat_round_trips", "<=", 1),
+    Target("acquire_round_trips", "<=", 1),
+    Target("takeover_round_trips", "<=", 1),
+    Target("release_round_trips", "<=", 1),
+    Target("heartbeat_many_100_round_trips", "<=", 1),
+)
+
+
+def evaluate(figures: Mapping[str, float]) -> list[tuple[Target, float, bool]]:
+    return [(t, figures.get(t.figure, math.nan), t.met(figures.get(t.figure, math.nan)))
+            for t in TARGETS]
