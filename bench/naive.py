@@ -1,5 +1,5 @@
-"""The naive implementation the library is compared with: what a careful hand-rolled implementation does
-first, without a single-statement design.
+"""The naive implementation the library is compared with: a careful hand-rolled version
+without a single-statement design.
 
 Each operation is one explicit transaction of separate statements: BEGIN, SELECT ... FOR
 UPDATE (the row and the database clock), the guard checked in Python, UPDATE (or INSERT) of
