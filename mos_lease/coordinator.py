@@ -61,6 +61,7 @@ from mos_lease.machine import (
     plan,
     presented_epoch,
     success_epoch,
+    success_outcome,
 )
 from mos_lease.policy import ConnectorLeaseService, DenyAllPolicy, PolicyRequest
 from mos_lease.ports import AsyncLeaseStore, IdSource, LeaseStore
@@ -178,9 +179,11 @@ class _Flows:
         """How many grants this instance currently remembers (bounded by expiry)."""
         return len(self._grants)
 
-    def _correlation(self, correlation_id: object) -> str:
+    def _correlation(self, correlation_id: object, event_id: UUID) -> str:
+        # Without one from the caller, the attempt's own audit event id serves: it is unique
+        # already, and one random id per call fewer is measurable on the hot path.
         given = check_correlation_id("correlation_id", correlation_id)
-        return given if given is not None else self._ids().hex
+        return given if given is not None else event_id.hex
 
     def _verdict(self, request: PolicyRequest) -> PolicyVerdict:
         verdict = self.policy.authorize(request)
@@ -197,8 +200,9 @@ class _Flows:
         connector_id = check_id("connector_id", connector_id)
         norm_scopes = normalize_scopes("scopes", scopes)
         norm_ttl = normalize_ttl("ttl", ttl, self.lease_ttl_cap)
+        event_id = self._ids()
         command = Acquire(identity, connector_id, norm_scopes, norm_ttl, self._ids(),
-                          self._ids(), self._correlation(correlation_id))
+                          event_id, self._correlation(correlation_id, event_id))
         verdict = self._verdict(PolicyRequest(LifecycleEvent.ACQUIRE, identity, connector_id,
                                               norm_scopes, norm_ttl))
         return (yield from self._lifecycle(command, verdict, None))
@@ -211,7 +215,8 @@ class _Flows:
         norm_scopes = normalize_scopes("scopes", scopes)
         norm_ttl = normalize_ttl("ttl", ttl, self.lease_ttl_cap)
         expected_epoch = check_epoch("expected_epoch", expected_epoch)
-        correlation = self._correlation(correlation_id)
+        event_id = self._ids()
+        correlation = self._correlation(correlation_id, event_id)
         # The policy is told the current row's state, so takeover reads before it writes.
         snapshot: Snapshot = yield Load(identity)
         row = snapshot.row
@@ -222,7 +227,7 @@ class _Flows:
         ))
         command = Takeover(identity, connector_id, norm_scopes, norm_ttl, expected_epoch,
                            preempt_active=verdict.allowed and state is LeaseState.ACTIVE,
-                           new_lease_id=self._ids(), event_id=self._ids(),
+                           new_lease_id=self._ids(), event_id=event_id,
                            correlation_id=correlation)
         return (yield from self._lifecycle(command, verdict, snapshot))
 
@@ -230,16 +235,18 @@ class _Flows:
                   correlation_id: str | None) -> Flow[LeaseResult]:
         lease = _check_handle(lease)
         norm_ttl = normalize_ttl("ttl", ttl, self.lease_ttl_cap)
+        event_id = self._ids()
         command = Heartbeat(lease.identity, lease.connector_id, lease.lease_id, lease.epoch,
-                            norm_ttl, self._ids(), self._correlation(correlation_id))
+                            norm_ttl, event_id, self._correlation(correlation_id, event_id))
         verdict = self._verdict(PolicyRequest(LifecycleEvent.HEARTBEAT, lease.identity,
                                               lease.connector_id, lease.scopes, norm_ttl))
         return (yield from self._lifecycle(command, verdict, None))
 
     def release(self, lease: LeaseHandle, correlation_id: str | None) -> Flow[LeaseResult]:
         lease = _check_handle(lease)
+        event_id = self._ids()
         command = Release(lease.identity, lease.connector_id, lease.lease_id, lease.epoch,
-                          self._ids(), self._correlation(correlation_id))
+                          event_id, self._correlation(correlation_id, event_id))
         verdict = self._verdict(PolicyRequest(LifecycleEvent.RELEASE, lease.identity,
                                               lease.connector_id, lease.scopes, None))
         return (yield from self._lifecycle(command, verdict, None))
@@ -321,7 +328,7 @@ class _Flows:
 
     def _success(self, command: Command, outcome: WriteOutcome) -> LeaseResult:
         assert outcome.row is not None
-        return LeaseResult(audit_entry(command, None, None).outcome, None,
+        return LeaseResult(success_outcome(command), None,
                            command.correlation_id, lease=LeaseHandle.of(outcome.row),
                            current_epoch=outcome.row.epoch, reconciled=outcome.reconciled)
 
@@ -342,7 +349,7 @@ class _Flows:
             raise InvalidInput("leases", f"at most {MAX_BATCH} leases per batch")
         handles = [_check_handle(lease) for lease in leases]
         norm_ttl = normalize_ttl("ttl", ttl, self.lease_ttl_cap)
-        correlation = self._correlation(correlation_id)
+        correlation = self._correlation(correlation_id, self._ids())
         commands = [Heartbeat(h.identity, h.connector_id, h.lease_id, h.epoch, norm_ttl,
                               self._ids(), correlation) for h in handles]
         verdicts = [self._verdict(PolicyRequest(LifecycleEvent.HEARTBEAT, h.identity,
@@ -380,9 +387,10 @@ class _Flows:
         lease = _check_handle(lease)
         norm_scopes = normalize_scopes("scopes", scopes)
         norm_ttl = normalize_ttl("ttl", ttl, self.grant_ttl_cap)
+        event_id = self._ids()
         command = IssueGrant(lease.identity, lease.connector_id, lease.lease_id, lease.epoch,
-                             norm_scopes, norm_ttl, self._ids(),
-                             self._correlation(correlation_id))
+                             norm_scopes, norm_ttl, event_id,
+                             self._correlation(correlation_id, event_id))
         verdict = self._verdict(PolicyRequest(LifecycleEvent.GRANT_ISSUE, lease.identity,
                                               lease.connector_id, norm_scopes, norm_ttl))
         row = None

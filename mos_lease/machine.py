@@ -236,6 +236,10 @@ def event_of(command: Command) -> LifecycleEvent:
     return _SUCCESS[type(command)][0]
 
 
+def success_outcome(command: Command) -> Outcome:
+    return _SUCCESS[type(command)][1]
+
+
 def presented_epoch(command: Command) -> int | None:
     """The epoch an audit row records for a refusal: the one the caller presented."""
     if isinstance(command, Acquire):
