@@ -30,7 +30,15 @@ from typing import Any
 import psycopg
 from psycopg.conninfo import make_conninfo
 
-from tests.faults.history import AuditRow, FinalRow, Ident
+from tests.faults.history import (
+    AuditRow,
+    FinalRow,
+    Ident,
+    OpRecord,
+    Violation,
+    check_history,
+    read_records,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -255,6 +263,26 @@ def workers_cleanup() -> Iterator[list[Worker]]:
 
 
 # --- database reads (the checker's own SQL, independent of the store) ------------------------
+
+
+def start_together(workers: Sequence[Worker], ready_timeout: float = 60) -> None:
+    """Wait until every worker is ready, then release them all at once, so that they
+    contend at about the same instant."""
+    for worker in workers:
+        worker.wait_for("READY", ready_timeout)
+    for worker in workers:
+        worker.send("GO")
+
+
+def recorded_history(conn: psycopg.Connection[Any], prefix: str, paths: Iterable[Path]
+                     ) -> tuple[list[OpRecord], list[AuditRow], list[FinalRow],
+                                list[Violation]]:
+    """The operations the workers recorded, the tenant's audit log and final rows, and what
+    the history checker says of them together."""
+    records = read_records(paths)
+    audit = audit_rows(conn, prefix)
+    finals = final_rows(conn, prefix)
+    return records, audit, finals, check_history(records, audit, final_rows=finals)
 
 
 def audit_rows(conn: psycopg.Connection[Any], prefix: str) -> list[AuditRow]:

@@ -9,14 +9,14 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.faults.history import Op, Status, check_history, read_records
+from tests.faults.history import Op, Status
 from tests.faults.support import (
     Table,
     Worker,
-    audit_rows,
-    final_rows,
+    recorded_history,
     run_prefix,
     scaled,
+    start_together,
     workers_cleanup,
 )
 
@@ -36,18 +36,13 @@ def test_acquire_race(pg_dsn: str, admin: psycopg.Connection[Any], soak: bool,
                 "dsn": pg_dsn, "process": f"racer{p}", "tenant": prefix, "bindings": bindings,
                 "records": str(tmp_path / f"racer{p}.jsonl"), "max_seconds": 300,
             }, tmp_path))
-        for worker in made:
-            worker.wait_for("READY", 60)
         # Everyone starts at once and walks the identities in the same order: every
         # identity is contended by all sixteen at about the same instant.
-        for worker in made:
-            worker.send("GO")
+        start_together(made)
         summaries = [worker.finish(300) for worker in made]
 
-    records = read_records(tmp_path.glob("racer*.jsonl"))
-    audit = audit_rows(admin, prefix)
-    finals = final_rows(admin, prefix)
-    violations = check_history(records, audit, final_rows=finals)
+    records, audit, finals, violations = recorded_history(
+        admin, prefix, tmp_path.glob("racer*.jsonl"))
 
     acquires = [r for r in records if r.op is Op.ACQUIRE]
     winners = Counter(r.identity for r in acquires if r.status is Status.OK)

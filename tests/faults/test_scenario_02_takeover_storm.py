@@ -10,14 +10,14 @@ import psycopg
 import pytest
 
 from mos_lease import LeaseIdentity
-from tests.faults.history import Kind, Op, Status, check_history, read_records
+from tests.faults.history import Kind, Op, Status
 from tests.faults.support import (
     Table,
     Worker,
-    audit_rows,
-    final_rows,
+    recorded_history,
     run_prefix,
     scaled,
+    start_together,
     workers_cleanup,
 )
 from tests.faults.workers import Gateway
@@ -47,16 +47,10 @@ def test_takeover_storm(pg_dsn: str, admin: psycopg.Connection[Any], soak: bool,
                 "bindings": bindings, "rounds": rounds, "validators": 1, "keep": 3,
                 "records": str(tmp_path / f"c{p}.jsonl"), "max_seconds": 600,
             }, tmp_path))
-        for worker in made:
-            worker.wait_for("READY", 60)
-        for worker in made:
-            worker.send("GO")
+        start_together(made)
         summaries = [worker.finish(900) for worker in made]
 
-    records = read_records(tmp_path.glob("*.jsonl"))
-    audit = audit_rows(admin, prefix)
-    finals = final_rows(admin, prefix)
-    violations = check_history(records, audit, final_rows=finals)
+    records, audit, finals, violations = recorded_history(admin, prefix, tmp_path.glob("*.jsonl"))
 
     takeovers = [r for r in records if r.op is Op.TAKEOVER]
     won = [r for r in takeovers if r.status is Status.OK]

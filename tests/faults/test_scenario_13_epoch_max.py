@@ -40,6 +40,7 @@ from tests.faults.support import (
     final_rows,
     run_prefix,
     set_epoch,
+    start_together,
     workers_cleanup,
 )
 from tests.faults.workers import SCOPES, Gateway
@@ -143,10 +144,7 @@ def test_epoch_at_bigint_max(pg_dsn: str, admin: psycopg.Connection[Any], figure
                 "rounds": 6, "validators": 0, "records": str(tmp_path / f"racer{p}.jsonl"),
                 "max_seconds": 60,
             }, tmp_path))
-        for worker in made:
-            worker.wait_for("READY", 60)
-        for worker in made:
-            worker.send("GO")
+        start_together(made)
         for worker in made:
             worker.finish(120)
 
