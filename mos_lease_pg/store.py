@@ -17,7 +17,7 @@ the row it judges.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Any, TypeVar
@@ -156,7 +156,10 @@ class PostgresLeaseStore(_StoreCore):
             DedicatedConnection(conninfo, self.settings) if conninfo is not None
             else PooledConnection(pool, self.settings))  # type: ignore[arg-type]
 
-    def _run(self, call: Call[T]) -> T:
+    def _run(self, call: Call[T], *,
+             covers: Callable[[], Sequence[Call[Any]]] | None = None) -> T:
+        """Send one statement. ``covers`` names the writes a combined statement stands for,
+        so that a lost connection leaves each of them in doubt, not only the first."""
         for attempt in range(2):
             with self._source.checkout() as conn:
                 try:
@@ -164,7 +167,7 @@ class PostgresLeaseStore(_StoreCore):
                                        prepare=self.settings.prepare)
                     rows = cur.fetchall() if call.returns_rows else []
                 except psycopg.Error as exc:
-                    failure = self._failed([call], exc)
+                    failure = self._failed([call] if covers is None else covers(), exc)
                     if self._resend(call, failure, attempt):
                         continue
                     raise failure.error from exc
@@ -202,14 +205,7 @@ class PostgresLeaseStore(_StoreCore):
             return self._run_batch(statements.apply_many(items, self._offset))
         # A batch of heartbeats is one statement. If it fails, every write in it is in doubt
         # exactly as in a pipelined batch, so failures are translated per write.
-        with self._source.checkout() as conn:
-            try:
-                rows = conn.execute(batch.statement.text, batch.params,
-                                    prepare=self.settings.prepare).fetchall()
-            except psycopg.Error as exc:
-                raise self._failed(statements.apply_many(items, self._offset),
-                                   exc).error from exc
-        return batch.parse(rows)
+        return self._run(batch, covers=lambda: statements.apply_many(items, self._offset))
 
     def record(self, entry: AuditEntry) -> None:
         self._run(statements.record(entry, self._offset))
@@ -266,7 +262,10 @@ class AsyncPostgresLeaseStore(_StoreCore):
             AsyncDedicatedConnection(conninfo, self.settings) if conninfo is not None
             else AsyncPooledConnection(pool, self.settings))  # type: ignore[arg-type]
 
-    async def _run(self, call: Call[T]) -> T:
+    async def _run(self, call: Call[T], *,
+                   covers: Callable[[], Sequence[Call[Any]]] | None = None) -> T:
+        """Send one statement. ``covers`` names the writes a combined statement stands for,
+        so that a lost connection leaves each of them in doubt, not only the first."""
         for attempt in range(2):
             async with self._source.checkout() as conn:
                 try:
@@ -274,7 +273,7 @@ class AsyncPostgresLeaseStore(_StoreCore):
                                              prepare=self.settings.prepare)
                     rows = await cur.fetchall() if call.returns_rows else []
                 except psycopg.Error as exc:
-                    failure = self._failed([call], exc)
+                    failure = self._failed([call] if covers is None else covers(), exc)
                     if self._resend(call, failure, attempt):
                         continue
                     raise failure.error from exc
@@ -306,15 +305,8 @@ class AsyncPostgresLeaseStore(_StoreCore):
         batch = statements.renew_many(items, self._offset)
         if batch is None:
             return await self._run_batch(statements.apply_many(items, self._offset))
-        async with self._source.checkout() as conn:
-            try:
-                cur = await conn.execute(batch.statement.text, batch.params,
-                                         prepare=self.settings.prepare)
-                rows = await cur.fetchall()
-            except psycopg.Error as exc:
-                raise self._failed(statements.apply_many(items, self._offset),
-                                   exc).error from exc
-        return batch.parse(rows)
+        return await self._run(batch,
+                               covers=lambda: statements.apply_many(items, self._offset))
 
     async def record(self, entry: AuditEntry) -> None:
         await self._run(statements.record(entry, self._offset))

@@ -70,3 +70,31 @@ def test_overlapping_batches_from_several_gateways_do_not_deadlock(
     rows: Any = setup.store.audit  # type: ignore[attr-defined]
     total = sum(len(rows(lease.identity, limit=10_000)) for lease in leases)
     assert total == 40 + 4 * 15 * 30
+
+
+def test_a_batch_whose_reply_is_lost_is_reconciled_lease_by_lease(
+        pg_dsn: str, pg_stores: StoreFactory, pg_tenant: str) -> None:
+    """The set-based batch statement commits but its reply is lost: every lease in it is in
+    doubt, and each is reconciled through its own audit event, renewed exactly once."""
+    from mos_lease_pg import ConnectionSettings
+    from tests.pg_support import FaultProxy
+
+    proxy = FaultProxy(pg_dsn)
+    try:
+        gateway = ConnectorLeaseCoordinator(
+            pg_stores(proxy.dsn, settings=ConnectionSettings(prepare=False)), AllowAllPolicy())
+        leases = []
+        for i in range(5):
+            got = gateway.acquire(LeaseIdentity(pg_tenant, "agent", f"b{i}"), "c1", scopes=[],
+                                  ttl=60)
+            assert got.lease is not None
+            leases.append(got.lease)
+        proxy.cut_reply_to(b"WITH ORDINALITY")
+        results = gateway.heartbeat_many(leases, ttl=30)
+    finally:
+        proxy.close()
+    assert all(r.ok and r.reconciled for r in results), results
+    observer = pg_stores()
+    for lease in leases:
+        outcomes = [r.entry.outcome for r in observer.audit(lease.identity)]
+        assert outcomes == [Outcome.ACQUIRED, Outcome.RENEWED]
