@@ -74,8 +74,8 @@ def store_connection(store: PostgresLeaseStore) -> psycopg.Connection[Any]:
     backend, and prepared-statement cache) the library uses. Reaches into the store: the
     adapter deliberately has no public accessor for it."""
     source = store._source
-    with source.checkout() as conn:
-        return conn
+    with source.checkout() as wire:
+        return wire.conn
 
 
 # --- the raw statements, straight from the adapter --------------------------------------

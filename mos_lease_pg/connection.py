@@ -27,6 +27,7 @@ from psycopg.conninfo import conninfo_to_dict
 
 from mos_lease.errors import ConfigurationError, StoreUnavailable
 from mos_lease_pg.translate import unavailable_on_checkout
+from mos_lease_pg.wire import Wire
 
 
 def _positive_or_none(_inst: object, attr: attrs.Attribute[Any], value: object) -> None:
@@ -137,17 +138,19 @@ class DedicatedConnection:
     def __init__(self, conninfo: str, settings: ConnectionSettings) -> None:
         self._conninfo = conninfo
         self._kwargs = connect_kwargs(conninfo, settings)
+        self._prepare = settings.prepare
         self._conn: psycopg.Connection[Any] | None = None
+        self._wire: Wire[psycopg.Connection[Any]] | None = None
         self._lock = threading.Lock()
         # Held for a whole call: psycopg serializes single statements on a connection, but
         # another thread's statement would join a pipeline (a batch) in progress.
         self._in_use = threading.Lock()
         self._closed = False
 
-    def _current(self) -> psycopg.Connection[Any]:
-        conn = self._conn
-        if conn is not None and not conn.closed and not conn.broken:
-            return conn
+    def _current(self) -> Wire[psycopg.Connection[Any]]:
+        wire = self._wire
+        if wire is not None and not wire.conn.closed:
+            return wire
         with self._lock:
             if self._closed:
                 raise StoreUnavailable("the store is closed")
@@ -161,10 +164,12 @@ class DedicatedConnection:
                 except psycopg.Error as exc:
                     raise unavailable_on_checkout(exc, pool_timeout=0) from exc
                 self._conn = conn
-            return conn
+                self._wire = Wire(conn, prepare=self._prepare)
+            assert self._wire is not None  # set together with the connection
+            return self._wire
 
     @contextmanager
-    def checkout(self) -> Iterator[psycopg.Connection[Any]]:
+    def checkout(self) -> Iterator[Wire[psycopg.Connection[Any]]]:
         with self._in_use:
             yield self._current()
 
@@ -174,6 +179,7 @@ class DedicatedConnection:
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None
+                self._wire = None
 
 
 class PooledConnection:
@@ -183,16 +189,17 @@ class PooledConnection:
                  settings: ConnectionSettings) -> None:
         self._pool = pool
         self._timeout = settings.pool_timeout
+        self._prepare = settings.prepare
 
     @contextmanager
-    def checkout(self) -> Iterator[psycopg.Connection[Any]]:
+    def checkout(self) -> Iterator[Wire[psycopg.Connection[Any]]]:
         try:
             conn = self._pool.getconn(timeout=self._timeout)
         except psycopg.Error as exc:  # PoolTimeout, PoolClosed, ... are psycopg errors too
             raise unavailable_on_checkout(exc, pool_timeout=self._timeout) from exc
         try:
             _check_autocommit(conn)
-            yield conn
+            yield Wire(conn, prepare=self._prepare)
         finally:
             # The pool replaces a connection that comes back broken.
             self._pool.putconn(conn)
@@ -207,15 +214,17 @@ class AsyncDedicatedConnection:
     def __init__(self, conninfo: str, settings: ConnectionSettings) -> None:
         self._conninfo = conninfo
         self._kwargs = connect_kwargs(conninfo, settings)
+        self._prepare = settings.prepare
         self._conn: psycopg.AsyncConnection[Any] | None = None
+        self._wire: Wire[psycopg.AsyncConnection[Any]] | None = None
         self._lock = asyncio.Lock()
         self._in_use = asyncio.Lock()  # see DedicatedConnection
         self._closed = False
 
-    async def _current(self) -> psycopg.AsyncConnection[Any]:
-        conn = self._conn
-        if conn is not None and not conn.closed and not conn.broken:
-            return conn
+    async def _current(self) -> Wire[psycopg.AsyncConnection[Any]]:
+        wire = self._wire
+        if wire is not None and not wire.conn.closed:
+            return wire
         async with self._lock:
             if self._closed:
                 raise StoreUnavailable("the store is closed")
@@ -229,10 +238,12 @@ class AsyncDedicatedConnection:
                 except psycopg.Error as exc:
                     raise unavailable_on_checkout(exc, pool_timeout=0) from exc
                 self._conn = conn
-            return conn
+                self._wire = Wire(conn, prepare=self._prepare)
+            assert self._wire is not None  # set together with the connection
+            return self._wire
 
     @asynccontextmanager
-    async def checkout(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+    async def checkout(self) -> AsyncIterator[Wire[psycopg.AsyncConnection[Any]]]:
         async with self._in_use:
             yield await self._current()
 
@@ -242,6 +253,7 @@ class AsyncDedicatedConnection:
             if self._conn is not None:
                 await self._conn.close()
                 self._conn = None
+                self._wire = None
 
 
 class AsyncPooledConnection:
@@ -251,16 +263,17 @@ class AsyncPooledConnection:
                  settings: ConnectionSettings) -> None:
         self._pool = pool
         self._timeout = settings.pool_timeout
+        self._prepare = settings.prepare
 
     @asynccontextmanager
-    async def checkout(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+    async def checkout(self) -> AsyncIterator[Wire[psycopg.AsyncConnection[Any]]]:
         try:
             conn = await self._pool.getconn(timeout=self._timeout)
         except psycopg.Error as exc:  # PoolTimeout, PoolClosed, ... are psycopg errors too
             raise unavailable_on_checkout(exc, pool_timeout=self._timeout) from exc
         try:
             _check_autocommit(conn)
-            yield conn
+            yield Wire(conn, prepare=self._prepare)
         finally:
             await self._pool.putconn(conn)
 

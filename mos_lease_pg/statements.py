@@ -28,6 +28,7 @@ from mos_lease.identity import LeaseIdentity
 from mos_lease.machine import Close, Insert, Renew, Rotate, Write
 from mos_lease.records import AuditEntry, AuditRecord, LeaseRow, Snapshot, WriteOutcome
 from mos_lease.vocabulary import LifecycleEvent, Outcome, Reason
+from mos_lease_pg.wire import Query
 
 T = TypeVar("T")
 Row = tuple[Any, ...]
@@ -52,15 +53,21 @@ def _statement_text(name: str) -> str:
 class Statement:
     name: str
     text: bytes  # bytes, so psycopg takes a text read from a file as a query
+    query: Query  # the same, as :class:`~mos_lease_pg.wire.Wire` sends it
+
+    @classmethod
+    def of(cls, name: str, text: str) -> Statement:
+        encoded = text.encode("utf-8")
+        return cls(name, encoded, Query.convert(encoded))
 
 
 def _statement(name: str) -> Statement:
-    return Statement(name, _statement_text(name).encode("utf-8"))
+    return Statement.of(name, _statement_text(name))
 
 
 def _guarded(name: str) -> Statement:
-    text = _statement_text("guarded_write.sql").replace("{write}", _statement_text(name).rstrip())
-    return Statement(name, text.encode("utf-8"))
+    return Statement.of(name, _statement_text("guarded_write.sql").replace(
+        "{write}", _statement_text(name).rstrip()))
 
 
 LOAD: Final = _statement("load.sql")
@@ -96,9 +103,6 @@ class Call(Generic[T]):
     params: Mapping[str, object]
     parse: Callable[[Sequence[Row]], T]
     kind: Kind = Kind.READ
-    # Whether the statement returns rows (asking psycopg for the description instead costs
-    # a dozen microseconds per call, a third of a validation's read).
-    returns_rows: bool = True
     # For writes: the audit event that exists exactly when the write committed.
     event_id: UUID | None = None
     identity: LeaseIdentity | None = None
@@ -287,7 +291,7 @@ def lock_order(calls: Sequence[Call[Any]]) -> list[int]:
 
 def record(entry: AuditEntry, offset: timedelta) -> Call[None]:
     return Call("audit record", RECORD, {"offset": offset, **_entry_params(entry)}, _nothing,
-                Kind.IDEMPOTENT_WRITE, returns_rows=False)
+                Kind.IDEMPOTENT_WRITE)
 
 
 def settle(identity: LeaseIdentity) -> Call[None]:

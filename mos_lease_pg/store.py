@@ -5,7 +5,9 @@
 also offer the :class:`mos_lease.ports.LeaseInspector` views. Everything they share (which
 statement, which parameters, how rows map back, what a failure means) lives in
 :class:`_StoreCore`, :mod:`mos_lease_pg.statements` and :mod:`mos_lease_pg.translate`; the
-classes below differ only in ``await``.
+classes below differ only in ``await``. A single statement goes out through
+:class:`mos_lease_pg.wire.Wire` (psycopg's adaptation and waiting without its cursor);
+pipelined batches use psycopg's cursors.
 
 Each operation is one statement, so one round trip and one transaction (``apply_many``
 pipelines its writes into one round trip; reconciling a write whose connection was lost
@@ -161,11 +163,10 @@ class PostgresLeaseStore(_StoreCore):
         """Send one statement. ``covers`` names the writes a combined statement stands for,
         so that a lost connection leaves each of them in doubt, not only the first."""
         for attempt in range(2):
-            with self._source.checkout() as conn:
+            with self._source.checkout() as wire:
                 try:
-                    cur = conn.execute(call.statement.text, call.params,
-                                       prepare=self.settings.prepare)
-                    rows = cur.fetchall() if call.returns_rows else []
+                    with wire.conn.lock:
+                        rows = wire.conn.wait(wire.execute(call.statement.query, call.params))
                 except psycopg.Error as exc:
                     failure = self._failed([call] if covers is None else covers(), exc)
                     if self._resend(call, failure, attempt):
@@ -180,7 +181,8 @@ class PostgresLeaseStore(_StoreCore):
         # that does not hold is not an error, so it does not disturb the others.
         if not calls:
             return []
-        with self._source.checkout() as conn:
+        with self._source.checkout() as wire:
+            conn = wire.conn
             try:
                 with conn.pipeline():
                     cursors = {i: conn.execute(calls[i].statement.text, calls[i].params,
@@ -267,11 +269,11 @@ class AsyncPostgresLeaseStore(_StoreCore):
         """Send one statement. ``covers`` names the writes a combined statement stands for,
         so that a lost connection leaves each of them in doubt, not only the first."""
         for attempt in range(2):
-            async with self._source.checkout() as conn:
+            async with self._source.checkout() as wire:
                 try:
-                    cur = await conn.execute(call.statement.text, call.params,
-                                             prepare=self.settings.prepare)
-                    rows = await cur.fetchall() if call.returns_rows else []
+                    async with wire.conn.lock:
+                        rows = await wire.conn.wait(
+                            wire.execute(call.statement.query, call.params))
                 except psycopg.Error as exc:
                     failure = self._failed([call] if covers is None else covers(), exc)
                     if self._resend(call, failure, attempt):
@@ -283,7 +285,8 @@ class AsyncPostgresLeaseStore(_StoreCore):
     async def _run_batch(self, calls: Sequence[Call[T]]) -> list[T]:
         if not calls:
             return []
-        async with self._source.checkout() as conn:
+        async with self._source.checkout() as wire:
+            conn = wire.conn
             try:
                 async with conn.pipeline():
                     cursors = {i: await conn.execute(calls[i].statement.text, calls[i].params,
