@@ -9,6 +9,7 @@ from datetime import timedelta
 from typing import Any
 from uuid import UUID, uuid4
 
+import attrs
 import psycopg
 from psycopg import sql
 
@@ -17,6 +18,7 @@ from mos_lease.machine import Write
 from mos_lease.records import AuditEntry
 from mos_lease.vocabulary import LifecycleEvent, Outcome
 from mos_lease_pg import PostgresLeaseStore, migrate, statements
+from mos_lease_pg.wire import Wire
 from tests.pg_support import (
     PgServer,
     create_database,
@@ -69,28 +71,39 @@ def create_schema(dsn: str, schema: str) -> None:
         conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
 
 
-def store_connection(store: PostgresLeaseStore) -> psycopg.Connection[Any]:
-    """The store's own dedicated connection, so raw floors run on the very connection (and
-    backend, and prepared-statement cache) the library uses. Reaches into the store: the
-    adapter deliberately has no public accessor for it."""
+def store_wire(store: PostgresLeaseStore) -> Wire[psycopg.Connection[Any]]:
+    """The store's own sender on its dedicated connection, so raw floors run on the very
+    connection (and backend, and prepared statements) the library uses. Reaches into the
+    store: the adapter deliberately has no public accessor for it."""
     source = store._source
     with source.checkout() as wire:
-        return wire.conn
+        return wire
+
+
+def store_connection(store: PostgresLeaseStore) -> psycopg.Connection[Any]:
+    return store_wire(store).conn
 
 
 # --- the raw statements, straight from the adapter --------------------------------------
 
 
-def raw_write(store: PostgresLeaseStore, write: Write, entry: AuditEntry) -> tuple[bytes, Params]:
-    """The exact text and parameters the store sends for ``write``: built by
-    ``mos_lease_pg.statements`` itself, so the floor cannot drift from the library."""
+@attrs.frozen
+class Raw:
+    """One statement and its parameters exactly as the store builds them (by
+    ``mos_lease_pg.statements`` itself, so a floor cannot drift from the library)."""
+
+    statement: statements.Statement
+    params: Params
+
+
+def raw_write(store: PostgresLeaseStore, write: Write, entry: AuditEntry) -> Raw:
     call = statements.apply(write, entry, store.time_offset)
-    return call.statement.text, call.params
+    return Raw(call.statement, call.params)
 
 
-def raw_load(store: PostgresLeaseStore, identity: LeaseIdentity) -> tuple[bytes, Params]:
+def raw_load(store: PostgresLeaseStore, identity: LeaseIdentity) -> Raw:
     call = statements.load(identity, store.time_offset)
-    return call.statement.text, call.params
+    return Raw(call.statement, call.params)
 
 
 def entry(event: LifecycleEvent, outcome: Outcome, identity: LeaseIdentity, connector_id: str,
@@ -99,10 +112,17 @@ def entry(event: LifecycleEvent, outcome: Outcome, identity: LeaseIdentity, conn
                       uuid4().hex)
 
 
-def run_raw(conn: psycopg.Connection[Any], text: bytes, params: Params) -> tuple[Any, ...]:
-    """Send one statement prepared, as the store does, and return its single row."""
-    rows: list[tuple[Any, ...]] = conn.execute(text, params, prepare=True).fetchall()
+def run_raw(conn: psycopg.Connection[Any], raw: Raw) -> tuple[Any, ...]:
+    """Send one statement prepared, the plain psycopg way, and return its single row."""
+    rows: list[tuple[Any, ...]] = conn.execute(raw.statement.text, raw.params,
+                                               prepare=True).fetchall()
     return rows[0]
+
+
+def run_wire(wire: Wire[psycopg.Connection[Any]], raw: Raw) -> tuple[Any, ...]:
+    """Send one statement the way the store sends it (prepared, through its
+    :class:`~mos_lease_pg.wire.Wire`) and return its single row: the libpq-level floor."""
+    return wire.conn.wait(wire.execute(raw.statement.query, raw.params))[0]
 
 
 def written(row: tuple[Any, ...]) -> bool:

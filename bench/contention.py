@@ -92,13 +92,13 @@ def worker(number: int, dsn: str, identities: dict[str, tuple[str, str, str]],
                 for r in range(block.rounds):
                     expected = epoch[block.mode]
                     if block.mode == "raw":
-                        text, params = raw_write(
+                        raw = raw_write(
                             store, Rotate(identity, expected, True, uuid4(), me, SCOPES, TTL),
                             entry(LifecycleEvent.TAKEOVER, Outcome.TAKEN_OVER, identity, me,
                                   expected + 1))
                     barrier.wait(BARRIER_TIMEOUT)
                     if block.mode == "raw":
-                        won, reason, failure = written(run_raw(conn, text, params)), "", ""
+                        won, reason, failure = written(run_raw(conn, raw)), "", ""
                     else:
                         try:
                             result = coord.takeover(identity, me, scopes=SCOPES, ttl=LEASE_TTL,

@@ -152,19 +152,25 @@ def _single_figures(report: Report, one: single.SingleResults) -> None:
     figures["validate_vs_raw"] = throughput_ratio(v["library"], v["raw"])
     figures["validate_vs_select1"] = throughput_ratio(v["library"], v["select1"])
     figures["validate_p99_vs_raw"] = v["library"].p99_us / v["raw"].p99_us
+    figures["validate_vs_wire"] = throughput_ratio(v["library"], v["wire"])
     report.series("validate", "library validate()", v["library"], "ops/s",
                   f"{_ratio_text(figures['validate_vs_raw'], 'raw')}, "
+                  f"{_ratio_text(figures['validate_vs_wire'], 'wire')}, "
                   f"{_ratio_text(figures['validate_vs_select1'], 'SELECT 1')}")
     report.series("validate", "raw load.sql", v["raw"], "ops/s")
+    report.series("validate", "wire load.sql", v["wire"], "ops/s")
     report.series("validate", "raw SELECT 1", v["select1"], "ops/s")
     for op in ("heartbeat", "acquire", "takeover", "release"):
         c = one.comparisons[op]
         figures[f"{op}_vs_raw"] = throughput_ratio(c["library"], c["raw"])
         figures[f"{op}_vs_naive"] = throughput_ratio(c["library"], c["naive"])
+        figures[f"{op}_vs_wire"] = throughput_ratio(c["library"], c["wire"])
         report.series(op, f"library {op}()", c["library"], "ops/s",
                       f"{_ratio_text(figures[f'{op}_vs_raw'], 'raw')}, "
+                      f"{_ratio_text(figures[f'{op}_vs_wire'], 'wire')}, "
                       f"{_ratio_text(figures[f'{op}_vs_naive'], 'naive')}")
         report.series(op, "raw statement", c["raw"], "ops/s")
+        report.series(op, "wire statement", c["wire"], "ops/s")
         report.series(op, "naive 5 round trips", c["naive"], "ops/s")
     b = one.comparisons["batch"]
     figures["batch_heartbeat_vs_single"] = throughput_ratio(b["batch"], b["single"])

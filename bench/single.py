@@ -26,11 +26,13 @@ from common import (
     SCOPES,
     TTL,
     CorrectnessError,
-    Params,
+    Raw,
     entry,
     raw_load,
     raw_write,
     run_raw,
+    run_wire,
+    store_wire,
     written,
 )
 from measure import Case, Series, interleave
@@ -82,6 +84,7 @@ class Bench:
                  tenant: str) -> None:
         self.store = store
         self.conn = conn
+        self.wire = store_wire(store)
         self.tenant = tenant
         self.coord = ConnectorLeaseCoordinator(store, AllowAllPolicy())
         self.naive = Naive(conn)
@@ -143,34 +146,46 @@ def validate_cases(bench: Bench) -> list[Case]:
         if result.context is None:
             raise CorrectnessError(f"validate refused: {result.reason}")
 
-    text, params = raw_load(bench.store, identity)
+    load = raw_load(bench.store, identity)
+    wire = bench.wire
 
     def raw(_i: int) -> None:
-        run_raw(conn, text, params)
+        run_raw(conn, load)
+
+    def wired(_i: int) -> None:
+        run_wire(wire, load)
 
     def select1(_i: int) -> None:
         conn.execute(b"SELECT 1", prepare=True).fetchall()
 
     return [Case("library", library, setup=holder.refresh), Case("raw", raw),
-            Case("select1", select1)]
+            Case("wire", wired), Case("select1", select1)]
 
 
 # --- lifecycle writes --------------------------------------------------------------------
 
 
-def _raw_case(conn: psycopg.Connection[Any], build: Callable[[int], list[tuple[bytes, Params]]],
-              what: str) -> Case:
-    prepared: list[tuple[bytes, Params]] = []
+def _raw_cases(bench: Bench, builder: Callable[[], Callable[[int], list[Raw]]],
+               what: str) -> list[Case]:
+    """The statement sent the plain psycopg way ("raw") and the way the store sends it
+    ("wire"). ``builder()`` gives each case its own lease(s); the parameters of a block are
+    built before it, untimed."""
+    def case(name: str, send: Callable[[Raw], tuple[Any, ...]]) -> Case:
+        prepared: list[Raw] = []
+        build = builder()
 
-    def setup(n: int) -> None:
-        prepared[:] = build(n)
+        def setup(n: int) -> None:
+            prepared[:] = build(n)
 
-    def call(i: int) -> None:
-        text, params = prepared[i]
-        if not written(run_raw(conn, text, params)):
-            raise CorrectnessError(f"raw {what} refused")
+        def call(i: int) -> None:
+            if not written(send(prepared[i])):
+                raise CorrectnessError(f"{name} {what} refused")
 
-    return Case("raw", call, setup=setup)
+        return Case(name, call, setup=setup)
+
+    conn, wire = bench.conn, bench.wire
+    return [case("raw", lambda raw: run_raw(conn, raw)),
+            case("wire", lambda raw: run_wire(wire, raw))]
 
 
 def heartbeat_cases(bench: Bench) -> list[Case]:
@@ -182,14 +197,13 @@ def heartbeat_cases(bench: Bench) -> list[Case]:
         if not result.ok:
             raise CorrectnessError(f"heartbeat refused: {result.reason}")
 
-    raw_lease = bench.acquire("heartbeat")
-
-    def build_raw(n: int) -> list[tuple[bytes, Params]]:
-        h = raw_lease
-        return [raw_write(store, Renew(h.identity, h.connector_id, h.lease_id, h.epoch, TTL),
-                          entry(LifecycleEvent.HEARTBEAT, Outcome.RENEWED, h.identity,
-                                h.connector_id, h.epoch))
-                for _ in range(n)]
+    def builder() -> Callable[[int], list[Raw]]:
+        h = bench.acquire("heartbeat")
+        return lambda n: [
+            raw_write(store, Renew(h.identity, h.connector_id, h.lease_id, h.epoch, TTL),
+                      entry(LifecycleEvent.HEARTBEAT, Outcome.RENEWED, h.identity,
+                            h.connector_id, h.epoch))
+            for _ in range(n)]
 
     naive_lease = bench.acquire("heartbeat")
 
@@ -197,7 +211,7 @@ def heartbeat_cases(bench: Bench) -> list[Case]:
         h = naive_lease
         bench.naive.heartbeat(h.identity, h.connector_id, h.lease_id, h.epoch, TTL)
 
-    return [Case("library", library), _raw_case(bench.conn, build_raw, "heartbeat"),
+    return [Case("library", library), *_raw_cases(bench, builder, "heartbeat"),
             Case("naive", naive)]
 
 
@@ -210,11 +224,11 @@ def acquire_cases(bench: Bench) -> list[Case]:
         if not result.ok:
             raise CorrectnessError(f"acquire refused: {result.reason}")
 
-    def build_raw(n: int) -> list[tuple[bytes, Params]]:
-        return [raw_write(store, Insert(identity, uuid4(), CONNECTOR, SCOPES, TTL),
-                          entry(LifecycleEvent.ACQUIRE, Outcome.ACQUIRED, identity, CONNECTOR,
-                                1))
-                for identity in bench.identities("acquire-raw", n)]
+    def builder() -> Callable[[int], list[Raw]]:
+        return lambda n: [
+            raw_write(store, Insert(identity, uuid4(), CONNECTOR, SCOPES, TTL),
+                      entry(LifecycleEvent.ACQUIRE, Outcome.ACQUIRED, identity, CONNECTOR, 1))
+            for identity in bench.identities("acquire-raw", n)]
 
     naive_ids: list[LeaseIdentity] = []
 
@@ -224,7 +238,7 @@ def acquire_cases(bench: Bench) -> list[Case]:
     return [
         Case("library", library,
              setup=lambda n: lib_ids.__setitem__(slice(None), bench.identities("acq-lib", n))),
-        _raw_case(bench.conn, build_raw, "acquire"),
+        *_raw_cases(bench, builder, "acquire"),
         Case("naive", naive,
              setup=lambda n: naive_ids.__setitem__(slice(None),
                                                    bench.identities("acq-naive", n))),
@@ -250,16 +264,18 @@ def takeover_cases(bench: Bench) -> list[Case]:
             raise CorrectnessError(f"takeover refused: {result.reason}")
         lib_epoch.value = result.lease.epoch
 
-    raw_lease = bench.acquire("takeover")
-    raw_epoch = _Epoch(raw_lease.epoch)
+    def builder() -> Callable[[int], list[Raw]]:
+        raw_lease = bench.acquire("takeover")
+        raw_epoch = _Epoch(raw_lease.epoch)
 
-    def build_raw(n: int) -> list[tuple[bytes, Params]]:
-        identity, first = raw_lease.identity, raw_epoch.value
-        raw_epoch.value += n  # every prepared call is expected to win its compare-and-set
-        return [raw_write(store, Rotate(identity, e, True, uuid4(), CONNECTOR, SCOPES, TTL),
-                          entry(LifecycleEvent.TAKEOVER, Outcome.TAKEN_OVER, identity,
-                                CONNECTOR, e + 1))
-                for e in range(first, first + n)]
+        def build(n: int) -> list[Raw]:
+            identity, first = raw_lease.identity, raw_epoch.value
+            raw_epoch.value += n  # every prepared call is expected to win its compare-and-set
+            return [raw_write(store, Rotate(identity, e, True, uuid4(), CONNECTOR, SCOPES, TTL),
+                              entry(LifecycleEvent.TAKEOVER, Outcome.TAKEN_OVER, identity,
+                                    CONNECTOR, e + 1))
+                    for e in range(first, first + n)]
+        return build
 
     naive_lease = bench.acquire("takeover")
     naive_epoch = _Epoch(naive_lease.epoch)
@@ -269,7 +285,7 @@ def takeover_cases(bench: Bench) -> list[Case]:
                              naive_epoch.value, preempt_active=True)
         naive_epoch.value += 1
 
-    return [Case("library", library), _raw_case(bench.conn, build_raw, "takeover"),
+    return [Case("library", library), *_raw_cases(bench, builder, "takeover"),
             Case("naive", naive)]
 
 
@@ -282,11 +298,12 @@ def release_cases(bench: Bench) -> list[Case]:
         if not result.ok:
             raise CorrectnessError(f"release refused: {result.reason}")
 
-    def build_raw(n: int) -> list[tuple[bytes, Params]]:
-        return [raw_write(store, Close(h.identity, h.connector_id, h.lease_id, h.epoch),
-                          entry(LifecycleEvent.RELEASE, Outcome.RELEASED, h.identity,
-                                h.connector_id, h.epoch))
-                for h in bench.acquire_many("release-raw", n)]
+    def builder() -> Callable[[int], list[Raw]]:
+        return lambda n: [
+            raw_write(store, Close(h.identity, h.connector_id, h.lease_id, h.epoch),
+                      entry(LifecycleEvent.RELEASE, Outcome.RELEASED, h.identity,
+                            h.connector_id, h.epoch))
+            for h in bench.acquire_many("release-raw", n)]
 
     naive_leases: list[LeaseHandle] = []
 
@@ -298,7 +315,7 @@ def release_cases(bench: Bench) -> list[Case]:
         Case("library", library,
              setup=lambda n: lib_leases.__setitem__(slice(None),
                                                     bench.acquire_many("rel-lib", n))),
-        _raw_case(bench.conn, build_raw, "release"),
+        *_raw_cases(bench, builder, "release"),
         Case("naive", naive,
              setup=lambda n: naive_leases.__setitem__(slice(None),
                                                       bench.acquire_many("rel-naive", n))),

@@ -112,8 +112,9 @@ class Call(Generic[T]):
 
 
 def _utc(value: datetime) -> datetime:
-    # The session time zone decides how timestamptz arrives; the core works in UTC.
-    return value.astimezone(UTC)
+    # The session time zone decides how timestamptz arrives; the core works in UTC. A UTC
+    # session (the default settings) delivers them in UTC already: no conversion then.
+    return value if value.tzinfo is UTC else value.astimezone(UTC)
 
 
 def _maybe_utc(value: datetime | None) -> datetime | None:
