@@ -7,6 +7,7 @@ nothing is read or written.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 import unicodedata
@@ -43,9 +44,9 @@ def check_id(field: str, value: object) -> str:
     ids differ (surrounding whitespace, control or format characters) is refused rather than
     silently cleaned up.
     """
-    if not isinstance(value, str):
-        raise InvalidInput(field, f"must be a str, not {type(value).__name__}")
-    if type(value) is not str:
+    if type(value) is not str:  # tested first: plain str is the common case
+        if not isinstance(value, str):
+            raise InvalidInput(field, f"must be a str, not {type(value).__name__}")
         # A str subclass could override comparison and make every fencing check pass:
         # continue with the plain string it holds.
         value = str.__str__(value)
@@ -112,8 +113,44 @@ def check_identity(field: str, value: object) -> LeaseIdentity:
     return LeaseIdentity(tenant, agent, binding)
 
 
+# Scope tuples the full check below has already produced. Only tuples of plain ``str`` are
+# remembered or looked up: a str subclass could compare equal to a remembered scope without
+# being one. (Plain strings also mean a lookup runs no Python code: it is atomic under the
+# GIL.) Cleared when full, so caller-chosen scopes cannot grow it without bound.
+_NORMALIZED_SCOPES: set[Scopes] = set()
+_MAX_NORMALIZED_SCOPES: Final = 128
+
+
+def _plain_scopes(value: object) -> Scopes | None:
+    """``value`` as a tuple if it is a plain tuple or list of at most ``MAX_SCOPES`` plain
+    ``str`` (subclasses of either could lie about their items), else ``None``."""
+    if type(value) is not tuple and type(value) is not list:
+        return None
+    if len(value) > MAX_SCOPES:  # longer than any normalized tuple: not worth copying
+        return None
+    candidate = tuple(value)  # an exact tuple is returned as is, not copied
+    for item in candidate:
+        if type(item) is not str:
+            return None
+    return candidate
+
+
 def normalize_scopes(field: str, value: object) -> Scopes:
     """Deduplicate and sort scopes, refusing anything outside the grammar."""
+    plain = _plain_scopes(value)
+    if plain is not None and plain in _NORMALIZED_SCOPES:
+        # The common case: scopes handed back as they were returned before. Plain strings
+        # compare exactly, so ``plain`` equals, item for item, a tuple that was normalized.
+        return plain
+    scopes = _normalize_scopes(field, value)
+    if _plain_scopes(scopes) is not None:
+        if len(_NORMALIZED_SCOPES) >= _MAX_NORMALIZED_SCOPES:
+            _NORMALIZED_SCOPES.clear()
+        _NORMALIZED_SCOPES.add(scopes)
+    return scopes
+
+
+def _normalize_scopes(field: str, value: object) -> Scopes:
     if isinstance(value, str | bytes):
         # A bare string is iterable; treating "tool:run" as eight one-letter scopes would
         # be a silent privilege bug.
@@ -121,12 +158,14 @@ def normalize_scopes(field: str, value: object) -> Scopes:
     if not isinstance(value, Iterable):
         raise InvalidInput(field, f"must be a collection of str, not {type(value).__name__}")
     seen: set[str] = set()
-    for count, item in enumerate(value, start=1):
+    for count, given in enumerate(value, start=1):
         if count > MAX_SCOPE_ITEMS:
             # Counted before deduplication, so an endless iterator cannot hang the caller.
             raise InvalidInput(field, f"at most {MAX_SCOPE_ITEMS} scope items")
-        if not isinstance(item, str):
-            raise InvalidInput(field, f"scopes must be str, not {type(item).__name__}")
+        if not isinstance(given, str):
+            raise InvalidInput(field, f"scopes must be str, not {type(given).__name__}")
+        # A subclass could lie in the subset checks: continue with the plain string it holds.
+        item = given if type(given) is str else str.__str__(given)
         if len(item) > MAX_SCOPE_LENGTH:
             raise InvalidInput(field, f"a scope must be at most {MAX_SCOPE_LENGTH} characters")
         if not _SCOPE_RE.fullmatch(item):
@@ -135,6 +174,17 @@ def normalize_scopes(field: str, value: object) -> Scopes:
         if len(seen) > MAX_SCOPES:
             raise InvalidInput(field, f"at most {MAX_SCOPES} distinct scopes")
     return tuple(sorted(seen))
+
+
+_NO_TIME: Final = timedelta(0)
+
+
+# Converting seconds to a timedelta is the dearest step of a TTL check, and callers pass the
+# same few TTLs over and over. The key is always a plain float (``float()`` never returns a
+# subclass), so a cached answer is exactly the one a new conversion would give.
+@functools.lru_cache(maxsize=64)
+def _seconds(value: float) -> timedelta:
+    return timedelta(seconds=value)
 
 
 def normalize_ttl(field: str, value: object, cap: timedelta) -> timedelta:
@@ -152,10 +202,10 @@ def normalize_ttl(field: str, value: object, cap: timedelta) -> timedelta:
             raise InvalidInput(field, "must be positive")
         if value > cap.total_seconds():
             raise InvalidInput(field, f"must be at most {cap.total_seconds():g} s")
-        ttl = timedelta(seconds=float(value))
+        ttl = _seconds(float(value))
     else:
         raise InvalidInput(field, f"must be seconds or a timedelta, not {type(value).__name__}")
-    if ttl <= timedelta(0):
+    if ttl <= _NO_TIME:
         raise InvalidInput(field, "must be positive (at least 1 microsecond)")
     if ttl > cap:
         raise InvalidInput(field, f"must be at most {cap.total_seconds():g} s")
@@ -163,9 +213,9 @@ def normalize_ttl(field: str, value: object, cap: timedelta) -> timedelta:
 
 
 def check_epoch(field: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidInput(field, f"must be an int, not {type(value).__name__}")
-    if type(value) is not int:
+    if type(value) is not int:  # tested first: plain int is the common case
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise InvalidInput(field, f"must be an int, not {type(value).__name__}")
         value = int.__index__(value)  # a subclass could lie in comparisons
     if not 1 <= value <= MAX_EPOCH:
         raise InvalidInput(field, f"must be between 1 and {MAX_EPOCH}")

@@ -251,12 +251,10 @@ def presented_epoch(command: Command) -> int | None:
 
 def audit_entry(command: Command, reason: Reason | None, epoch: int | None) -> AuditEntry:
     event, success = _SUCCESS[type(command)]
-    return AuditEntry(
-        event_id=command.event_id, event=event,
-        outcome=Outcome.DENIED if reason is not None else success, reason=reason,
-        identity=command.identity, connector_id=command.connector_id, epoch=epoch,
-        correlation_id=command.correlation_id,
-    )
+    outcome = Outcome.DENIED if reason is not None else success
+    # Positional, in field order (keywords cost a third more on every lifecycle call).
+    return AuditEntry(command.event_id, event, outcome, reason, command.identity,
+                      command.connector_id, epoch, command.correlation_id)
 
 
 def plan(command: Command) -> Write | None:
@@ -386,6 +384,7 @@ def grant_refusal(
     if reason is not None:
         return reason
     assert row is not None
-    if not (set(requested).issubset(granted_scopes) and set(requested).issubset(row.scopes)):
+    wanted = set(requested)
+    if not (wanted.issubset(granted_scopes) and wanted.issubset(row.scopes)):
         return Reason.SCOPE_NOT_AUTHORIZED
     return None

@@ -1,0 +1,235 @@
+"""The hot paths' shortcuts: each must give exactly the answer of the full check it skips,
+and none may be reachable by a caller-side object that lies about what it is."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+from uuid import UUID
+
+import attrs
+import pytest
+
+from mos_lease import (
+    LEASE_TTL_CAP,
+    AllowAllPolicy,
+    ConnectorLeaseCoordinator,
+    InvalidInput,
+    LeaseHandle,
+    LeaseIdentity,
+    Outcome,
+    PolicyRequest,
+    PolicyVerdict,
+    Reason,
+)
+from mos_lease import identity as identity_module
+from mos_lease.coordinator import _check_handle
+from mos_lease.identity import MAX_SCOPES, normalize_scopes, normalize_ttl
+from mos_lease.machine import ALLOW
+
+IDENT = LeaseIdentity("acme", "agent-1", "binding-1")
+SCOPES = ("tool:read", "tool:run")
+
+
+class LyingStr(str):
+    """Equal to everything, and hashing like the string it claims to be."""
+
+    __slots__ = ()
+    claims = "tool:run"
+
+    def __eq__(self, other: object) -> bool:
+        return True
+
+    def __ne__(self, other: object) -> bool:
+        return False
+
+    def __hash__(self) -> int:
+        return hash(self.claims)
+
+
+class LyingInt(int):
+    def __eq__(self, other: object) -> bool:
+        return True
+
+    def __ne__(self, other: object) -> bool:
+        return False
+
+    __hash__ = int.__hash__
+
+
+class RecordingPolicy:
+    def __init__(self) -> None:
+        self.requests: list[PolicyRequest] = []
+
+    def authorize(self, request: PolicyRequest) -> PolicyVerdict:
+        self.requests.append(request)
+        return ALLOW
+
+
+def _held() -> tuple[ConnectorLeaseCoordinator, LeaseHandle]:
+    coordinator = ConnectorLeaseCoordinator(None, AllowAllPolicy())
+    lease = coordinator.acquire(IDENT, "conn-a", scopes=SCOPES, ttl=60).lease
+    assert lease is not None
+    return coordinator, lease
+
+
+def _with(lease: LeaseHandle, field: str, value: object) -> LeaseHandle:
+    """``lease`` with one field replaced, bypassing the field's type."""
+    changes: dict[str, Any] = {field: value}
+    return attrs.evolve(lease, **changes)
+
+
+# --- scopes ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", [
+    ("tool:run",), ["tool:run"], SCOPES, list(SCOPES), ("tool:run", "tool:read"),
+    ["b", "a", "b"], (), [],
+], ids=repr)
+def test_remembered_scopes_give_the_full_checks_answer(value: object) -> None:
+    expected = identity_module._normalize_scopes("scopes", value)
+    for _ in range(3):  # the first call remembers, the later ones may take the shortcut
+        got = normalize_scopes("scopes", value)
+        assert got == expected and type(got) is tuple
+        assert all(type(item) is str for item in got)
+
+
+def test_a_lying_str_cannot_pass_as_a_remembered_scope() -> None:
+    """It compares and hashes like the remembered "tool:run" but holds text outside the
+    grammar: only the full check may look at it, and that refuses it."""
+    assert normalize_scopes("scopes", ("tool:run",)) == ("tool:run",)
+    liar = LyingStr("NOT A SCOPE")
+    for value in [(liar,), [liar]]:
+        with pytest.raises(InvalidInput, match="does not match"):
+            normalize_scopes("scopes", value)
+
+
+def test_a_str_subclass_scope_is_reduced_to_the_plain_string_it_holds() -> None:
+    """A subclass holding valid text could still lie in the subset checks later."""
+    (got,) = normalize_scopes("scopes", [LyingStr("tool:run")])
+    assert type(got) is str and got == "tool:run"
+
+
+def test_a_tuple_subclass_is_iterated_like_any_other_collection() -> None:
+    class Sneaky(tuple[str, ...]):
+        def __iter__(self) -> Iterator[str]:
+            yield "Tool:Run"
+
+    assert normalize_scopes("scopes", ("tool:run",)) == ("tool:run",)
+    with pytest.raises(InvalidInput, match="does not match"):
+        normalize_scopes("scopes", Sneaky(("tool:run",)))
+
+
+def test_remembered_scopes_are_bounded() -> None:
+    for i in range(3 * identity_module._MAX_NORMALIZED_SCOPES):
+        normalize_scopes("scopes", (f"scope-{i}",))
+        assert len(identity_module._NORMALIZED_SCOPES) <= (
+            identity_module._MAX_NORMALIZED_SCOPES)
+
+
+def test_too_many_scopes_stay_refused() -> None:
+    many = [f"s{i}" for i in range(MAX_SCOPES + 1)]
+    for _ in range(2):
+        with pytest.raises(InvalidInput, match="distinct scopes"):
+            normalize_scopes("scopes", many)
+
+
+# --- TTLs ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", [1, 10, 60, 300, 0.5, 1e-6, 299.9999994, 60.0],
+                         ids=repr)
+def test_remembered_ttl_conversions_give_the_full_answer(value: float) -> None:
+    for _ in range(2):
+        got = normalize_ttl("ttl", value, LEASE_TTL_CAP)
+        assert got == timedelta(seconds=float(value)) and type(got) is timedelta
+
+
+@pytest.mark.parametrize("value", [1e-7, 0, -1, math.nan, 300.001], ids=repr)
+def test_remembered_ttl_conversions_keep_refusing(value: float) -> None:
+    for _ in range(2):
+        with pytest.raises(InvalidInput):
+            normalize_ttl("ttl", value, LEASE_TTL_CAP)
+
+
+def test_remembered_ttl_conversions_are_bounded() -> None:
+    for i in range(1, 500):
+        normalize_ttl("ttl", i / 2, LEASE_TTL_CAP)
+    info = identity_module._seconds.cache_info()
+    assert info.maxsize is not None and info.currsize <= info.maxsize
+
+
+# --- lease handles ---------------------------------------------------------------------------
+
+
+def test_a_plain_checked_handle_is_used_as_is() -> None:
+    _, lease = _held()
+    assert _check_handle(lease) is lease
+
+
+@pytest.mark.parametrize("field", ["identity", "connector_id", "lease_id", "epoch", "scopes"])
+def test_a_handle_holding_a_subclass_is_rebuilt_from_plain_values(field: str) -> None:
+    _, lease = _held()
+
+    class IdentitySub(LeaseIdentity):
+        pass
+
+    class UUIDSub(UUID):
+        pass
+
+    value: object = {
+        "identity": IdentitySub("acme", "agent-1", "binding-1"),
+        "connector_id": LyingStr("conn-a"),
+        "lease_id": UUIDSub(int=lease.lease_id.int),
+        "epoch": LyingInt(lease.epoch),
+        "scopes": list(lease.scopes),
+    }[field]
+    odd = _with(lease, field, value)
+    checked = _check_handle(odd)
+    assert checked is not odd and checked == lease
+    assert type(checked.identity) is LeaseIdentity and type(checked.connector_id) is str
+    assert type(checked.lease_id) is UUID and type(checked.epoch) is int
+    assert type(checked.scopes) is tuple
+
+
+def test_a_handle_subclass_is_rebuilt() -> None:
+    class HandleSub(LeaseHandle):
+        pass
+
+    _, lease = _held()
+    odd = HandleSub(lease.identity, lease.connector_id, lease.lease_id, lease.epoch,
+                    lease.scopes, lease.expires_at)
+    checked = _check_handle(odd)
+    assert type(checked) is LeaseHandle and checked == lease
+
+
+@pytest.mark.parametrize(("field", "value", "reason"), [
+    ("connector_id", LyingStr("conn-b"), Reason.LEASE_REPLACED),
+    ("epoch", LyingInt(7), Reason.EPOCH_MISMATCH),
+])
+def test_lying_handle_fields_take_no_part_in_fencing(field: str, value: object,
+                                                     reason: Reason) -> None:
+    """Were the handle used as is, the liar would match the row in every comparison."""
+    coordinator, lease = _held()
+    odd = _with(lease, field, value)
+    for result in (coordinator.heartbeat(odd, ttl=10), coordinator.release(odd)):
+        assert result.outcome is Outcome.DENIED and result.reason is reason
+    assert coordinator.heartbeat(lease, ttl=10).ok
+
+
+def test_the_policy_sees_every_call_with_normalized_values() -> None:
+    policy = RecordingPolicy()
+    coordinator = ConnectorLeaseCoordinator(None, policy)
+    lease = coordinator.acquire(IDENT, "conn-a", scopes=["tool:run", "tool:read"],
+                                ttl=60).lease
+    assert lease is not None
+    for _ in range(3):
+        assert coordinator.heartbeat(lease, ttl=30).ok
+    assert len(policy.requests) == 4
+    for request in policy.requests:
+        assert request.scopes == SCOPES and type(request.scopes) is tuple
+        assert all(type(scope) is str for scope in request.scopes)
+        assert type(request.ttl) is timedelta
+    assert [r.ttl for r in policy.requests[1:]] == [timedelta(seconds=30)] * 3
