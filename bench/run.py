@@ -172,6 +172,14 @@ def _single_figures(report: Report, one: single.SingleResults) -> None:
         report.series(op, "raw statement", c["raw"], "ops/s")
         report.series(op, "wire statement", c["wire"], "ops/s")
         report.series(op, "naive 5 round trips", c["naive"], "ops/s")
+    c = one.comparisons["heartbeat_no_flush"]
+    figures["heartbeat_vs_naive_no_flush"] = throughput_ratio(c["library"], c["naive"])
+    figures["heartbeat_vs_raw_no_flush"] = throughput_ratio(c["library"], c["raw"])
+    report.series("no flush", "library heartbeat()", c["library"], "ops/s",
+                  f"{_ratio_text(figures['heartbeat_vs_raw_no_flush'], 'raw')}, "
+                  f"{_ratio_text(figures['heartbeat_vs_naive_no_flush'], 'naive')}")
+    report.series("no flush", "raw statement", c["raw"], "ops/s")
+    report.series("no flush", "naive 5 round trips", c["naive"], "ops/s")
     b = one.comparisons["batch"]
     figures["batch_heartbeat_vs_single"] = throughput_ratio(b["batch"], b["single"])
     report.series("batch", f"heartbeat_many({single.BATCH})", b["batch"], "leases/s",
