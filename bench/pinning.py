@@ -2,7 +2,7 @@
 
 On a 2-core machine a single-connection round trip costs ~13 µs when client and backend
 share a core and ~65 µs more per wake-up when they do not, and an unpinned run flips
-between the two (NOTES.md). Ratios measured side by side on one connection only mean
+between the two. Ratios measured side by side on one connection only mean
 something when every case runs with the same placement, so the single-connection cases run
 with this process and its backend(s) on one core, where that can be arranged: the server is
 on this machine, its backend process is visible here, and ``taskset`` exists.

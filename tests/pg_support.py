@@ -1,6 +1,6 @@
 """Finding a PostgreSQL server for the tests, and making throwaway databases on it.
 
-Discovery order (DESIGN.md):
+Discovery order:
 
 1. ``MOS_LEASE_TEST_DSN``, if set (and then nothing else: an explicit setting that does not
    work is an error, not a reason to test against something else);

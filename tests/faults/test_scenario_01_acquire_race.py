@@ -51,7 +51,7 @@ def test_acquire_race(pg_dsn: str, admin: psycopg.Connection[Any], soak: bool,
     other = [r for r in acquires if r.status not in (Status.OK, Status.DENIED)]
     crashes = sum(len(s["crashes"]) for s in summaries)
 
-    figures.add("issue figure / this run", f"{PROCESSES} x 500 / {PROCESSES} x {count}")
+    figures.add("spec. figure / this run", f"{PROCESSES} x 500 / {PROCESSES} x {count}")
     figures.counts("processes x identities raced", PROCESSES * count,
                    PROCESSES * len({r.identity for r in acquires}))
     figures.add("acquire calls recorded", len(acquires), f"{PROCESSES * count}",

@@ -64,7 +64,7 @@ def test_takeover_storm(pg_dsn: str, admin: psycopg.Connection[Any], soak: bool,
     crashes = sum(len(s["crashes"]) for s in summaries)
     top = {f.identity: f.epoch for f in finals}
 
-    figures.add("issue figure / this run", f"{CONTENDERS} x 1000 / {CONTENDERS} x {rounds}")
+    figures.add("spec. figure / this run", f"{CONTENDERS} x 1000 / {CONTENDERS} x {rounds}")
     figures.counts("contender rounds", CONTENDERS * rounds, rounds_done)
     figures.add("takeovers won / attempted", f"{len(won)} / {len(takeovers)}")
     figures.add("epochs reached", ", ".join(str(e) for e in sorted(top.values())),

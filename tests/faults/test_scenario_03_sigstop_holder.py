@@ -122,7 +122,7 @@ def test_sigstop_holder(pg_dsn: str, admin: psycopg.Connection[Any], soak: bool,
     reasons = Counter(r.reason for r in late if r.status is Status.DENIED)
     by_mode = Counter(mode for mode in MODES for _ in range(waves * per_wave // 2))
 
-    figures.add("issue figure / this run", f"SIGSTOP past lease, rival takeover, resume / "
+    figures.add("spec. figure / this run", f"SIGSTOP past lease, rival takeover, resume / "
                 f"{trials} holders ({by_mode['expired']} expired, {by_mode['preempted']} "
                 f"preempted while frozen)")
     figures.counts("trials", waves * per_wave, trials)

@@ -87,7 +87,7 @@ def test_gateway_sigkill(pg_dsn: str, admin: psycopg.Connection[Any], soak: bool
     waits = [float(w) for s in summaries for w in s["waits"]]
     crashes = sum(len(s["crashes"]) for s in summaries)
 
-    figures.add("issue figure / this run", f"200 trials / {kills} kills "
+    figures.add("spec. figure / this run", f"200 trials / {kills} kills "
                 f"({CHAINS} chains x {trials_per_chain})")
     figures.counts("SIGKILL trials", CHAINS * trials_per_chain, kills)
     figures.add("kills that cut a call in flight", dict(cut_ops.most_common()),

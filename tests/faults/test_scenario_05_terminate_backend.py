@@ -504,7 +504,7 @@ def test_terminate_backend_at_every_boundary(pg_dsn: str, admin: psycopg.Connect
     violations = check_history(records, audit, final_rows=final_rows(admin, prefix))
     takeovers_twice = [f for f in final_rows(admin, prefix) if f.epoch > 2]
 
-    figures.add("issue figure", "every statement boundary of every lifecycle operation")
+    figures.add("spec. figure", "every statement boundary of every lifecycle operation")
     figures.add(f"operations x boundaries x {{{', '.join(modes)}}} x {repeats}",
                 f"{len(VARIANTS)} ops, {sum(counts.values())} boundaries, {len(trials)} trials")
     figures.add("requests per operation", ", ".join(f"{k}={v}" for k, v in counts.items()))

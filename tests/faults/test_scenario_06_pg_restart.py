@@ -140,7 +140,7 @@ def test_pg_stop_restart(soak: bool, figures: Table, tmp_path: Path) -> None:
     statuses = Counter(f"{r.status}" for r in down_ops)
     crashes = sum(len(s["crashes"]) for s in summaries)
 
-    figures.add("issue figure / this run", f"10 cycles / {cycles} cycles (fast and immediate "
+    figures.add("spec. figure / this run", f"10 cycles / {cycles} cycles (fast and immediate "
                 f"shutdowns alternate), {WORKERS} worker processes")
     figures.counts("stop/start cycles", cycles, len(starts))
     figures.add("calls made entirely while down", dict(statuses.most_common()),

@@ -184,7 +184,7 @@ def test_clock_skew(pg_dsn: str, admin: psycopg.Connection[Any], soak: bool, fig
     records = read_records(tmp_path.glob("skew*.jsonl"))
     violations = check_history(records, audit_rows(admin, prefix),
                                final_rows=final_rows(admin, prefix))
-    figures.add("issue figure / this run", f"+-10 min at 0.5x and 2x / {len(CLOCKS) - 1} skewed "
+    figures.add("spec. figure / this run", f"+-10 min at 0.5x and 2x / {len(CLOCKS) - 1} skewed "
                 f"gateways + 1 control, {duration} s each")
     total_diff = 0
     for i, (offset, rate) in enumerate(CLOCKS):

@@ -161,7 +161,7 @@ def test_locks_and_timeouts(pg_dsn: str, admin: psycopg.Connection[Any], soak: b
     records = read_records(tmp_path.glob("*.jsonl"))
     violations = check_history(records, audit_rows(admin, prefix),
                                final_rows=final_rows(admin, prefix))
-    figures.add("issue figure", "denial, never a hang; time to deny bounded and reported")
+    figures.add("spec. figure", "denial, never a hang; time to deny bounded and reported")
     for config_name, timeouts in CONFIGS.items():
         bound = min(timeouts.values()) + MARGIN
         for lock_name in LOCKS:

@@ -338,7 +338,7 @@ def test_bad_input_fuzzing(pg_dsn: str, admin: psycopg.Connection[Any], soak: bo
         pg_store.close()
 
     total = memory_cases + pg_cases
-    figures.add("issue figure / this run", f">= 10,000 cases / {memory_cases} on memory + "
+    figures.add("spec. figure / this run", f">= 10,000 cases / {memory_cases} on memory + "
                 f"{pg_cases} on PostgreSQL")
     figures.counts("generated cases", 10_000, total)
     for name, res in results.items():
