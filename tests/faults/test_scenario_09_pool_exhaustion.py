@@ -145,6 +145,19 @@ def _shared_pool_under_kills(gw: Gateway, dsn: str, prefix: str, threads_n: int,
     return outcomes
 
 
+def _settled_in_use(pool: Any) -> int:
+    """Connections out of the pool once it has settled. ``check()`` discards a broken idle
+    connection and opens its replacement in the background, and until that lands the pool
+    counts one connection that is neither available nor leaked; a leaked one never returns."""
+    deadline = time.monotonic() + 3
+    while True:
+        stats = pool.get_stats()
+        in_use = int(stats["pool_size"] - stats["pool_available"])
+        if in_use == 0 or time.monotonic() > deadline:
+            return in_use
+        time.sleep(0.05)
+
+
 def _settled_backends(admin: psycopg.Connection[Any]) -> int:
     """Sessions of the pool still on the server, once closed ones have had time to go (a
     closed connection's backend exits a moment after the client hangs up)."""
@@ -172,8 +185,7 @@ def test_pool_exhaustion(pg_dsn: str, admin: psycopg.Connection[Any], soak: bool
         outcomes = _shared_pool_under_kills(gw, pg_dsn, prefix, threads_n, per_thread)
         time.sleep(0.2)
         pool.check()  # replaces connections the killer broke while they were idle
-        stats = pool.get_stats()
-        in_use = stats["pool_size"] - stats["pool_available"]
+        in_use = _settled_in_use(pool)
         sessions_open = backends(admin, APP)
     finally:
         gw.close()
