@@ -18,7 +18,7 @@ import threading
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from datetime import timedelta
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import attrs
 import psycopg
@@ -27,7 +27,9 @@ from psycopg.conninfo import conninfo_to_dict
 
 from mos_lease.errors import ConfigurationError, StoreUnavailable
 from mos_lease_pg.translate import unavailable_on_checkout
-from mos_lease_pg.wire import Wire
+from mos_lease_pg.wire import C, Wire
+
+P = TypeVar("P", psycopg_pool.ConnectionPool[Any], psycopg_pool.AsyncConnectionPool[Any])
 
 
 def _positive_or_none(_inst: object, attr: attrs.Attribute[Any], value: object) -> None:
@@ -132,41 +134,54 @@ def _check_autocommit(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[An
             "mos_lease_pg.make_pool or pass kwargs=connect_kwargs(conninfo, settings)")
 
 
-class DedicatedConnection:
-    """One connection, opened on first use and replaced after it broke."""
+class _Dedicated(Generic[C]):
+    """What both dedicated connections share: how to connect, and the current connection's
+    sender (whose ``conn`` is the connection itself)."""
 
     def __init__(self, conninfo: str, settings: ConnectionSettings) -> None:
         self._conninfo = conninfo
         self._kwargs = connect_kwargs(conninfo, settings)
         self._prepare = settings.prepare
-        self._conn: psycopg.Connection[Any] | None = None
-        self._wire: Wire[psycopg.Connection[Any]] | None = None
+        self._wire: Wire[C] | None = None
+        self._closed = False
+
+    def _usable(self) -> Wire[C] | None:
+        """The current sender if its connection is still open (a broken one is closed)."""
+        wire = self._wire
+        return wire if wire is not None and not wire.conn.closed else None
+
+    def _refuse_if_closed(self) -> None:
+        if self._closed:
+            raise StoreUnavailable("the store is closed")
+
+
+class DedicatedConnection(_Dedicated[psycopg.Connection[Any]]):
+    """One connection, opened on first use and replaced after it broke."""
+
+    def __init__(self, conninfo: str, settings: ConnectionSettings) -> None:
+        super().__init__(conninfo, settings)
         self._lock = threading.Lock()
         # Held for a whole call: psycopg serializes single statements on a connection, but
         # another thread's statement would join a pipeline (a batch) in progress.
         self._in_use = threading.Lock()
-        self._closed = False
 
     def _current(self) -> Wire[psycopg.Connection[Any]]:
-        wire = self._wire
-        if wire is not None and not wire.conn.closed:
+        wire = self._usable()
+        if wire is not None:
             return wire
         with self._lock:
-            if self._closed:
-                raise StoreUnavailable("the store is closed")
-            conn = self._conn
-            if conn is None or conn.closed or conn.broken:
-                if conn is not None:
-                    conn.close()
-                self._conn = None
+            self._refuse_if_closed()
+            wire = self._usable()
+            if wire is None:
+                if self._wire is not None:
+                    self._wire.conn.close()
+                    self._wire = None
                 try:
                     conn = psycopg.Connection.connect(self._conninfo, **self._kwargs)
                 except psycopg.Error as exc:
                     raise unavailable_on_checkout(exc, pool_timeout=0) from exc
-                self._conn = conn
-                self._wire = Wire(conn, prepare=self._prepare)
-            assert self._wire is not None  # set together with the connection
-            return self._wire
+                wire = self._wire = Wire(conn, prepare=self._prepare)
+            return wire
 
     @contextmanager
     def checkout(self) -> Iterator[Wire[psycopg.Connection[Any]]]:
@@ -176,27 +191,33 @@ class DedicatedConnection:
     def close(self) -> None:
         with self._lock:
             self._closed = True
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
+            if self._wire is not None:
+                self._wire.conn.close()
                 self._wire = None
 
 
-class PooledConnection:
-    """Connections checked out of a caller-owned ``ConnectionPool`` for one call each."""
+class _Pooled(Generic[P]):
+    """What both pooled sources share: the caller's pool and how long to wait for it."""
 
-    def __init__(self, pool: psycopg_pool.ConnectionPool[Any],
-                 settings: ConnectionSettings) -> None:
-        self._pool = pool
+    def __init__(self, pool: P, settings: ConnectionSettings) -> None:
+        self._pool: P = pool
         self._timeout = settings.pool_timeout
         self._prepare = settings.prepare
+
+    def _unavailable(self, exc: psycopg.Error) -> StoreUnavailable:
+        # PoolTimeout, PoolClosed, ... are psycopg errors too.
+        return unavailable_on_checkout(exc, pool_timeout=self._timeout)
+
+
+class PooledConnection(_Pooled[psycopg_pool.ConnectionPool[Any]]):
+    """Connections checked out of a caller-owned ``ConnectionPool`` for one call each."""
 
     @contextmanager
     def checkout(self) -> Iterator[Wire[psycopg.Connection[Any]]]:
         try:
             conn = self._pool.getconn(timeout=self._timeout)
-        except psycopg.Error as exc:  # PoolTimeout, PoolClosed, ... are psycopg errors too
-            raise unavailable_on_checkout(exc, pool_timeout=self._timeout) from exc
+        except psycopg.Error as exc:
+            raise self._unavailable(exc) from exc
         try:
             _check_autocommit(conn)
             yield Wire(conn, prepare=self._prepare)
@@ -208,39 +229,31 @@ class PooledConnection:
         """The pool belongs to the caller, who closes it."""
 
 
-class AsyncDedicatedConnection:
+class AsyncDedicatedConnection(_Dedicated[psycopg.AsyncConnection[Any]]):
     """The asyncio twin of :class:`DedicatedConnection`."""
 
     def __init__(self, conninfo: str, settings: ConnectionSettings) -> None:
-        self._conninfo = conninfo
-        self._kwargs = connect_kwargs(conninfo, settings)
-        self._prepare = settings.prepare
-        self._conn: psycopg.AsyncConnection[Any] | None = None
-        self._wire: Wire[psycopg.AsyncConnection[Any]] | None = None
+        super().__init__(conninfo, settings)
         self._lock = asyncio.Lock()
         self._in_use = asyncio.Lock()  # see DedicatedConnection
-        self._closed = False
 
     async def _current(self) -> Wire[psycopg.AsyncConnection[Any]]:
-        wire = self._wire
-        if wire is not None and not wire.conn.closed:
+        wire = self._usable()
+        if wire is not None:
             return wire
         async with self._lock:
-            if self._closed:
-                raise StoreUnavailable("the store is closed")
-            conn = self._conn
-            if conn is None or conn.closed or conn.broken:
-                if conn is not None:
-                    await conn.close()
-                self._conn = None
+            self._refuse_if_closed()
+            wire = self._usable()
+            if wire is None:
+                if self._wire is not None:
+                    await self._wire.conn.close()
+                    self._wire = None
                 try:
                     conn = await psycopg.AsyncConnection.connect(self._conninfo, **self._kwargs)
                 except psycopg.Error as exc:
                     raise unavailable_on_checkout(exc, pool_timeout=0) from exc
-                self._conn = conn
-                self._wire = Wire(conn, prepare=self._prepare)
-            assert self._wire is not None  # set together with the connection
-            return self._wire
+                wire = self._wire = Wire(conn, prepare=self._prepare)
+            return wire
 
     @asynccontextmanager
     async def checkout(self) -> AsyncIterator[Wire[psycopg.AsyncConnection[Any]]]:
@@ -250,27 +263,20 @@ class AsyncDedicatedConnection:
     async def close(self) -> None:
         async with self._lock:
             self._closed = True
-            if self._conn is not None:
-                await self._conn.close()
-                self._conn = None
+            if self._wire is not None:
+                await self._wire.conn.close()
                 self._wire = None
 
 
-class AsyncPooledConnection:
+class AsyncPooledConnection(_Pooled[psycopg_pool.AsyncConnectionPool[Any]]):
     """The asyncio twin of :class:`PooledConnection`."""
-
-    def __init__(self, pool: psycopg_pool.AsyncConnectionPool[Any],
-                 settings: ConnectionSettings) -> None:
-        self._pool = pool
-        self._timeout = settings.pool_timeout
-        self._prepare = settings.prepare
 
     @asynccontextmanager
     async def checkout(self) -> AsyncIterator[Wire[psycopg.AsyncConnection[Any]]]:
         try:
             conn = await self._pool.getconn(timeout=self._timeout)
-        except psycopg.Error as exc:  # PoolTimeout, PoolClosed, ... are psycopg errors too
-            raise unavailable_on_checkout(exc, pool_timeout=self._timeout) from exc
+        except psycopg.Error as exc:
+            raise self._unavailable(exc) from exc
         try:
             _check_autocommit(conn)
             yield Wire(conn, prepare=self._prepare)
