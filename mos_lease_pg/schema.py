@@ -1,9 +1,9 @@
 """A canonical text description of the schema, read from the catalogs.
 
-Two schemas built by different routes (the migrations, or ``sql/schema.sql``) are the same
-exactly when their descriptions are equal: tables with their storage options, columns in
-order with types, defaults, nullability and identity, constraints, indexes, triggers and
-functions. Schema names are replaced by ``@``, so schemas of different names compare.
+Two schemas are the same exactly when their descriptions are equal: tables with their
+storage options, columns in order with types, defaults, nullability and identity,
+constraints, indexes, triggers and functions. Schema names are replaced by ``@``, so
+schemas of different names compare.
 """
 
 from __future__ import annotations

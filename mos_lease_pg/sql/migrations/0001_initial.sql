@@ -1,8 +1,8 @@
 -- 0001: the lease table, its append-only audit log and the resource-side epoch table.
 --
 -- Applied by `mos-lease migrate` (mos_lease_pg.migrations) as the owner role, in one
--- transaction, into the first schema of the owner's search_path. Keep schema.sql in step:
--- a test checks that the migrations and schema.sql produce the same catalog.
+-- transaction, into the first schema of the owner's search_path. Later changes go into
+-- new numbered files; this one stays as it was applied.
 
 -- Refuses the statement that fired it. TG_ARGV[0] says why. The function reads no table, so
 -- it does not depend on the caller's search_path.
