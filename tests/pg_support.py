@@ -228,57 +228,26 @@ def drop_database(server_dsn: str, name: str) -> None:
 # --- a proxy that loses connections on purpose ----------------------------------------------
 
 
-class FaultProxy:
-    """A TCP proxy on 127.0.0.1 in front of the server that loses connections on demand.
-
-    * :meth:`cut_reply_to`: the next request containing ``marker`` reaches the server, but
-      its reply is thrown away and both sides are closed: the statement ran (and committed)
-      and the client never hears of it.
-    * :meth:`cut_request`: the next request containing ``marker`` is thrown away and both
-      sides are closed: the statement never reached the server.
-    * :meth:`refuse`: every connection is closed and new ones are refused.
-
-    Markers are matched against the raw protocol bytes, so the store under test must send
-    statement text with every execution (``ConnectionSettings(prepare=False)``).
-    """
+class LoopbackRelay:
+    """A TCP listener on 127.0.0.1 in front of the server: every client connection gets an
+    upstream connection of its own, and both sockets go to :meth:`_relay`, which subclasses
+    write. ``dsn`` is the server's; :attr:`port` is where clients connect instead."""
 
     def __init__(self, dsn: str) -> None:
         params = conninfo_to_dict(dsn)
         host, port = params.get("host") or "127.0.0.1", params.get("port") or 5432
         self._target = (str(host), int(str(port)))
-        self._dsn = dsn
-        self._lock = threading.Lock()
-        self._sockets: list[socket.socket] = []
-        self._reply_marker: bytes | None = None
-        self._request_marker: bytes | None = None
+        self._threads: list[threading.Thread] = []
+        self._stopping = threading.Event()
         self._listener = socket.socket()
         self._listener.bind(("127.0.0.1", 0))
         self._listener.listen(16)
         self._listener.settimeout(0.05)
         self.port: int = self._listener.getsockname()[1]
-        self._stopping = threading.Event()
-        self._threads: list[threading.Thread] = []
+
+    def _start(self) -> None:
+        """Begin accepting (called by a subclass once its own state is set up)."""
         self._spawn(self._accept_loop)
-
-    @property
-    def dsn(self) -> str:
-        return make_conninfo(self._dsn, host="127.0.0.1", port=str(self.port))
-
-    def cut_reply_to(self, marker: bytes) -> None:
-        with self._lock:
-            self._reply_marker = marker
-
-    def cut_request(self, marker: bytes) -> None:
-        with self._lock:
-            self._request_marker = marker
-
-    def _take(self, data: bytes, which: str) -> bool:
-        with self._lock:
-            marker = getattr(self, which)
-            if marker is not None and marker in data:
-                setattr(self, which, None)
-                return True
-            return False
 
     def _spawn(self, target: Callable[..., None], *args: Any) -> None:
         thread = threading.Thread(target=target, args=args, daemon=True)
@@ -300,17 +269,78 @@ class FaultProxy:
                 continue
             for sock in (client, upstream):
                 sock.settimeout(None)
-            with self._lock:
-                self._sockets += [client, upstream]
-            lose_reply = threading.Event()
-            self._spawn(self._requests, client, upstream, lose_reply)
-            self._spawn(self._replies, upstream, client, lose_reply)
+                # Messages may be relayed one by one: without this, Nagle's algorithm and
+                # delayed ACKs add ~40 ms to every round trip.
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._relay(client, upstream)
+
+    def _relay(self, client: socket.socket, upstream: socket.socket) -> None:
+        raise NotImplementedError
+
+    def _stop_accepting(self) -> None:
+        self._stopping.set()
+        self._listener.close()
+
+    def _join(self) -> None:
+        for thread in self._threads:
+            thread.join(timeout=5)
 
     @staticmethod
     def _hang_up(*socks: socket.socket) -> None:
         for sock in socks:
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
+
+
+class FaultProxy(LoopbackRelay):
+    """A proxy that loses connections on demand.
+
+    * :meth:`cut_reply_to`: the next request containing ``marker`` reaches the server, but
+      its reply is thrown away and both sides are closed: the statement ran (and committed)
+      and the client never hears of it.
+    * :meth:`cut_request`: the next request containing ``marker`` is thrown away and both
+      sides are closed: the statement never reached the server.
+    * :meth:`refuse`: every connection is closed and new ones are refused.
+
+    Markers are matched against the raw protocol bytes, so the store under test must send
+    statement text with every execution (``ConnectionSettings(prepare=False)``).
+    """
+
+    def __init__(self, dsn: str) -> None:
+        super().__init__(dsn)
+        self._dsn = dsn
+        self._lock = threading.Lock()
+        self._sockets: list[socket.socket] = []
+        self._reply_marker: bytes | None = None
+        self._request_marker: bytes | None = None
+        self._start()
+
+    @property
+    def dsn(self) -> str:
+        return make_conninfo(self._dsn, host="127.0.0.1", port=str(self.port))
+
+    def cut_reply_to(self, marker: bytes) -> None:
+        with self._lock:
+            self._reply_marker = marker
+
+    def cut_request(self, marker: bytes) -> None:
+        with self._lock:
+            self._request_marker = marker
+
+    def _take(self, data: bytes, which: str) -> bool:
+        with self._lock:
+            marker = getattr(self, which)
+            if marker is not None and marker in data:
+                setattr(self, which, None)
+                return True
+            return False
+
+    def _relay(self, client: socket.socket, upstream: socket.socket) -> None:
+        with self._lock:
+            self._sockets += [client, upstream]
+        lose_reply = threading.Event()
+        self._spawn(self._requests, client, upstream, lose_reply)
+        self._spawn(self._replies, upstream, client, lose_reply)
 
     def _requests(self, client: socket.socket, upstream: socket.socket,
                   lose_reply: threading.Event) -> None:
@@ -334,15 +364,13 @@ class FaultProxy:
 
     def refuse(self) -> None:
         """Close every connection and stop accepting new ones."""
-        self._stopping.set()
-        self._listener.close()
+        self._stop_accepting()
         with self._lock:
             self._hang_up(*self._sockets)
 
     def close(self) -> None:
         self.refuse()
-        for thread in self._threads:
-            thread.join(timeout=5)
+        self._join()
         with self._lock:
             for sock in self._sockets:
                 sock.close()

@@ -48,6 +48,7 @@ from mos_lease_pg import AsyncPostgresLeaseStore
 from tests.faults.history import OpRecord, Status, check_history, read_records
 from tests.faults.support import Table, audit_rows, final_rows, run_prefix, scaled
 from tests.faults.workers import SCOPES, Gateway
+from tests.pg_support import LoopbackRelay
 
 pytestmark = [pytest.mark.faults, pytest.mark.pg]
 
@@ -64,14 +65,12 @@ class _Conn:
     hold_reply_of: int | None = None
 
 
-class TerminatingProxy:
+class TerminatingProxy(LoopbackRelay):
     """A loopback proxy that speaks just enough of the PostgreSQL protocol to count requests
     and terminate the backend at a chosen request boundary."""
 
     def __init__(self, target_dsn: str, admin_dsn: str) -> None:
-        params = psycopg.conninfo.conninfo_to_dict(target_dsn)
-        self._target = (str(params.get("host") or "127.0.0.1"), int(str(params.get("port")
-                                                                         or 5432)))
+        super().__init__(target_dsn)
         self._admin = psycopg.connect(admin_dsn, autocommit=True,
                                       application_name="faults-terminator")
         self._lock = threading.Lock()
@@ -80,16 +79,9 @@ class TerminatingProxy:
         self.fired: str | None = None
         self.fired_event = threading.Event()
         self._conns: list[_Conn] = []
-        self._threads: list[threading.Thread] = []
-        self._listener = socket.socket()
-        self._listener.bind(("127.0.0.1", 0))
-        self._listener.listen(16)
-        self._listener.settimeout(0.05)
-        self.port: int = self._listener.getsockname()[1]
-        self._stopping = threading.Event()
-        self._spawn(self._accept_loop)
         self.dsn = make_conninfo(target_dsn, host="127.0.0.1", port=str(self.port),
                                  sslmode="disable", gssencmode="disable")
+        self._start()
 
     def reset(self, arm: tuple[int, str] | None = None) -> None:
         """Start counting from zero; ``arm=(k, mode)`` terminates at request k."""
@@ -99,34 +91,12 @@ class TerminatingProxy:
             self.fired = None
             self.fired_event.clear()
 
-    def _spawn(self, target: Callable[..., None], *args: Any) -> None:
-        thread = threading.Thread(target=target, args=args, daemon=True)
-        self._threads.append(thread)
-        thread.start()
-
-    def _accept_loop(self) -> None:
-        while not self._stopping.is_set():
-            try:
-                client, _ = self._listener.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            try:
-                upstream = socket.create_connection(self._target, timeout=5)
-            except OSError:
-                client.close()
-                continue
-            for sock in (client, upstream):
-                sock.settimeout(None)
-                # Messages are relayed one by one: without this, Nagle's algorithm and
-                # delayed ACKs add ~40 ms to every round trip.
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            conn = _Conn(client, upstream)
-            with self._lock:
-                self._conns.append(conn)
-            self._spawn(self._client_pump, conn)
-            self._spawn(self._server_pump, conn)
+    def _relay(self, client: socket.socket, upstream: socket.socket) -> None:
+        conn = _Conn(client, upstream)
+        with self._lock:
+            self._conns.append(conn)
+        self._spawn(self._client_pump, conn)
+        self._spawn(self._server_pump, conn)
 
     @staticmethod
     def _recv_exact(sock: socket.socket, n: int) -> bytes:
@@ -144,9 +114,7 @@ class TerminatingProxy:
                 self._admin.execute("SELECT pg_terminate_backend(%s)", (conn.pid,))
 
     def _close(self, conn: _Conn) -> None:
-        for sock in (conn.client, conn.upstream):
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
+        self._hang_up(conn.client, conn.upstream)
 
     def _client_pump(self, conn: _Conn) -> None:
         try:
@@ -226,14 +194,12 @@ class TerminatingProxy:
             self._close(conn)
 
     def close(self) -> None:
-        self._stopping.set()
-        self._listener.close()
+        self._stop_accepting()
         with self._lock:
             conns = list(self._conns)
         for conn in conns:
             self._close(conn)
-        for thread in self._threads:
-            thread.join(timeout=5)
+        self._join()
         for conn in conns:
             conn.client.close()
             conn.upstream.close()
