@@ -66,8 +66,11 @@ def _statement(name: str) -> Statement:
 
 
 def _guarded(name: str) -> Statement:
+    # Heartbeat and release share their guard, kept once in active_holder.sql.
+    write = _statement_text(name).replace(
+        "    {active_holder}\n", _statement_text("active_holder.sql"))
     return Statement.of(name, _statement_text("guarded_write.sql").replace(
-        "{write}", _statement_text(name).rstrip()))
+        "{write}", write.rstrip()))
 
 
 LOAD: Final = _statement("load.sql")
