@@ -282,6 +282,19 @@ class _Core:
             raise InvalidInput("keeper", "holds no lease: acquire, take over or adopt first")
         return self.state
 
+    @property
+    def lease(self) -> LeaseHandle | None:
+        state = self.state
+        return None if state is None or state.loss is not None else state.lease
+
+    @property
+    def loss(self) -> LeaseLoss | None:
+        return None if self.state is None else self.state.loss
+
+    @property
+    def deadline(self) -> float | None:
+        return None if self.state is None else self.state.deadline
+
     def record(self, new: KeeperState) -> LeaseLoss | None:
         """Store ``new``; return the loss if it is newly recorded (report it exactly once)."""
         old = self.state
@@ -371,21 +384,18 @@ class LeaseKeeper:
     def lease(self) -> LeaseHandle | None:
         """The current handle, or ``None`` before a lease is held and after it is lost."""
         with self._lock:
-            state = self._core.state
-            return None if state is None or state.loss is not None else state.lease
+            return self._core.lease
 
     @property
     def loss(self) -> LeaseLoss | None:
         with self._lock:
-            state = self._core.state
-            return None if state is None else state.loss
+            return self._core.loss
 
     @property
     def deadline(self) -> float | None:
         """The local deadline on the keeper's clock (``None`` before a lease is held)."""
         with self._lock:
-            state = self._core.state
-            return None if state is None else state.deadline
+            return self._core.deadline
 
     # -- getting a lease -----------------------------------------------------------------
 
@@ -616,18 +626,15 @@ class AsyncLeaseKeeper:
 
     @property
     def lease(self) -> LeaseHandle | None:
-        state = self._core.state
-        return None if state is None or state.loss is not None else state.lease
+        return self._core.lease
 
     @property
     def loss(self) -> LeaseLoss | None:
-        state = self._core.state
-        return None if state is None else state.loss
+        return self._core.loss
 
     @property
     def deadline(self) -> float | None:
-        state = self._core.state
-        return None if state is None else state.deadline
+        return self._core.deadline
 
     async def acquire(self, identity: LeaseIdentity, connector_id: str, *, scopes: object,
                       correlation_id: str | None = None) -> LeaseResult:
