@@ -15,7 +15,6 @@ the audit log agree with the number of rounds.
 from __future__ import annotations
 
 import multiprocessing
-import queue
 import time
 from collections import Counter
 from typing import Any
@@ -38,6 +37,7 @@ from mos_lease import AllowAllPolicy, ConnectorLeaseCoordinator, LeaseIdentity
 from mos_lease.machine import Rotate
 from mos_lease.vocabulary import LifecycleEvent, Outcome
 from mos_lease_pg import PostgresLeaseStore
+from tests.pg_support import gather
 
 PROCESSES = 8
 BARRIER_TIMEOUT = 120.0
@@ -139,22 +139,11 @@ def run(dsn: str, tenant: str, *, rounds: int, blocks: int) -> ContentionResult:
     workers = [context.Process(target=worker, args=(n, dsn, identities, epochs, schedule,
                                                     barrier, results))
                for n in range(PROCESSES)]
-    for process in workers:
-        process.start()
-    reports: list[tuple[int, list[Attempt], list[float], str]] = []
     try:
-        for _ in workers:
-            reports.append(results.get(timeout=BARRIER_TIMEOUT * 2))
-    except queue.Empty:
-        raise CorrectnessError(f"only {len(reports)} of {PROCESSES} racers reported") from None
-    finally:
-        for process in workers:
-            process.join(timeout=30)
-            if process.is_alive():
-                process.kill()
-                process.join()
-        results.close()
-        results.join_thread()
+        reports: list[tuple[int, list[Attempt], list[float], str]] = gather(
+            workers, results, BARRIER_TIMEOUT * 2)
+    except TimeoutError as late:
+        raise CorrectnessError(f"racers: {late}") from None
     errors = [error for *_, error in reports if error]
     if errors:
         raise CorrectnessError(f"racer failed: {errors[0]}")

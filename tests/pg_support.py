@@ -20,8 +20,10 @@ from __future__ import annotations
 import contextlib
 import glob
 import itertools
+import multiprocessing.process
 import os
 import pwd
+import queue
 import re
 import secrets
 import shutil
@@ -30,7 +32,7 @@ import subprocess
 import tempfile
 import threading
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import urlparse
 from uuid import UUID
@@ -375,6 +377,34 @@ class FaultProxy(LoopbackRelay):
             for sock in self._sockets:
                 sock.close()
             self._sockets.clear()
+
+
+# --- processes that each report once ---------------------------------------------------------
+
+
+def gather(workers: Sequence[multiprocessing.process.BaseProcess], results: Any,
+           timeout: float) -> list[Any]:
+    """Start ``workers``, take one report from each off the ``results`` queue, and always
+    reap them (killing any still alive after 30 s). Raises ``TimeoutError`` when a report
+    is ``timeout`` seconds late."""
+    for process in workers:
+        process.start()
+    reports: list[Any] = []
+    try:
+        for _ in workers:
+            reports.append(results.get(timeout=timeout))
+    except queue.Empty:
+        raise TimeoutError(f"only {len(reports)} of {len(workers)} processes reported"
+                           ) from None
+    finally:
+        for process in workers:
+            process.join(timeout=30)
+            if process.is_alive():
+                process.kill()
+                process.join()
+        results.close()
+        results.join_thread()
+    return reports
 
 
 # --- deterministic ids ------------------------------------------------------------------------

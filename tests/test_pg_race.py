@@ -16,7 +16,6 @@ recorded history and the database:
 from __future__ import annotations
 
 import multiprocessing
-import queue
 from collections import Counter
 from datetime import datetime
 from typing import Any
@@ -27,6 +26,7 @@ from mos_lease import AllowAllPolicy, ConnectorLeaseCoordinator, LeaseIdentity
 from mos_lease.grants import ExecutionGrant
 from mos_lease.vocabulary import Outcome
 from mos_lease_pg import PostgresLeaseStore
+from tests.pg_support import gather
 
 pytestmark = [pytest.mark.pg, pytest.mark.faults]
 
@@ -87,22 +87,10 @@ def test_processes_racing_for_leases(pg_dsn: str, pg_tenant: str) -> None:
     workers = [context.Process(target=race_worker,
                                args=(n, pg_dsn, pg_tenant, barrier, results))
                for n in range(PROCESSES)]
-    for process in workers:
-        process.start()
-    reports = []
     try:
-        for _ in workers:
-            reports.append(results.get(timeout=120))
-    except queue.Empty:
-        pytest.fail(f"only {len(reports)} of {PROCESSES} workers reported")
-    finally:
-        for process in workers:
-            process.join(timeout=30)
-            if process.is_alive():
-                process.kill()
-                process.join()
-        results.close()
-        results.join_thread()
+        reports = gather(workers, results, 120)
+    except TimeoutError as late:
+        pytest.fail(str(late))
     errors = [error for _, _, error in reports if error is not None]
     assert not errors, errors
 
