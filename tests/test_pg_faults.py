@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
 
+import attrs
 import psycopg
 import pytest
 
@@ -71,18 +72,35 @@ EXPECTED_ROW = {"acquire": ("acquire", "acquired", 1), "heartbeat": ("heartbeat"
                 "takeover": ("takeover", "taken_over", 2)}
 
 
+@attrs.frozen
+class _Cut:
+    """One operation run through the proxy while it loses the request or the reply."""
+
+    identity: LeaseIdentity
+    coordinator: ConnectorLeaseCoordinator
+    observer: PostgresLeaseStore  # a direct store, to look at what committed
+    result: LeaseResult
+
+
+def _run_cut(name: str, cut: Callable[[bytes], None], proxy: FaultProxy,
+             pg_stores: StoreFactory, pg_tenant: str, caplog: pytest.LogCaptureFixture) -> _Cut:
+    identity = LeaseIdentity(pg_tenant, "agent", "b1")
+    coordinator = ConnectorLeaseCoordinator(pg_stores(proxy.dsn, settings=UNPREPARED),
+                                            AllowAllPolicy())
+    operation = _operation(coordinator, identity, name)
+    cut(MARKERS[name])
+    with caplog.at_level(logging.WARNING, logger="mos_lease"):
+        result = operation()
+    return _Cut(identity, coordinator, pg_stores(), result)
+
+
 @pytest.mark.parametrize("name", ["acquire", "heartbeat", "takeover"])
 def test_reply_lost_after_commit_is_reconciled_as_committed(
         name: str, proxy: FaultProxy, pg_stores: StoreFactory, pg_tenant: str,
         caplog: pytest.LogCaptureFixture) -> None:
-    identity = LeaseIdentity(pg_tenant, "agent", "b1")
-    coordinator = ConnectorLeaseCoordinator(pg_stores(proxy.dsn, settings=UNPREPARED),
-                                            AllowAllPolicy())
-    observer = pg_stores()
-    operation = _operation(coordinator, identity, name)
-    proxy.cut_reply_to(MARKERS[name])
-    with caplog.at_level(logging.WARNING, logger="mos_lease"):
-        result = operation()
+    run = _run_cut(name, proxy.cut_reply_to, proxy, pg_stores, pg_tenant, caplog)
+    identity, coordinator, observer, result = (run.identity, run.coordinator, run.observer,
+                                               run.result)
     assert "committed=True" in caplog.text
     assert result.ok and result.reconciled and result.lease is not None
     row = observer.load(identity).row
@@ -98,14 +116,8 @@ def test_reply_lost_after_commit_is_reconciled_as_committed(
 def test_request_lost_before_the_server_is_reconciled_as_not_committed(
         name: str, proxy: FaultProxy, pg_stores: StoreFactory, pg_tenant: str,
         caplog: pytest.LogCaptureFixture) -> None:
-    identity = LeaseIdentity(pg_tenant, "agent", "b1")
-    coordinator = ConnectorLeaseCoordinator(pg_stores(proxy.dsn, settings=UNPREPARED),
-                                            AllowAllPolicy())
-    observer = pg_stores()
-    operation = _operation(coordinator, identity, name)
-    proxy.cut_request(MARKERS[name])
-    with caplog.at_level(logging.WARNING, logger="mos_lease"):
-        result = operation()
+    run = _run_cut(name, proxy.cut_request, proxy, pg_stores, pg_tenant, caplog)
+    identity, observer, result = run.identity, run.observer, run.result
     # Not committed, so the coordinator reread and wrote again (the same event id): the
     # write happened exactly once.
     assert "committed=False" in caplog.text
