@@ -12,6 +12,7 @@ change A's row, and afterwards A's real holder still works (the positive control
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import random
 import uuid
@@ -24,7 +25,7 @@ import attrs
 import psycopg
 import pytest
 
-from mos_lease import LeaseHandle, LeaseIdentity
+from mos_lease import ExecutionGrant, LeaseHandle, LeaseIdentity
 from tests.faults.history import Op, Status, check_history, read_records
 from tests.faults.support import Table, audit_rows_of, final_rows, run_prefix, scaled
 from tests.faults.workers import SCOPES, Gateway
@@ -296,43 +297,38 @@ def test_cross_identity_and_fuzzed_handles(pg_dsn: str, admin: psycopg.Connectio
     assert not figures.failed(), figures.render()
 
 
+@contextlib.contextmanager
+def _holding_a_grant(pg_dsn: str, tmp_path: Path,
+                     tag: str) -> Iterator[tuple[Gateway, str, LeaseHandle, ExecutionGrant]]:
+    """A gateway holding a lease of a fresh tenant, and a grant for it."""
+    prefix = run_prefix(tag)
+    gw = Gateway({"dsn": pg_dsn, "process": "gw", "connector": "c1",
+                  "records": str(tmp_path / f"{tag}.jsonl")})
+    try:
+        got = gw.acquire(LeaseIdentity(prefix, "agent", "bind"), ttl=60)
+        assert got is not None and got.lease is not None
+        granted = gw.issue_grant(got.lease, ttl=20)
+        assert granted is not None and granted.grant is not None
+        yield gw, prefix, got.lease, granted.grant
+    finally:
+        gw.close()
+
+
 def test_lying_str_ids_are_refused(pg_dsn: str, tmp_path: Path) -> None:
     """A str subclass equal to everything, given through the public constructors: as the
     tenant of a validation target and as the connector of a lease handle. The library must
-    compare the plain strings (it converts ids since 9c81759; found by this scenario)."""
-    prefix = run_prefix("s11l")
-    gw = Gateway({"dsn": pg_dsn, "process": "gw", "connector": "c1",
-                  "records": str(tmp_path / "lying.jsonl")})
-    try:
-        mine = LeaseIdentity(prefix, "agent", "bind")
-        got = gw.acquire(mine, ttl=60)
-        assert got is not None and got.lease is not None
-        granted = gw.issue_grant(got.lease, ttl=20)
-        assert granted is not None and granted.grant is not None
+    compare the plain strings it holds."""
+    with _holding_a_grant(pg_dsn, tmp_path, "s11l") as (gw, prefix, lease, grant):
         lying_target = LeaseIdentity(LyingStr(prefix + "-other-tenant"), "agent", "bind")
-        validated = gw.coordinator.validate(granted.grant, identity=lying_target,
-                                            scopes=SCOPES)
-        lying_handle = attrs.evolve(got.lease, connector_id=LyingStr("intruder"))
+        validated = gw.coordinator.validate(grant, identity=lying_target, scopes=SCOPES)
+        lying_handle = attrs.evolve(lease, connector_id=LyingStr("intruder"))
         minted = gw.coordinator.issue_grant(lying_handle, scopes=SCOPES, ttl=20)
         assert validated.reason is not None and validated.reason.value == "tenant_mismatch"
         assert minted.reason is not None and minted.reason.value == "lease_replaced"
-    finally:
-        gw.close()
 
 
 def test_lying_str_set_around_the_constructor_is_refused(pg_dsn: str, tmp_path: Path) -> None:
-    prefix = run_prefix("s11m")
-    gw = Gateway({"dsn": pg_dsn, "process": "gw", "connector": "c1",
-                  "records": str(tmp_path / "lying2.jsonl")})
-    try:
-        mine = LeaseIdentity(prefix, "agent", "bind")
-        got = gw.acquire(mine, ttl=60)
-        assert got is not None and got.lease is not None
-        granted = gw.issue_grant(got.lease, ttl=20)
-        assert granted is not None and granted.grant is not None
+    with _holding_a_grant(pg_dsn, tmp_path, "s11m") as (gw, prefix, _lease, grant):
         lying_target = _identity(LyingStr(prefix + "-other-tenant"), "agent", "bind")
-        validated = gw.coordinator.validate(granted.grant, identity=lying_target,
-                                            scopes=SCOPES)
+        validated = gw.coordinator.validate(grant, identity=lying_target, scopes=SCOPES)
         assert not validated.ok, "a grant of one tenant validated for a lying other tenant"
-    finally:
-        gw.close()
