@@ -472,6 +472,19 @@ def _lease_missing() -> list[Provoked]:
     ]
 
 
+def _every_holder_call(env: Env, beating: LeaseHandle, closing: LeaseHandle,
+                       grant: ExecutionGrant) -> list[Provoked]:
+    """Heartbeat ``beating``, release and issue a grant on ``closing``, and validate
+    ``grant``: every call a holder of conn-a at epoch 1 makes, each provoking the reason."""
+    c = env.coordinator
+    return [
+        _provoke(env, H, 1, "conn-a", lambda: c.heartbeat(beating, ttl=10), current_epoch=1),
+        _provoke(env, R, 1, "conn-a", lambda: c.release(closing), current_epoch=1),
+        _provoke(env, G, 1, "conn-a", lambda: c.issue_grant(closing, scopes=[], ttl=5)),
+        _provoke(env, V, 1, "conn-a", _validate(env, grant)),
+    ]
+
+
 def _lease_expired() -> list[Provoked]:
     env = make_env()
     c = env.coordinator
@@ -481,12 +494,7 @@ def _lease_expired() -> list[Provoked]:
     short = c.heartbeat(lease, ttl=5).lease
     assert short is not None
     env.clock.advance(6)
-    return [
-        _provoke(env, H, 1, "conn-a", lambda: c.heartbeat(lease, ttl=10), current_epoch=1),
-        _provoke(env, R, 1, "conn-a", lambda: c.release(short), current_epoch=1),
-        _provoke(env, G, 1, "conn-a", lambda: c.issue_grant(short, scopes=[], ttl=5)),
-        _provoke(env, V, 1, "conn-a", _validate(env, grant)),
-    ]
+    return _every_holder_call(env, lease, short, grant)
 
 
 def _lease_released() -> list[Provoked]:
@@ -495,12 +503,7 @@ def _lease_released() -> list[Provoked]:
     lease = env.acquire()
     grant = _grant(env, lease)
     assert c.release(lease).ok
-    return [
-        _provoke(env, H, 1, "conn-a", lambda: c.heartbeat(lease, ttl=10), current_epoch=1),
-        _provoke(env, R, 1, "conn-a", lambda: c.release(lease), current_epoch=1),
-        _provoke(env, G, 1, "conn-a", lambda: c.issue_grant(lease, scopes=[], ttl=5)),
-        _provoke(env, V, 1, "conn-a", _validate(env, grant)),
-    ]
+    return _every_holder_call(env, lease, lease, grant)
 
 
 def _lease_replaced() -> list[Provoked]:
