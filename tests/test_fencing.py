@@ -7,7 +7,7 @@ import random
 import secrets
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID
@@ -148,29 +148,33 @@ def test_memory_guard_matches_a_plain_model(ops: list[tuple[str, LeaseIdentity, 
         assert decision.highest_epoch == (model[resource][1] if resource in model else None)
 
 
-def test_memory_guard_concurrent_admissions_are_atomic() -> None:
-    """Eight threads race random epochs at one resource: every admitted epoch was the
-    highest at its moment (the guard returns it as the new highest), every refused one
-    was below it, and the resource ends at the highest epoch tried."""
-    guard = InMemoryResourceGuard()
-    results: list[tuple[int, GuardDecision]] = []
+Admissions = list[tuple[int, GuardDecision]]
+
+
+def _race(threads: int,
+          attempts: Callable[[random.Random, threading.Barrier], Admissions]) -> Admissions:
+    """Run ``attempts`` in ``threads`` threads (each with its own seeded random source and
+    the shared start barrier) and return every (epoch tried, decision)."""
+    results: Admissions = []
     lock = threading.Lock()
-    start = threading.Barrier(8)
+    start = threading.Barrier(threads)
 
     def worker(seed: int) -> None:
-        rng = random.Random(seed)
-        start.wait()
-        local = [(e, guard.admit("shared", tok(e))) for e in
-                 (rng.randint(1, 400) for _ in range(300))]
+        local = attempts(random.Random(seed), start)
         with lock:
             results.extend(local)
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
-    for t in threads:
+    workers = [threading.Thread(target=worker, args=(i,)) for i in range(threads)]
+    for t in workers:
         t.start()
-    for t in threads:
+    for t in workers:
         t.join()
-    assert len(results) == 2400
+    return results
+
+
+def _assert_admitted_only_the_highest(results: Admissions) -> None:
+    """Every admitted epoch was the highest at its moment (the guard returns it as the new
+    highest); every refused one was below the highest."""
     for epoch, decision in results:
         assert decision.highest_epoch is not None
         if decision.ok:
@@ -178,6 +182,22 @@ def test_memory_guard_concurrent_admissions_are_atomic() -> None:
         else:
             assert decision.reason is FenceReason.STALE_EPOCH
             assert decision.highest_epoch > epoch
+
+
+def test_memory_guard_concurrent_admissions_are_atomic() -> None:
+    """Eight threads race random epochs at one resource: every admitted epoch was the
+    highest at its moment (the guard returns it as the new highest), every refused one
+    was below it, and the resource ends at the highest epoch tried."""
+    guard = InMemoryResourceGuard()
+
+    def attempts(rng: random.Random, start: threading.Barrier) -> Admissions:
+        start.wait()
+        return [(e, guard.admit("shared", tok(e))) for e in
+                (rng.randint(1, 400) for _ in range(300))]
+
+    results = _race(8, attempts)
+    assert len(results) == 2400
+    _assert_admitted_only_the_highest(results)
     assert guard.state("shared") == ResourceEpoch(A, max(e for e, _ in results))
 
 
@@ -338,29 +358,17 @@ def test_pg_guard_expiry_by_database_clock(conn: psycopg.Connection[Any],
 @pytest.mark.pg
 def test_pg_guard_concurrent_admissions_are_atomic(pg_dsn: str, ident: LeaseIdentity) -> None:
     resource = f"race-{ident.tenant_id}"
-    results: list[tuple[int, GuardDecision]] = []
-    lock = threading.Lock()
-    start = threading.Barrier(4)
 
-    def worker(seed: int) -> None:
-        rng = random.Random(seed)
+    def attempts(rng: random.Random, start: threading.Barrier) -> Admissions:
         with psycopg.connect(pg_dsn, autocommit=True) as connection:
             guard = PostgresResourceGuard(connection)
             start.wait()
-            local = [(e, guard.admit(resource, tok(e, ident)))
-                     for e in (rng.randint(1, 200) for _ in range(60))]
-        with lock:
-            results.extend(local)
+            return [(e, guard.admit(resource, tok(e, ident)))
+                    for e in (rng.randint(1, 200) for _ in range(60))]
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    results = _race(4, attempts)
     assert len(results) == 240
-    for epoch, decision in results:
-        assert decision.highest_epoch is not None
-        assert decision.highest_epoch == epoch if decision.ok else decision.highest_epoch > epoch
+    _assert_admitted_only_the_highest(results)
     with psycopg.connect(pg_dsn, autocommit=True) as connection:
         assert PostgresResourceGuard(connection).state(resource) == ResourceEpoch(
             ident, max(e for e, _ in results))
