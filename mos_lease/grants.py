@@ -10,6 +10,7 @@ registry forgets everything, so a grant cannot be smuggled across ``fork()`` eit
 
 from __future__ import annotations
 
+import datetime as _datetime
 import hashlib
 import heapq
 import hmac
@@ -82,6 +83,25 @@ def _parts(grant: ExecutionGrant) -> tuple[object, ...]:
             grant.correlation_id, grant._mac)
 
 
+def _well_typed(grant: ExecutionGrant) -> bool:
+    """Whether every field of ``grant`` has exactly the type ``mint`` gives it (no
+    subclasses: a subclass can override ``__str__``, ``__eq__`` or ``__hash__``).
+
+    The datetime class is taken from its module at call time, not from this module's
+    ``datetime`` name, which the clock-skew harness (tests/faults/clockskew.py) replaces
+    with a subclass although the store's datetimes stay plain."""
+    identity = grant.identity
+    scopes = grant.scopes
+    return (type(grant.grant_id) is UUID and type(grant.lease_id) is UUID
+            and type(identity) is LeaseIdentity and type(identity.tenant_id) is str
+            and type(identity.logical_agent_id) is str and type(identity.binding_id) is str
+            and type(grant.connector_id) is str and type(grant.epoch) is int
+            and type(scopes) is tuple and all(type(scope) is str for scope in scopes)
+            and type(grant.expires_at) is _datetime.datetime
+            and type(grant.correlation_id) is str
+            and type(grant._mac) is bytes)
+
+
 _LIVE_REGISTRIES: weakref.WeakSet[GrantRegistry] = weakref.WeakSet()
 
 
@@ -141,22 +161,31 @@ class GrantRegistry:
         # Fast path, every validation of a live grant: the very object handed out, and each
         # of its parts still the very object it was minted with. Identity comparisons cannot
         # be fooled by a look-alike's __eq__ or __str__, and cost a fraction of the HMAC.
+        # A hand-built grant's fields may be anything, including objects whose hashing,
+        # comparison or attribute access raises: whatever a field does, the answer is
+        # ``grant_unknown``, never an exception out of ``validate``. (Catching costs nothing
+        # on the path where nothing is raised.)
         try:
             live = self._live.get(grant.grant_id)
             if live is not None and live[0] is grant:
                 unaltered = all(map(operator.is_, _parts(grant), live[1]))
                 return None if unaltered else Reason.GRANT_UNKNOWN
-        except (AttributeError, TypeError):
+        except Exception:
             return Reason.GRANT_UNKNOWN
         # Not (or no longer) live: the HMAC tells a dropped, expired grant from one this
-        # registry never minted.
+        # registry never minted. The MAC covers the fields' text, and a look-alike of
+        # another type can print the same text (``str(uuid)`` is the UUID's own text), so
+        # the exact types are checked first: then equal text means equal values.
         try:
+            if not _well_typed(grant):
+                return Reason.GRANT_UNKNOWN
             expected = self._mac(grant.grant_id, grant.identity, grant.connector_id,
                                  grant.lease_id, grant.epoch, grant.scopes, grant.expires_at,
                                  grant.correlation_id)
             authentic = hmac.compare_digest(grant._mac, expected)
-        except (AttributeError, TypeError, ValueError):
-            # Missing or wrongly typed fields: hand-built or tampered with, never minted.
+        except Exception:
+            # Missing fields or a hostile value (a tzinfo whose utcoffset raises, say):
+            # hand-built or tampered with, never minted.
             return Reason.GRANT_UNKNOWN
         if not authentic:
             return Reason.GRANT_UNKNOWN

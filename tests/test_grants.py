@@ -7,7 +7,7 @@ import os
 import pickle
 import sys
 import threading
-from datetime import timedelta
+from datetime import datetime, timedelta, tzinfo
 from typing import Any
 from uuid import UUID
 
@@ -421,3 +421,167 @@ def test_the_registry_survives_threads_sharing_one_coordinator() -> None:
     env.clock.advance(timedelta(seconds=1))
     assert coordinator.issue_grant(lease, scopes=[], ttl=5).ok  # prunes everything expired
     assert coordinator.live_grants == 1
+
+
+# --- look-alike field types and hostile field values (hole 7) --------------------------------
+
+
+class _Str(str):
+    pass
+
+
+class _Int(int):
+    pass
+
+
+class _Stamp(datetime):
+    pass
+
+
+class _Identity(LeaseIdentity):
+    pass
+
+
+def _identity_with(**fields: object) -> LeaseIdentity:
+    """A hand-built identity (its constructor would normalize the fields)."""
+    built = LeaseIdentity.__new__(LeaseIdentity)
+    for field in attrs.fields(LeaseIdentity):
+        object.__setattr__(built, field.name, fields.get(field.name, getattr(IDENT, field.name)))
+    return built
+
+
+def _look_alike(name: str, grant: ExecutionGrant) -> ExecutionGrant:
+    """A hand-built grant in which one field is replaced by a value of another type that
+    prints exactly like the real one, so the text the MAC covers is unchanged."""
+    identity = grant.identity
+    values: dict[str, object] = {
+        "grant_id-str": str(grant.grant_id),
+        "lease_id-str": str(grant.lease_id),
+        "epoch-str": str(grant.epoch),
+        "epoch-int-subclass": _Int(grant.epoch),
+        "identity-subclass": _Identity(identity.tenant_id, identity.logical_agent_id,
+                                       identity.binding_id),
+        "identity-field-str-subclass": _identity_with(tenant_id=_Str(identity.tenant_id)),
+        "connector_id-str-subclass": _Str(grant.connector_id),
+        "scopes-list": list(grant.scopes),
+        "scope-str-subclass": tuple(_Str(s) for s in grant.scopes),
+        "expires_at-subclass": _Stamp.fromisoformat(grant.expires_at.isoformat()),
+        "correlation_id-str-subclass": _Str(grant.correlation_id),
+        "mac-bytearray": bytearray(grant._mac),
+    }
+    field = name.split("-", maxsplit=1)[0]
+    field = {"mac": "_mac", "scope": "scopes"}.get(field, field)
+    changes: dict[str, Any] = {field: values[name]}
+    return _hand_built(grant, **changes)
+
+
+LOOK_ALIKES = ["grant_id-str", "lease_id-str", "epoch-str", "epoch-int-subclass",
+               "identity-subclass", "identity-field-str-subclass", "connector_id-str-subclass",
+               "scopes-list", "scope-str-subclass", "expires_at-subclass",
+               "correlation_id-str-subclass", "mac-bytearray"]
+
+
+@pytest.mark.parametrize("dropped", [False, True], ids=["grant-live", "grant-dropped"])
+@pytest.mark.parametrize("name", LOOK_ALIKES)
+def test_a_look_alike_of_another_type_is_unknown_not_expired(name: str, dropped: bool) -> None:
+    """The MAC covers each field's text; a value of another type with the same text (the
+    UUID's string, ``"1"`` for epoch 1, a subclass) must not pass for the minted value,
+    whether the real grant is still live or was already dropped at its expiry."""
+    env, _, grant = _setup(grant_ttl=5)
+    forged = _look_alike(name, grant)
+    if dropped:
+        env.clock.advance(5)
+        assert _check(env, grant) is Reason.GRANT_EXPIRED  # the real one: expired
+    calls: list[object] = []
+    result = env.coordinator.invoke(forged, calls.append, identity=IDENT, scopes=["tool:run"])
+    assert result.reason is Reason.GRANT_UNKNOWN and calls == []
+    entry = env.audit()[-1].entry
+    assert (entry.reason, entry.connector_id) == (Reason.GRANT_UNKNOWN, "unrecognized")
+
+
+class _Boom(Exception):
+    pass
+
+
+def _boom(*_args: object) -> Any:
+    raise _Boom("hostile field")
+
+
+class _Unhashable:
+    __hash__ = _boom
+
+
+class _Colliding:
+    """Hashes like a live grant id, so the registry lookup has to call ``__eq__``."""
+
+    def __init__(self, like: object) -> None:
+        self._hash = hash(like)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    __eq__ = _boom
+
+
+class _Untouchable:
+    __getattribute__ = _boom
+
+
+class _Unprintable:
+    __str__ = _boom
+    __repr__ = _boom
+    __format__ = _boom
+
+
+class _RaisingIdentity(LeaseIdentity):
+    @property
+    def tenant_id(self) -> str:
+        raise _Boom("property")
+
+
+class _BadZone(tzinfo):
+    utcoffset = _boom
+    tzname = _boom
+    dst = _boom
+
+
+class _Unusable:
+    __iter__ = _boom
+    __len__ = _boom
+    __eq__ = _boom
+    __hash__ = _boom
+
+
+HOSTILE: dict[str, Any] = {
+    "grant_id-hash-raises": lambda g: {"grant_id": _Unhashable()},
+    "grant_id-eq-raises": lambda g: {"grant_id": _Colliding(g.grant_id)},
+    "grant_id-attribute-access-raises": lambda g: {"grant_id": _Untouchable()},
+    "lease_id-str-raises": lambda g: {"lease_id": _Unprintable()},
+    "epoch-str-raises": lambda g: {"epoch": _Unprintable()},
+    "identity-property-raises": lambda g: {
+        "identity": _RaisingIdentity.__new__(_RaisingIdentity)},
+    "identity-attribute-access-raises": lambda g: {"identity": _Untouchable()},
+    "scopes-iteration-raises": lambda g: {"scopes": _Unusable()},
+    "expires_at-tzinfo-raises": lambda g: {
+        "expires_at": g.expires_at.replace(tzinfo=_BadZone())},
+    "correlation_id-everything-raises": lambda g: {"correlation_id": _Unusable()},
+    "mac-everything-raises": lambda g: {"_mac": _Unusable()},
+}
+
+
+@pytest.mark.parametrize("dropped", [False, True], ids=["grant-live", "grant-dropped"])
+@pytest.mark.parametrize("name", HOSTILE)
+def test_a_grant_whose_fields_raise_is_refused_not_a_crash(name: str, dropped: bool) -> None:
+    """Whatever a hand-built grant's fields raise, from hashing, comparing, printing or
+    plain attribute access, ``validate`` refuses it ``grant_unknown`` and raises nothing."""
+    env, _, grant = _setup(grant_ttl=5)
+    forged = _hand_built(grant, **HOSTILE[name](grant))
+    if dropped:
+        env.clock.advance(5)
+    calls: list[object] = []
+    before = len(env.audit())
+    result = env.coordinator.invoke(forged, calls.append, identity=IDENT, scopes=["tool:run"])
+    assert result.reason is Reason.GRANT_UNKNOWN and calls == []
+    assert len(env.audit()) == before + 1
+    if not dropped:
+        assert _check(env, grant) is None  # the real grant is unaffected
