@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Generator, Sequence
 from datetime import datetime, timedelta
-from typing import Any, Generic, TypeVar
+from typing import Any, Final, Generic, TypeVar
 from uuid import UUID
 
 import attrs
@@ -109,6 +110,23 @@ Flow = Generator[Op, Any, T]
 DEFAULT_MAX_CONFLICT_RETRIES = 8
 MAX_BATCH = 1000
 
+MonotonicClock = Callable[[], float]
+"""Seconds on a clock that never jumps: how long a store call was in flight is measured
+on it (and keepers keep their deadlines on it). Injectable, so tests can make a reply slow
+without sleeping."""
+
+
+def _boottime() -> float:
+    return time.clock_gettime(time.CLOCK_BOOTTIME)
+
+
+# ``CLOCK_MONOTONIC`` stops while a machine is suspended; a lease's expiry in the store does
+# not. ``CLOCK_BOOTTIME`` (Linux) counts suspended time, so time spent suspended counts as
+# time elapsed, whether a keeper's deadline or a reply in flight is being judged.
+default_clock: Final[MonotonicClock] = (
+    _boottime if hasattr(time, "CLOCK_BOOTTIME") else time.monotonic)
+"""Monotonic seconds that keep counting through suspend where the platform allows."""
+
 
 def _check_cap(name: str, value: object, hard_cap: timedelta) -> timedelta:
     try:
@@ -165,6 +183,7 @@ class _Flows:
         grant_ttl_cap: timedelta | float,
         id_source: IdSource,
         max_conflict_retries: int,
+        monotonic_clock: MonotonicClock,
     ) -> None:
         if policy is not None and (isinstance(policy, type)
                                    or not isinstance(policy, ConnectorLeaseService)):
@@ -172,6 +191,8 @@ class _Flows:
                 f"policy must be a ConnectorLeaseService instance, not {type(policy).__name__}")
         if not callable(id_source):
             raise ConfigurationError("id_source must be a callable returning UUIDs")
+        if not callable(monotonic_clock):
+            raise ConfigurationError("monotonic_clock must be a callable returning seconds")
         self.policy: ConnectorLeaseService = DenyAllPolicy() if policy is None else policy
         self.lease_ttl_cap = _check_cap("lease_ttl_cap", lease_ttl_cap, LEASE_TTL_CAP)
         self.grant_ttl_cap = _check_cap("grant_ttl_cap", grant_ttl_cap, GRANT_TTL_CAP)
@@ -180,6 +201,7 @@ class _Flows:
             raise ConfigurationError("max_conflict_retries must be an int in 0..100")
         self.max_conflict_retries = max_conflict_retries
         self._ids = id_source
+        self._monotonic = monotonic_clock
         self._grants = GrantRegistry()
 
     @property
@@ -434,6 +456,7 @@ class _Flows:
         assert isinstance(grant, ExecutionGrant)
         reason = identity_refusal(grant.identity, identity) or registry_reason
         if reason is None:
+            sent = self._monotonic()
             try:
                 snapshot: Snapshot = yield Load(grant.identity)
             except StoreUnavailable:
@@ -451,10 +474,23 @@ class _Flows:
                 grant_expires_at=grant.expires_at, requested=requested)
             if reason is None:
                 assert row is not None
-                # Positional, in field order: keywords cost a third more on the hottest path.
-                return ValidationResult(None, ConnectorExecutionContext(
-                    grant.identity, grant.connector_id, grant.lease_id, grant.epoch, requested,
-                    min(grant.expires_at, row.expires_at), grant.correlation_id))
+                # The reply says the context is valid for ``expires_at - snapshot.now`` from
+                # the instant the store read its clock, which lies somewhere between sending
+                # the read and receiving the reply. If at least that long passed in flight
+                # (a slow network, a stalled process), the validity may have run out before
+                # the caller could act on it: refuse, naming whichever expiry it was.
+                elapsed = self._monotonic() - sent
+                grant_first = grant.expires_at <= row.expires_at
+                expires_at = grant.expires_at if grant_first else row.expires_at
+                if elapsed < (expires_at - snapshot.now).total_seconds():
+                    # Positional, in field order: keywords cost a third more on the hottest
+                    # path.
+                    return ValidationResult(None, ConnectorExecutionContext(
+                        grant.identity, grant.connector_id, grant.lease_id, grant.epoch,
+                        requested, expires_at, grant.correlation_id))
+                log.warning("mos_lease: validation reply for %s took %.3f s, past the "
+                            "validity it reported", identity, elapsed)
+                reason = Reason.GRANT_EXPIRED if grant_first else Reason.LEASE_EXPIRED
         return (yield from self._deny_validation(reason, identity, grant.connector_id,
                                                  grant.epoch, grant.correlation_id))
 
@@ -515,10 +551,12 @@ class _Coordinator(Generic[S]):
         grant_ttl_cap: timedelta | float = GRANT_TTL_CAP,
         id_source: IdSource = uuid.uuid4,
         max_conflict_retries: int = DEFAULT_MAX_CONFLICT_RETRIES,
+        monotonic_clock: MonotonicClock = default_clock,
     ) -> None:
         self.store = store
         self._flows = _Flows(policy, lease_ttl_cap=lease_ttl_cap, grant_ttl_cap=grant_ttl_cap,
-                             id_source=id_source, max_conflict_retries=max_conflict_retries)
+                             id_source=id_source, max_conflict_retries=max_conflict_retries,
+                             monotonic_clock=monotonic_clock)
         self._pid = os.getpid()
 
     @property

@@ -33,7 +33,6 @@ import logging
 import math
 import random as _random
 import threading
-import time
 import uuid
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
@@ -41,7 +40,11 @@ from typing import Final, TypeVar
 
 import attrs
 
-from mos_lease.coordinator import AsyncConnectorLeaseCoordinator, ConnectorLeaseCoordinator
+from mos_lease.coordinator import (
+    AsyncConnectorLeaseCoordinator,
+    ConnectorLeaseCoordinator,
+    default_clock,  # CLOCK_BOOTTIME: a resumed process finds its deadline already passed
+)
 from mos_lease.errors import (
     CommitOutcomeUnknown,
     ConfigurationError,
@@ -65,18 +68,6 @@ LEASE_GONE_REASONS: Final = frozenset({
 })
 """Refusals of a grant that mean the lease itself is gone (others, such as a scope the
 policy refuses, leave the lease as it was)."""
-
-
-def _boottime() -> float:
-    return time.clock_gettime(time.CLOCK_BOOTTIME)
-
-
-# ``CLOCK_MONOTONIC`` stops while a machine is suspended; the lease's expiry in the store does
-# not. ``CLOCK_BOOTTIME`` (Linux) counts suspended time, so a resumed process finds its
-# deadline already passed instead of acting on a lease that expired while it slept.
-default_clock: Final[Callable[[], float]] = (
-    _boottime if hasattr(time, "CLOCK_BOOTTIME") else time.monotonic)
-"""Monotonic seconds that keep counting through suspend where the platform allows."""
 
 
 # --- pure part ----------------------------------------------------------------------------
@@ -318,6 +309,21 @@ class _Core:
                 log.exception("mos_lease: on_lost callback failed")
 
 
+C = TypeVar("C", ConnectorLeaseCoordinator, AsyncConnectorLeaseCoordinator)
+
+
+def _renewer(coordinator: C, heartbeat_coordinator: C | None, kind: type[C]) -> C:
+    """The coordinator the keeper heartbeats through: by default its own; given another
+    (on a store of its own), a heartbeat stuck on its connection cannot hold up the grant
+    issues and validations going through ``coordinator``'s store."""
+    if heartbeat_coordinator is None:
+        return coordinator
+    if not isinstance(heartbeat_coordinator, kind):
+        raise ConfigurationError(f"heartbeat_coordinator must be a {kind.__name__}, not "
+                                 f"{type(heartbeat_coordinator).__name__}")
+    return heartbeat_coordinator
+
+
 def _correlation(correlation_id: str | None) -> str:
     given = check_correlation_id("correlation_id", correlation_id)
     return given if given is not None else uuid.uuid4().hex
@@ -349,6 +355,11 @@ class LeaseKeeper:
     (a half-open TCP connection) cannot delay the loss past the deadline; such a call is
     abandoned, and the coordinator's store must tolerate a call still running on it.
     ``on_lost`` is called once, from whichever thread noticed the loss.
+
+    ``heartbeat_coordinator`` (default: ``coordinator``) is the coordinator heartbeats go
+    through. Give it one on a store (a connection) of its own, with the same policy, so a
+    heartbeat stuck on its connection never holds up the grants issued and validated
+    through ``coordinator``; acquire, takeover, grants and release use ``coordinator``.
     """
 
     def __init__(self, coordinator: ConnectorLeaseCoordinator, *, ttl: float | timedelta,
@@ -359,8 +370,11 @@ class LeaseKeeper:
                  clock: Callable[[], float] = default_clock,
                  sleep: Callable[[float], object] | None = None,
                  random: Callable[[], float] = _random.random,
-                 background: bool = True) -> None:
+                 background: bool = True,
+                 heartbeat_coordinator: ConnectorLeaseCoordinator | None = None) -> None:
         self.coordinator = coordinator
+        self.heartbeat_coordinator = _renewer(coordinator, heartbeat_coordinator,
+                                              ConnectorLeaseCoordinator)
         timing = _check_timing(ttl, renew_fraction=renew_fraction, jitter=jitter,
                                safety_margin=safety_margin, min_backoff=min_backoff,
                                max_backoff=max_backoff)
@@ -452,8 +466,9 @@ class LeaseKeeper:
         started = self._core.clock()
         outcome: LeaseResult | BaseException
         try:
-            outcome = self._bounded(lambda: self.coordinator.heartbeat(state.lease, ttl=self.ttl),
-                                    action.deadline - started)
+            outcome = self._bounded(
+                lambda: self.heartbeat_coordinator.heartbeat(state.lease, ttl=self.ttl),
+                action.deadline - started)
         except _Overdue:
             # Abandon the call: whatever it returns later cannot undo a reported loss.
             self._lose(LeaseLoss(LossCause.DEADLINE, Reason.LEASE_EXPIRED, self._core.clock(),
@@ -593,9 +608,11 @@ class AsyncLeaseKeeper:
     """The asyncio twin of :class:`LeaseKeeper` for an :class:`AsyncConnectorLeaseCoordinator`.
 
     Renewal runs as a task on the running loop. ``lost`` is an :class:`asyncio.Event`
-    (``await keeper.lost.wait()``); ``on_lost`` is called once, on the loop. A heartbeat
-    still running at the deadline is cancelled: the lease is already reported lost, and
-    nothing the heartbeat could return would change that.
+    (``await keeper.lost.wait()``); ``on_lost`` is called once, on the loop. Loss is
+    reported at the deadline even if a heartbeat is still running then: that heartbeat is
+    cancelled and abandoned without waiting for it to end (a driver may take long to give
+    up a cancelled call), and nothing it returns later can change the reported loss.
+    ``heartbeat_coordinator`` is as for :class:`LeaseKeeper`.
     """
 
     def __init__(self, coordinator: AsyncConnectorLeaseCoordinator, *, ttl: float | timedelta,
@@ -606,8 +623,11 @@ class AsyncLeaseKeeper:
                  clock: Callable[[], float] = default_clock,
                  sleep: Callable[[float], Awaitable[object]] | None = None,
                  random: Callable[[], float] = _random.random,
-                 background: bool = True) -> None:
+                 background: bool = True,
+                 heartbeat_coordinator: AsyncConnectorLeaseCoordinator | None = None) -> None:
         self.coordinator = coordinator
+        self.heartbeat_coordinator = _renewer(coordinator, heartbeat_coordinator,
+                                              AsyncConnectorLeaseCoordinator)
         timing = _check_timing(ttl, renew_fraction=renew_fraction, jitter=jitter,
                                safety_margin=safety_margin, min_backoff=min_backoff,
                                max_backoff=max_backoff)
@@ -616,6 +636,7 @@ class AsyncLeaseKeeper:
         self._sleep = sleep if sleep is not None else asyncio.sleep
         self._background = background
         self._task: asyncio.Task[None] | None = None
+        self._abandoned: set[asyncio.Future[LeaseResult]] = set()
         self._beginning = False
         self.lost = asyncio.Event()
         """Set once the lease is lost (or the keeper stopped); never cleared."""
@@ -687,24 +708,48 @@ class AsyncLeaseKeeper:
             return action
         started = self._core.clock()
         outcome: LeaseResult | BaseException
-        limit = asyncio.timeout(max(action.deadline - started, 0.0))
+        # The heartbeat runs as a task of its own and is waited for, not awaited under a
+        # timeout: cancelling a call only ends it once the call lets go, and a driver may
+        # hold on to a cancelled call for as long as it waits for the server (psycopg sends
+        # a cancel request and then waits for the reply). Loss is reported at the deadline
+        # whatever the abandoned call does afterwards.
+        call = asyncio.ensure_future(
+            self.heartbeat_coordinator.heartbeat(state.lease, ttl=self.ttl))
         try:
-            async with limit:
-                outcome = await self.coordinator.heartbeat(state.lease, ttl=self.ttl)
-        except TimeoutError as error:
-            if not limit.expired():
-                outcome = error  # raised by the store itself, not by our deadline
-            else:
-                self._record(lose(self._core.require_state(), LeaseLoss(
-                    LossCause.DEADLINE, Reason.LEASE_EXPIRED, self._core.clock(),
-                    "heartbeat still running at the deadline")))
-                return action
+            done, _ = await asyncio.wait((call,), timeout=max(action.deadline - started, 0.0))
+        except asyncio.CancelledError:
+            self._abandon(call)  # the keeper is stopping: the call is not waited for
+            raise
+        if not done:
+            self._abandon(call)
+            self._record(lose(self._core.require_state(), LeaseLoss(
+                LossCause.DEADLINE, Reason.LEASE_EXPIRED, self._core.clock(),
+                "heartbeat still running at the deadline")))
+            return action
+        try:
+            outcome = call.result()
         except Exception as error:
             outcome = error
         finished = self._core.clock()
         self._record(after_renewal(self._core.require_state(), self._core.timing, started,
                                    finished, outcome, self._core.draw()))
         return action
+
+    def _abandon(self, call: asyncio.Future[LeaseResult]) -> None:
+        """Cancel a heartbeat left running at the deadline and let it end on its own.
+
+        Its result is never looked at, so it cannot bring a lost lease back; it is kept
+        referenced until it ends (a task nobody references may be collected mid-run), and
+        its outcome is retrieved so asyncio does not log it as never retrieved.
+        """
+        self._abandoned.add(call)
+        call.add_done_callback(self._forget_abandoned)
+        call.cancel()
+
+    def _forget_abandoned(self, call: asyncio.Future[LeaseResult]) -> None:
+        self._abandoned.discard(call)
+        if not call.cancelled() and call.exception() is not None:
+            log.info("mos_lease: abandoned heartbeat ended with %r", call.exception())
 
     async def _run(self) -> None:
         while not self.lost.is_set():
