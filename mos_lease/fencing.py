@@ -10,22 +10,36 @@ ordered; epochs of two bindings are unrelated counters, so comparing them would 
 B's epoch 9 fence binding A's epoch 3 for no reason, or let A's epoch 3 through after B's 2.
 A token of another identity is therefore refused outright.
 
+A token whose own ``expires_at`` has passed is refused too (``token_expired``), by default
+with no grace: the gateway promised validity only until then, and a boundary that admitted
+it later would accept what gateway validation already refuses. The guard's clock judges it
+(the database clock for the PostgreSQL guard). ``ignore_expiry=True`` turns this off, for a
+boundary whose clock cannot be trusted at all; epochs are then the only fence.
+
 The decision is written once, here, and shared by every guard (in memory, PostgreSQL), so
 they cannot drift apart. Refusals are values (:class:`GuardDecision`), not exceptions.
+
+:func:`effect_refusal` is the check for an effect fenced by the lease row itself
+(:mod:`mos_lease_pg.effects`): everything gateway validation checks, for a context or a token.
 """
 
 from __future__ import annotations
 
 import enum
 from datetime import datetime, timedelta
-from typing import Protocol
+from typing import Final, Protocol
 
 import attrs
 
 from mos_lease.errors import InvalidInput, MosLeaseError
-from mos_lease.identity import LeaseIdentity, check_id
+from mos_lease.identity import LeaseIdentity, Scopes, check_id
+from mos_lease.machine import holder_refusal
+from mos_lease.records import LeaseRow
 from mos_lease.token import FencingToken
 from mos_lease.vocabulary import Reason
+
+NO_GRACE: Final = timedelta(0)
+"""The default ``expiry_grace``: a token is refused from the instant its ``expires_at``."""
 
 
 class FenceReason(enum.StrEnum):
@@ -91,23 +105,36 @@ def check_token(value: object) -> FencingToken:
     return value
 
 
-def check_expiry_grace(value: object) -> timedelta | None:
-    """``None`` (ignore token expiry) or a non-negative allowance for clock disagreement."""
+def check_expiry_grace(value: object) -> timedelta:
+    """A non-negative allowance for clock disagreement (:data:`NO_GRACE` by default)."""
     if value is None:
-        return None
+        # ``None`` used to mean "expiry off"; refuse it loudly rather than silently
+        # reinterpret it, and name the explicit switch.
+        raise InvalidInput("expiry_grace", "must be a non-negative timedelta; to admit "
+                           "expired tokens pass ignore_expiry=True")
     if not isinstance(value, timedelta) or value < timedelta(0):
-        raise InvalidInput("expiry_grace", "must be None or a non-negative timedelta")
+        raise InvalidInput("expiry_grace", "must be a non-negative timedelta")
     return value
+
+
+def judged_grace(expiry_grace: object, ignore_expiry: object) -> timedelta | None:
+    """A guard's constructor options as the ``expiry_grace`` the decision takes: ``None``
+    (expiry not judged) only when ``ignore_expiry`` is ``True``."""
+    if not isinstance(ignore_expiry, bool):
+        raise InvalidInput("ignore_expiry", f"must be a bool, not {type(ignore_expiry).__name__}")
+    grace = check_expiry_grace(expiry_grace)
+    return None if ignore_expiry else grace
 
 
 def admission_refusal(current: ResourceEpoch | None, token: FencingToken, *,
                       now: datetime | None = None,
-                      expiry_grace: timedelta | None = None) -> FenceReason | None:
+                      expiry_grace: timedelta | None = NO_GRACE) -> FenceReason | None:
     """Why ``token`` may not act on a resource whose remembered state is ``current``.
 
-    Expiry is judged only when ``expiry_grace`` is given, against ``now`` (the guard's
-    clock): a token is refused once ``expires_at + expiry_grace <= now``. Epoch ordering
-    never depends on any clock.
+    Expiry is judged against ``now`` (the guard's clock, required unless expiry is off): a
+    token is refused once ``expires_at + expiry_grace <= now``. ``expiry_grace=None`` means
+    expiry is not judged (a guard built with ``ignore_expiry=True``). Epoch ordering never
+    depends on any clock.
 
     Every condition here only becomes *more* true over time (the remembered epoch only
     rises, the identity never changes, clocks move forward), so a refusal found at one
@@ -121,14 +148,14 @@ def admission_refusal(current: ResourceEpoch | None, token: FencingToken, *,
             return FenceReason.STALE_EPOCH
     if expiry_grace is not None:
         if now is None:
-            raise InvalidInput("now", "is needed when expiry_grace is set")
+            raise InvalidInput("now", "is needed unless expiry is ignored (expiry_grace=None)")
         if token.expires_at + expiry_grace <= now:
             return FenceReason.TOKEN_EXPIRED
     return None
 
 
 def admit(current: ResourceEpoch | None, token: FencingToken, resource_id: str, *,
-          now: datetime | None = None, expiry_grace: timedelta | None = None,
+          now: datetime | None = None, expiry_grace: timedelta | None = NO_GRACE,
           ) -> tuple[ResourceEpoch | None, GuardDecision]:
     """The remembered state after ``token`` is presented, and the decision to report."""
     reason = admission_refusal(current, token, now=now, expiry_grace=expiry_grace)
@@ -138,6 +165,42 @@ def admit(current: ResourceEpoch | None, token: FencingToken, resource_id: str, 
     after = ResourceEpoch(token.identity, token.epoch if current is None
                           else max(current.highest_epoch, token.epoch))
     return after, GuardDecision(resource_id, None, after.highest_epoch)
+
+
+def effect_refusal(row: LeaseRow | None, now: datetime, fence: FencingToken, *,
+                   needed: Scopes, granted: Scopes | None) -> Reason | None:
+    """Why an effect fenced by ``fence`` may not commit against the current lease ``row``,
+    judged at ``now`` (the lease store's clock, read once the row is locked).
+
+    The same conditions as gateway validation (:func:`mos_lease.machine.grant_refusal`),
+    in this order:
+
+    * the lease row, as :func:`~mos_lease.machine.holder_refusal` judges it (missing, stale
+      or mismatched epoch, replaced, released, expired): facts about the lease, named first;
+    * the fence's own expiry: a context is valid only until its ``expires_at`` (the earlier
+      of grant and lease), and a token made from it carries the same instant. Past it the
+      effect is refused ``grant_expired``, the reason validation gives the same grant, even
+      while the lease itself is still active;
+    * scopes: every scope in ``needed`` must be allowed by the current lease and, for a
+      context, be one of the context's effective scopes (``granted``). A token carries no
+      scopes (``granted`` is ``None``): its effect is checked against the lease only.
+      Otherwise ``scope_not_authorized``.
+
+    The fence's identity is the row's (the row is looked up by it), so identity needs no
+    comparison here; the identity an effect belongs to, where the caller knows it, is
+    checked before with :func:`mos_lease.machine.identity_refusal`, as validation does.
+    """
+    reason = holder_refusal(row, now, fence.connector_id, fence.lease_id, fence.epoch)
+    if reason is not None:
+        return reason
+    assert row is not None
+    if fence.expires_at <= now:
+        return Reason.GRANT_EXPIRED
+    wanted = set(needed)
+    if not wanted.issubset(row.scopes) or (granted is not None
+                                           and not wanted.issubset(granted)):
+        return Reason.SCOPE_NOT_AUTHORIZED
+    return None
 
 
 class ResourceGuard(Protocol):

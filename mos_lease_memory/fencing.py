@@ -7,12 +7,13 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 from mos_lease.fencing import (
+    NO_GRACE,
     GuardDecision,
     ResourceEpoch,
     admit,
-    check_expiry_grace,
     check_resource_id,
     check_token,
+    judged_grace,
 )
 from mos_lease.token import FencingToken
 
@@ -28,14 +29,18 @@ class InMemoryResourceGuard:
     resource would let an old epoch in again. It is lost with the process, so a boundary
     that must stay fenced across restarts needs a durable guard (``mos_lease_pg``).
 
-    ``expiry_grace`` (off by default) also refuses tokens whose ``expires_at`` is more than
-    that far in the past by ``clock``; set it only where this process's clock is kept close
-    to the lease store's.
+    A token is refused (``token_expired``) once its ``expires_at`` plus ``expiry_grace``
+    (zero by default) is not after ``clock()``, read under the guard's lock. ``clock`` is
+    this process's UTC wall clock by default: give the guard the lease store's clock where
+    there is one in the process (``clock=store_clock.now``), and a small ``expiry_grace``
+    where this clock may lag the lease store's. ``ignore_expiry=True`` judges epochs only,
+    for a boundary whose clock cannot be trusted at all.
     """
 
-    def __init__(self, *, expiry_grace: timedelta | None = None,
+    def __init__(self, *, expiry_grace: timedelta = NO_GRACE, ignore_expiry: bool = False,
                  clock: Callable[[], datetime] = _utc_now) -> None:
-        self.expiry_grace = check_expiry_grace(expiry_grace)
+        # ``None`` when expiry is not judged: the shared decision's spelling of "off".
+        self.expiry_grace = judged_grace(expiry_grace, ignore_expiry)
         self._clock = clock
         self._lock = threading.Lock()
         self._resources: dict[str, ResourceEpoch] = {}

@@ -2,14 +2,20 @@
 
 ::
 
-    with fenced_transaction(conn, context) as cur:
+    with fenced_transaction(conn, context, scopes=["outbox:write"]) as cur:
         cur.execute("INSERT INTO outbox ...", ...)   # commits only if the lease still holds
 
-The transaction first locks the current lease row ``FOR SHARE`` and checks it against the
-context exactly as gateway validation does (:func:`mos_lease.machine.holder_refusal`: same
-lease UUID, connector and epoch, not released, not expired by the database clock). Every
-lease write (heartbeat, release, takeover) updates that row and so must wait for the share
-lock. The result is one of two orders, never a mix:
+The transaction first locks the current lease row ``FOR SHARE``, then reads the database
+clock, and checks everything gateway validation checks (:func:`mos_lease.fencing.effect_refusal`):
+the fence's identity (the row is the fence's own identity's, and ``identity=`` if given),
+the lease UUID, connector and epoch, the lease neither released nor expired, the fence's own
+``expires_at`` not passed (``grant_expired``: a context is valid only until the earlier of
+its grant's and its lease's expiry, and a token made from it carries that instant), and the
+``scopes`` the effect needs allowed by the current lease and, for a context, among the
+context's scopes (``scope_not_authorized``). A token carries no scopes, so for a token the
+needed scopes are checked against the current lease only. Every lease write (heartbeat,
+release, takeover) updates that row and so must wait for the share lock. The result is one
+of two orders, never a mix:
 
 * the effect's transaction locks first: its writes commit before any takeover can commit,
   so they belong to the old epoch's history, before the new holder starts;
@@ -18,38 +24,40 @@ lock. The result is one of two orders, never a mix:
 
 This is Temporal's pattern of fencing every persistence write with the shard's range id in
 the same transaction. Keep fenced transactions short: while one is open, the holder's own
-heartbeats wait for it too. A lease that expires while the transaction runs is not
-re-checked at commit: the order above already keeps the successor's effects after it.
+heartbeats wait for it too. A lease or context that expires while the transaction runs is
+not re-checked at commit: the order above already keeps the successor's effects after it.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from datetime import datetime
 from typing import Any, Final
 
+import attrs
 import psycopg
 from psycopg.pq import TransactionStatus
 from psycopg.rows import tuple_row
 
 from mos_lease.context import ConnectorExecutionContext
 from mos_lease.errors import InvalidInput
-from mos_lease.fencing import FencedEffectRefused
-from mos_lease.identity import LeaseIdentity
-from mos_lease.machine import holder_refusal
+from mos_lease.fencing import FencedEffectRefused, effect_refusal
+from mos_lease.identity import LeaseIdentity, Scopes, check_identity, normalize_scopes
+from mos_lease.machine import identity_refusal
 from mos_lease.records import LeaseRow
 from mos_lease.token import FencingToken
 from mos_lease.vocabulary import Reason
+from mos_lease_pg.statements import DEFAULT_SCHEMA, Template, checked
 
 # The CTE is MATERIALIZED so the row lock is taken (waiting for any lease write in flight)
 # before the outer SELECT reads the clock: expiry is judged at the moment the lock is held,
 # not at the moment the statement started waiting for it.
-LOCK_CURRENT_LEASE: Final = b"""
+LOCK_CURRENT_LEASE: Final = Template("lock current lease", checked("effects.py", """
 WITH locked AS MATERIALIZED (
     SELECT lease_id, connector_id, allowed_scopes, epoch, acquired_at, heartbeat_at,
            expires_at, released_at, updated_at
-    FROM logical_agent_connector_leases
+    FROM {schema}.logical_agent_connector_leases
     WHERE tenant_id = %(tenant_id)s
       AND logical_agent_id = %(logical_agent_id)s
       AND binding_id = %(binding_id)s
@@ -59,37 +67,68 @@ SELECT clock_timestamp(), l.lease_id, l.connector_id, l.allowed_scopes, l.epoch,
        l.acquired_at, l.heartbeat_at, l.expires_at, l.released_at, l.updated_at
 FROM (SELECT 1) AS one
 LEFT JOIN locked AS l ON true
-"""
+"""))
 
 Fence = ConnectorExecutionContext | FencingToken
 """What an effect can be fenced by: the context an adapter received, or a token parsed
-from a message (both carry identity, connector, lease UUID and epoch)."""
+from a message (both carry identity, connector, lease UUID, epoch and expiry; only the
+context carries scopes)."""
 
 
-def _check_fence(fence: object) -> Fence:
-    if not isinstance(fence, ConnectorExecutionContext | FencingToken):
+@attrs.frozen(slots=True)
+class FenceCheck:
+    """A fence and an effect's needs, validated: what :func:`judge_locked_row` compares."""
+
+    token: FencingToken  # the fence's lease fields, checked as a token's are
+    granted: Scopes | None  # the context's scopes; ``None`` for a token, which has none
+    needed: Scopes
+
+
+def fence_check(fence: object, scopes: object,
+                identity: LeaseIdentity | None = None) -> FenceCheck:
+    """Validate the arguments of a fenced transaction; refuse at once an ``identity`` the
+    fence does not belong to (with the reason validation gives: ``tenant_mismatch``, ...)."""
+    if isinstance(fence, FencingToken):
+        token, granted = fence, None
+    elif isinstance(fence, ConnectorExecutionContext):
+        # Rebuilt as a token: a hand-built context gets the token's field checks (a naive
+        # expiry, a non-UUID lease id), so nothing malformed reaches a comparison.
+        token = FencingToken.from_context(fence)
+        granted = normalize_scopes("context.scopes", fence.scopes)
+    else:
         raise InvalidInput("context", "must be a ConnectorExecutionContext or FencingToken, "
                            f"not {type(fence).__name__}")
-    return fence
+    needed = normalize_scopes("scopes", scopes)
+    if identity is not None:
+        reason = identity_refusal(token.identity, check_identity("identity", identity))
+        if reason is not None:
+            raise FencedEffectRefused(reason, f"{token.identity} is not {identity}")
+    return FenceCheck(token, granted, needed)
 
 
-def _params(fence: Fence) -> dict[str, str]:
-    return {"tenant_id": fence.identity.tenant_id,
-            "logical_agent_id": fence.identity.logical_agent_id,
-            "binding_id": fence.identity.binding_id}
+def _params(check: FenceCheck) -> dict[str, str]:
+    identity = check.token.identity
+    return {"tenant_id": identity.tenant_id, "logical_agent_id": identity.logical_agent_id,
+            "binding_id": identity.binding_id}
 
 
-def judge_locked_row(fence: Fence, identity: LeaseIdentity,
+def judge_locked_row(check: FenceCheck,
                      row: tuple[Any, ...] | None) -> tuple[datetime, Reason | None]:
-    """Judge the locked row (as returned by :data:`LOCK_CURRENT_LEASE`) against ``fence``."""
+    """Judge the locked row (as returned by :data:`LOCK_CURRENT_LEASE`) against ``check``,
+    at the database time the statement read once it held the row."""
     assert row is not None  # the outer SELECT always yields exactly one row
     now, lease_id, connector_id, scopes, epoch, acquired, heartbeat, expires, released, \
         updated = row
     current = None if lease_id is None else LeaseRow(
-        identity=identity, lease_id=lease_id, connector_id=connector_id,
+        identity=check.token.identity, lease_id=lease_id, connector_id=connector_id,
         scopes=tuple(scopes), epoch=int(epoch), acquired_at=acquired, heartbeat_at=heartbeat,
         expires_at=expires, released_at=released, updated_at=updated)
-    return now, holder_refusal(current, now, fence.connector_id, fence.lease_id, fence.epoch)
+    return now, effect_refusal(current, now, check.token, needed=check.needed,
+                               granted=check.granted)
+
+
+def _refuse(check: FenceCheck, reason: Reason) -> FencedEffectRefused:
+    return FencedEffectRefused(reason, f"{check.token.identity} epoch {check.token.epoch}")
 
 
 def _check_idle(status: TransactionStatus) -> None:
@@ -101,41 +140,54 @@ def _check_idle(status: TransactionStatus) -> None:
 
 
 @contextmanager
-def fenced_transaction(conn: psycopg.Connection[Any],
-                       context: Fence) -> Iterator[psycopg.Cursor[Any]]:
+def fenced_transaction(conn: psycopg.Connection[Any], context: Fence, *, scopes: Iterable[str],
+                       identity: LeaseIdentity | None = None,
+                       schema: str = DEFAULT_SCHEMA,
+                       ) -> Iterator[psycopg.Cursor[Any]]:
     """Open a transaction on ``conn`` that holds the current lease row ``FOR SHARE`` and
-    yields a cursor only if ``context`` still names the current, active lease.
+    yields a cursor only if ``context`` (a context or a token) passes every check gateway
+    validation makes, judged by the database clock read once the row is locked.
+
+    ``scopes`` (required; ``()`` for an effect that needs none) are the scopes this effect
+    needs: all must be allowed by the current lease and, for a context, be among the
+    context's scopes. ``identity``, if given, is the identity the effect belongs to as the
+    caller knows it (for example from the route), refused like validation refuses a grant of
+    another identity. ``schema`` is where the lease table is (as ``ConnectionSettings.schema``;
+    the connection's search_path is not used).
 
     Raises :class:`~mos_lease.fencing.FencedEffectRefused` (with a lease
-    :class:`~mos_lease.vocabulary.Reason`) after rolling back if it does not. The
+    :class:`~mos_lease.vocabulary.Reason`) after rolling back if any check fails. The
     transaction commits when the block exits normally and rolls back if it raises. The
     caller owns the connection, so psycopg's own errors reach it unchanged.
     """
-    fence = _check_fence(context)
+    check = fence_check(context, scopes, identity)
     _check_idle(conn.info.transaction_status)
     with conn.transaction():
-        with conn.cursor(row_factory=tuple_row) as check:
-            check.execute(LOCK_CURRENT_LEASE, _params(fence))
-            row = check.fetchone()
-        _, reason = judge_locked_row(fence, fence.identity, row)
+        with conn.cursor(row_factory=tuple_row) as lock:
+            lock.execute(LOCK_CURRENT_LEASE.at(schema).text, _params(check))
+            row = lock.fetchone()
+        _, reason = judge_locked_row(check, row)
         if reason is not None:
-            raise FencedEffectRefused(reason, f"{fence.identity} epoch {fence.epoch}")
+            raise _refuse(check, reason)
         with conn.cursor() as cur:
             yield cur
 
 
 @asynccontextmanager
-async def fenced_transaction_async(conn: psycopg.AsyncConnection[Any],
-                                   context: Fence) -> AsyncIterator[psycopg.AsyncCursor[Any]]:
+async def fenced_transaction_async(conn: psycopg.AsyncConnection[Any], context: Fence, *,
+                                   scopes: Iterable[str],
+                                   identity: LeaseIdentity | None = None,
+                                   schema: str = DEFAULT_SCHEMA,
+                                   ) -> AsyncIterator[psycopg.AsyncCursor[Any]]:
     """The asyncio twin of :func:`fenced_transaction`."""
-    fence = _check_fence(context)
+    check = fence_check(context, scopes, identity)
     _check_idle(conn.info.transaction_status)
     async with conn.transaction():
-        async with conn.cursor(row_factory=tuple_row) as check:
-            await check.execute(LOCK_CURRENT_LEASE, _params(fence))
-            row = await check.fetchone()
-        _, reason = judge_locked_row(fence, fence.identity, row)
+        async with conn.cursor(row_factory=tuple_row) as lock:
+            await lock.execute(LOCK_CURRENT_LEASE.at(schema).text, _params(check))
+            row = await lock.fetchone()
+        _, reason = judge_locked_row(check, row)
         if reason is not None:
-            raise FencedEffectRefused(reason, f"{fence.identity} epoch {fence.epoch}")
+            raise _refuse(check, reason)
         async with conn.cursor() as cur:
             yield cur

@@ -14,8 +14,15 @@ guards (``with conn.transaction(): guard.admit(...); <effect>``): the epoch row 
 locked until the effect commits, so a newer epoch cannot be admitted, and act, in between.
 Called outside a transaction, the admission commits on its own.
 
-Expiry (``expiry_grace``, off by default) is judged by the database's clock, which for a
-guard in the lease database is the same time authority that set ``expires_at``.
+Expiry is judged by default (a token is refused from its ``expires_at``, plus an optional
+``expiry_grace``) by the database's clock, which for a guard in the lease database is the
+same time authority that set ``expires_at``. ``ignore_expiry=True`` turns it off.
+
+Time is read after the lock: an admission that waited for the resource row (held by another
+admission's transaction) is judged by the clock read once it holds that row, in ``ON
+CONFLICT``'s ``WHERE``, which PostgreSQL evaluates after locking the conflicting row. A
+token whose expiry passed while it waited is refused, so no admission is judged at a time
+earlier than another session could have observed the row.
 """
 
 from __future__ import annotations
@@ -26,42 +33,53 @@ from typing import Any, Final
 import psycopg
 from psycopg.rows import tuple_row
 
-from mos_lease.errors import InternalInconsistency, StoreUnavailable
+from mos_lease.errors import InternalInconsistency, MosLeaseError
 from mos_lease.fencing import (
+    NO_GRACE,
     GuardDecision,
     ResourceEpoch,
     admit,
-    check_expiry_grace,
     check_resource_id,
     check_token,
+    judged_grace,
 )
 from mos_lease.identity import LeaseIdentity
 from mos_lease.token import FencingToken
+from mos_lease_pg.statements import DEFAULT_SCHEMA, Template, checked
+from mos_lease_pg.translate import statement_failure
 
-# Guard and refusal: the SQL twin of ``admission_refusal`` (identity, then epoch, then the
-# optional expiry; ``not_after`` is NULL when expiry is not judged). A refused token matches
-# no row: the INSERT's SELECT yields nothing, or ON CONFLICT's WHERE is false.
-ADMIT: Final = b"""
-INSERT INTO connector_resource_epochs AS e
+# Guard and refusal: the SQL twin of ``admission_refusal`` (identity, then epoch, then
+# expiry; ``not_after`` is NULL only when expiry is not judged). A refused token matches no
+# row: the INSERT's SELECT yields nothing, or ON CONFLICT's WHERE is false.
+#
+# The INSERT's SELECT runs before the statement can wait for anything, so its clock only
+# decides a resource seen for the first time. When the row exists, ON CONFLICT locks it
+# (waiting for any transaction that holds it) and only then evaluates its WHERE and SET:
+# expiry is judged again there, and ``updated_at`` taken there, by a clock read after the
+# lock. (A clock in EXCLUDED would be the one read before the wait.)
+ADMIT: Final = Template("admit", checked("fencing.py", """
+INSERT INTO {schema}.connector_resource_epochs AS e
     (resource_id, tenant_id, logical_agent_id, binding_id, highest_epoch, updated_at)
 SELECT %(resource_id)s, %(tenant_id)s, %(logical_agent_id)s, %(binding_id)s,
        %(epoch)s::bigint, clock_timestamp()
 WHERE %(not_after)s::timestamptz IS NULL OR %(not_after)s::timestamptz > clock_timestamp()
 ON CONFLICT (resource_id) DO UPDATE
-    SET highest_epoch = EXCLUDED.highest_epoch, updated_at = EXCLUDED.updated_at
+    SET highest_epoch = EXCLUDED.highest_epoch, updated_at = clock_timestamp()
     WHERE e.tenant_id = EXCLUDED.tenant_id
       AND e.logical_agent_id = EXCLUDED.logical_agent_id
       AND e.binding_id = EXCLUDED.binding_id
       AND e.highest_epoch <= EXCLUDED.highest_epoch
+      AND (%(not_after)s::timestamptz IS NULL
+           OR %(not_after)s::timestamptz > clock_timestamp())
 RETURNING e.highest_epoch
-"""
+"""))
 
 # Read after a refusal, to name it; always one row (NULLs if the resource is unknown).
-STATE: Final = b"""
+STATE: Final = Template("resource state", checked("fencing.py", """
 SELECT clock_timestamp(), e.tenant_id, e.logical_agent_id, e.binding_id, e.highest_epoch
 FROM (SELECT 1) AS one
-LEFT JOIN connector_resource_epochs AS e ON e.resource_id = %(resource_id)s
-"""
+LEFT JOIN {schema}.connector_resource_epochs AS e ON e.resource_id = %(resource_id)s
+"""))
 
 # A refusal named as "admit" means the database changed under the guard's assumptions (a
 # clock stepped back, a row edited by hand). Retry the atomic statement a few times, then
@@ -95,6 +113,15 @@ def _named(resource_id: str, token: FencingToken, expiry_grace: timedelta | None
     return None if decision.ok else decision
 
 
+def _failed(exc: psycopg.Error, what: str) -> MosLeaseError:
+    """Any driver error as the library's: ``StoreUnavailable`` for a lost or closed
+    connection (``InterfaceError`` included) or a statement the server refused,
+    ``InternalInconsistency`` where the schema refused the data. A lost admission's outcome
+    is not reconciled: the caller fails closed, and an admission that did commit only raised
+    the resource's mark to an epoch the caller held."""
+    return statement_failure(exc, what=f"resource guard {what}", write_event=None).error
+
+
 def _inconsistent(resource_id: str) -> InternalInconsistency:
     return InternalInconsistency(
         f"resource {resource_id!r}: admission refused but the stored epoch explains no "
@@ -104,15 +131,20 @@ def _inconsistent(resource_id: str) -> InternalInconsistency:
 class PostgresResourceGuard:
     """A durable :class:`~mos_lease.fencing.ResourceGuard` on one psycopg connection.
 
-    The connection's database must have the mos-lease schema (``mos-lease migrate``).
+    The connection's database must have the mos-lease schema (``mos-lease migrate``);
+    ``schema`` names it (default ``mos_lease``; the connection's search_path is not used).
     Connection failures raise :class:`~mos_lease.errors.StoreUnavailable`: a guard that
-    cannot decide admits nothing.
+    cannot decide admits nothing. Expiry: see the module docstring (``expiry_grace`` zero
+    by default, ``ignore_expiry=True`` to judge epochs only).
     """
 
-    def __init__(self, conn: psycopg.Connection[Any], *,
-                 expiry_grace: timedelta | None = None) -> None:
+    def __init__(self, conn: psycopg.Connection[Any], *, expiry_grace: timedelta = NO_GRACE,
+                 ignore_expiry: bool = False, schema: str = DEFAULT_SCHEMA) -> None:
         self.conn = conn
-        self.expiry_grace = check_expiry_grace(expiry_grace)
+        # Where the table is (as ConnectionSettings.schema); never the search_path.
+        self._admit, self._state = ADMIT.at(schema).text, STATE.at(schema).text
+        # ``None`` when expiry is not judged: the shared decision's spelling of "off".
+        self.expiry_grace = judged_grace(expiry_grace, ignore_expiry)
 
     def admit(self, resource_id: str, token: FencingToken) -> GuardDecision:
         resource_id = check_resource_id(resource_id)
@@ -122,16 +154,16 @@ class PostgresResourceGuard:
             for _ in range(_ATTEMPTS):
                 with self.conn.transaction(), \
                         self.conn.cursor(row_factory=tuple_row) as cur:
-                    cur.execute(ADMIT, params)
+                    cur.execute(self._admit, params)
                     admitted = cur.fetchone()
                     if admitted is not None:
                         return GuardDecision(resource_id, None, int(admitted[0]))
-                    cur.execute(STATE, params)
+                    cur.execute(self._state, params)
                     named = _named(resource_id, token, self.expiry_grace, cur.fetchone())
                 if named is not None:
                     return named
-        except psycopg.OperationalError as down:
-            raise StoreUnavailable(f"resource guard: {down}") from down
+        except psycopg.Error as failed:
+            raise _failed(failed, "admission") from failed
         raise _inconsistent(resource_id)
 
     def state(self, resource_id: str) -> ResourceEpoch | None:
@@ -139,19 +171,21 @@ class PostgresResourceGuard:
         resource_id = check_resource_id(resource_id)
         try:
             with self.conn.transaction(), self.conn.cursor(row_factory=tuple_row) as cur:
-                cur.execute(STATE, {"resource_id": resource_id})
+                cur.execute(self._state, {"resource_id": resource_id})
                 return _state(cur.fetchone())[1]
-        except psycopg.OperationalError as down:
-            raise StoreUnavailable(f"resource guard: {down}") from down
+        except psycopg.Error as failed:
+            raise _failed(failed, "read") from failed
 
 
 class AsyncPostgresResourceGuard:
     """The asyncio twin of :class:`PostgresResourceGuard`."""
 
     def __init__(self, conn: psycopg.AsyncConnection[Any], *,
-                 expiry_grace: timedelta | None = None) -> None:
+                 expiry_grace: timedelta = NO_GRACE, ignore_expiry: bool = False,
+                 schema: str = DEFAULT_SCHEMA) -> None:
         self.conn = conn
-        self.expiry_grace = check_expiry_grace(expiry_grace)
+        self._admit, self._state = ADMIT.at(schema).text, STATE.at(schema).text
+        self.expiry_grace = judged_grace(expiry_grace, ignore_expiry)
 
     async def admit(self, resource_id: str, token: FencingToken) -> GuardDecision:
         resource_id = check_resource_id(resource_id)
@@ -161,23 +195,23 @@ class AsyncPostgresResourceGuard:
             for _ in range(_ATTEMPTS):
                 async with self.conn.transaction(), \
                         self.conn.cursor(row_factory=tuple_row) as cur:
-                    await cur.execute(ADMIT, params)
+                    await cur.execute(self._admit, params)
                     admitted = await cur.fetchone()
                     if admitted is not None:
                         return GuardDecision(resource_id, None, int(admitted[0]))
-                    await cur.execute(STATE, params)
+                    await cur.execute(self._state, params)
                     named = _named(resource_id, token, self.expiry_grace, await cur.fetchone())
                 if named is not None:
                     return named
-        except psycopg.OperationalError as down:
-            raise StoreUnavailable(f"resource guard: {down}") from down
+        except psycopg.Error as failed:
+            raise _failed(failed, "admission") from failed
         raise _inconsistent(resource_id)
 
     async def state(self, resource_id: str) -> ResourceEpoch | None:
         resource_id = check_resource_id(resource_id)
         try:
             async with self.conn.transaction(), self.conn.cursor(row_factory=tuple_row) as cur:
-                await cur.execute(STATE, {"resource_id": resource_id})
+                await cur.execute(self._state, {"resource_id": resource_id})
                 return _state(await cur.fetchone())[1]
-        except psycopg.OperationalError as down:
-            raise StoreUnavailable(f"resource guard: {down}") from down
+        except psycopg.Error as failed:
+            raise _failed(failed, "read") from failed

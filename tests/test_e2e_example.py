@@ -162,7 +162,7 @@ def test_killed_holder_is_fenced_everywhere(gateways: Gateways,
     assert (token.identity, token.epoch) == (identity, 1)
     with psycopg.connect(gateways.dsn) as conn:
         with pytest.raises(FencedEffectRefused) as refused, \
-                fenced_transaction(conn, token) as cur:
+                fenced_transaction(conn, token, scopes=["ledger:write"]) as cur:
             cur.execute("INSERT INTO example_ledger (tenant_id, connector_id, epoch, n) "
                         "VALUES (%s, 'gw-a', 1, -1)", (tenant,))
         assert refused.value.reason is Reason.STALE_EPOCH

@@ -39,8 +39,10 @@ from mos_lease.fencing import (
     admission_refusal,
     admit,
     check_expiry_grace,
+    effect_refusal,
 )
 from mos_lease.identity import MAX_EPOCH
+from mos_lease.records import LeaseRow
 from mos_lease.token import FencingToken, format_token, parse_token
 from mos_lease_memory.fencing import AsyncInMemoryResourceGuard, InMemoryResourceGuard
 from mos_lease_pg.effects import fenced_transaction, fenced_transaction_async
@@ -50,6 +52,7 @@ from tests.pg_fixtures import StoreFactory
 NOW = datetime(2030, 1, 1, tzinfo=UTC)
 A = LeaseIdentity("acme", "agent-1", "binding-1")
 SCOPES = ("effects:write",)
+BEFORE = NOW - timedelta(seconds=1)  # a guard's clock while ``tok``'s tokens are unexpired
 
 
 def tok(epoch: int, identity: LeaseIdentity = A, *, expires_at: datetime = NOW,
@@ -61,7 +64,7 @@ def tok(epoch: int, identity: LeaseIdentity = A, *, expires_at: datetime = NOW,
 
 
 def test_first_token_binds_the_resource() -> None:
-    after, decision = admit(None, tok(3), "r1")
+    after, decision = admit(None, tok(3), "r1", now=BEFORE)
     assert decision == GuardDecision("r1", None, 3) and decision.ok
     assert after == ResourceEpoch(A, 3)
 
@@ -74,7 +77,7 @@ def test_first_token_binds_the_resource() -> None:
 ])
 def test_epoch_order(epoch: int, reason: FenceReason | None, highest: int) -> None:
     current = ResourceEpoch(A, 4)
-    after, decision = admit(current, tok(epoch), "r1")
+    after, decision = admit(current, tok(epoch), "r1", now=BEFORE)
     assert decision == GuardDecision("r1", reason, highest)
     assert after == (current if reason else ResourceEpoch(A, highest))
 
@@ -87,14 +90,19 @@ def test_epoch_order(epoch: int, reason: FenceReason | None, highest: int) -> No
 def test_another_identity_is_refused_whatever_its_epoch(other: LeaseIdentity) -> None:
     current = ResourceEpoch(A, 4)
     for epoch in (1, 4, 5, MAX_EPOCH):
-        after, decision = admit(current, tok(epoch, other), "r1")
+        after, decision = admit(current, tok(epoch, other), "r1", now=BEFORE)
         assert decision.reason is FenceReason.IDENTITY_MISMATCH
         assert after is current
 
 
-def test_expiry_is_judged_only_when_asked() -> None:
+def test_expiry_is_judged_unless_switched_off() -> None:
     old = tok(5, expires_at=NOW - timedelta(days=365))
-    assert admission_refusal(None, old) is None
+    assert admission_refusal(None, old, now=NOW) is FenceReason.TOKEN_EXPIRED
+    assert admission_refusal(None, tok(5), now=NOW) is FenceReason.TOKEN_EXPIRED  # no grace
+    assert admission_refusal(None, tok(5), now=NOW - timedelta(microseconds=1)) is None
+    assert admission_refusal(None, old, expiry_grace=None) is None  # ignore_expiry=True
+    with pytest.raises(InvalidInput, match="now"):
+        admission_refusal(None, old)  # on by default: a clock is needed
     grace = timedelta(seconds=2)
     assert admission_refusal(None, tok(5), now=NOW + grace - timedelta(microseconds=1),
                              expiry_grace=grace) is None
@@ -107,12 +115,21 @@ def test_expiry_is_judged_only_when_asked() -> None:
         admission_refusal(None, tok(5), expiry_grace=grace)
 
 
-@pytest.mark.parametrize("grace", [timedelta(seconds=-1), 2.0, "1s"])
+@pytest.mark.parametrize("grace", [timedelta(seconds=-1), 2.0, "1s", None])
 def test_expiry_grace_is_validated(grace: object) -> None:
     with pytest.raises(InvalidInput):
         check_expiry_grace(grace)
-    with pytest.raises(InvalidInput):
+    with pytest.raises(InvalidInput) as caught:
         InMemoryResourceGuard(expiry_grace=grace)  # type: ignore[arg-type]
+    if grace is None:  # what used to switch expiry off names the switch that does now
+        assert "ignore_expiry=True" in str(caught.value)
+
+
+@pytest.mark.parametrize("flag", [None, 1, "yes"])
+def test_ignore_expiry_must_be_a_bool(flag: object) -> None:
+    with pytest.raises(InvalidInput) as caught:
+        InMemoryResourceGuard(ignore_expiry=flag)  # type: ignore[arg-type]
+    assert caught.value.field == "ignore_expiry"
 
 
 def test_refused_effect_carries_its_reason() -> None:
@@ -120,6 +137,43 @@ def test_refused_effect_carries_its_reason() -> None:
     assert refused.reason is Reason.STALE_EPOCH
     assert "stale_epoch" in str(refused) and "epoch 3" in str(refused)
     assert FencedEffectRefused(FenceReason.TOKEN_EXPIRED).reason == "token_expired"
+
+
+def lease_row(**changes: Any) -> LeaseRow:
+    row = LeaseRow(identity=A, lease_id=UUID(int=4), connector_id="conn-a",
+                   scopes=("effects:admin", "effects:write"), epoch=4,
+                   acquired_at=NOW - timedelta(seconds=10), heartbeat_at=NOW,
+                   expires_at=NOW + timedelta(seconds=30), released_at=None, updated_at=NOW)
+    return attrs.evolve(row, **changes)
+
+
+@pytest.mark.parametrize(("row", "fence", "needed", "granted", "reason"), [
+    (lease_row(), tok(4, expires_at=NOW + timedelta(seconds=5)), SCOPES, SCOPES, None),
+    (None, tok(4), (), None, Reason.LEASE_MISSING),
+    (lease_row(epoch=5), tok(4), (), None, Reason.STALE_EPOCH),
+    (lease_row(epoch=3), tok(4), (), None, Reason.EPOCH_MISMATCH),
+    (lease_row(connector_id="conn-b"), tok(4), (), None, Reason.LEASE_REPLACED),
+    (lease_row(released_at=NOW), tok(4), (), None, Reason.LEASE_RELEASED),
+    # The lease's own state is named first, before the fence's expiry.
+    (lease_row(expires_at=NOW), tok(4), (), None, Reason.LEASE_EXPIRED),
+    # The lease is active but the fence's own validity ran out: what validate says.
+    (lease_row(), tok(4, expires_at=NOW), (), None, Reason.GRANT_EXPIRED),
+    (lease_row(), tok(4, expires_at=NOW - timedelta(seconds=0.5)), SCOPES, SCOPES,
+     Reason.GRANT_EXPIRED),
+    # Needed scopes: in the lease and (for a context) in the context.
+    (lease_row(), tok(4, expires_at=NOW + timedelta(seconds=5)), ("effects:admin",), SCOPES,
+     Reason.SCOPE_NOT_AUTHORIZED),
+    (lease_row(), tok(4, expires_at=NOW + timedelta(seconds=5)), ("effects:admin",), None,
+     None),  # a token: the lease alone decides
+    (lease_row(), tok(4, expires_at=NOW + timedelta(seconds=5)), ("effects:other",),
+     ("effects:other",), Reason.SCOPE_NOT_AUTHORIZED),
+    (lease_row(), tok(4, expires_at=NOW + timedelta(seconds=5)), ("effects:other",), None,
+     Reason.SCOPE_NOT_AUTHORIZED),
+])
+def test_effect_refusal(row: LeaseRow | None, fence: FencingToken, needed: tuple[str, ...],
+                        granted: tuple[str, ...] | None, reason: Reason | None) -> None:
+    fence = attrs.evolve(fence, lease_id=UUID(int=4))
+    assert effect_refusal(row, NOW, fence, needed=needed, granted=granted) is reason
 
 
 # --- the in-memory guard ------------------------------------------------------------------
@@ -211,6 +265,17 @@ def test_memory_guard_expiry_uses_its_clock() -> None:
     assert guard.state("r") == ResourceEpoch(A, 2)  # a refusal records nothing
     assert guard.admit("fresh", tok(1, expires_at=NOW)).reason is FenceReason.TOKEN_EXPIRED
     assert guard.state("fresh") is None
+
+
+def test_memory_guard_refuses_an_expired_token_by_default() -> None:
+    """Half a second after its expiry a token is refused by a guard built with no options,
+    as gateway validation refuses the grant it came from; only ``ignore_expiry`` admits it."""
+    later = NOW + timedelta(seconds=0.5)
+    guard = InMemoryResourceGuard(clock=lambda: later)
+    assert guard.admit("r", tok(2)) == GuardDecision("r", FenceReason.TOKEN_EXPIRED, None)
+    assert guard.admit("r", tok(2, expires_at=later + timedelta(microseconds=1))).ok
+    assert InMemoryResourceGuard(ignore_expiry=True, clock=lambda: later).admit(
+        "r", tok(2)).ok
 
 
 @pytest.mark.parametrize(("resource", "token", "field"), [
@@ -351,8 +416,11 @@ def test_pg_guard_expiry_by_database_clock(conn: psycopg.Connection[Any],
     assert guard.admit(resource, fresh).ok
     assert guard.admit(resource, attrs.evolve(stale, epoch=3)) == GuardDecision(
         resource, FenceReason.TOKEN_EXPIRED, 2)
-    # Off by default: a guard without a grace ignores expiry.
-    assert PostgresResourceGuard(conn).admit(resource, attrs.evolve(stale, epoch=3)).ok
+    # On by default, with no grace; only an explicit switch ignores expiry.
+    assert PostgresResourceGuard(conn).admit(resource, attrs.evolve(stale, epoch=3)) == \
+        GuardDecision(resource, FenceReason.TOKEN_EXPIRED, 2)
+    assert PostgresResourceGuard(conn, ignore_expiry=True).admit(
+        resource, attrs.evolve(stale, epoch=3)).ok
 
 
 @pytest.mark.pg
@@ -432,13 +500,13 @@ def test_fenced_effect_commits_with_a_current_lease(
         effects: str, ident: LeaseIdentity) -> None:
     gateway = pg_gateway(pg_stores)
     context = context_for(gateway, acquired(gateway, ident))
-    with fenced_transaction(conn, context) as cur:
+    with fenced_transaction(conn, context, scopes=SCOPES) as cur:
         write_note(cur, context, "first")
         assert status(conn) == TransactionStatus.INTRANS
     assert status(conn) == TransactionStatus.IDLE
     # A token parsed off a message fences just as well as the context.
     token = parse_token(format_token(context))
-    with fenced_transaction(conn, token) as cur:
+    with fenced_transaction(conn, token, scopes=SCOPES) as cur:
         write_note(cur, token, "second")
     assert notes(pg_admin, ident.tenant_id) == [(1, "first"), (1, "second")]
 
@@ -453,7 +521,7 @@ def test_fenced_effect_refusals(pg_stores: StoreFactory, conn: psycopg.Connectio
 
     def refused(fence: ConnectorExecutionContext | FencingToken) -> Reason | FenceReason:
         with pytest.raises(FencedEffectRefused) as caught, \
-                fenced_transaction(conn, fence) as cur:
+                fenced_transaction(conn, fence, scopes=SCOPES) as cur:
             write_note(cur, fence, "must not commit")
         assert status(conn) == TransactionStatus.IDLE
         return caught.value.reason
@@ -486,16 +554,18 @@ def test_fenced_effect_rolls_back_on_error_and_refuses_nesting(
         effects: str, ident: LeaseIdentity) -> None:
     gateway = pg_gateway(pg_stores)
     context = context_for(gateway, acquired(gateway, ident))
-    with pytest.raises(RuntimeError, match="caller"), fenced_transaction(conn, context) as cur:
+    with pytest.raises(RuntimeError, match="caller"), \
+            fenced_transaction(conn, context, scopes=SCOPES) as cur:
         write_note(cur, context, "rolled back")
         raise RuntimeError("caller failed")
     assert notes(pg_admin, ident.tenant_id) == []
     conn.execute("SELECT 1")  # an implicit transaction is now open on conn
-    with pytest.raises(InvalidInput) as caught, fenced_transaction(conn, context):
+    with pytest.raises(InvalidInput) as caught, fenced_transaction(conn, context, scopes=()):
         pass
     assert caught.value.field == "conn"
     conn.rollback()
-    with pytest.raises(InvalidInput) as caught, fenced_transaction(conn, "mlf1.x"):  # type: ignore[arg-type]
+    with pytest.raises(InvalidInput) as caught, \
+            fenced_transaction(conn, "mlf1.x", scopes=()):  # type: ignore[arg-type]
         pass
     assert caught.value.field == "context"
 
@@ -516,7 +586,7 @@ def test_takeover_waits_for_an_open_fenced_effect(
         taken.append(successor.takeover(ident, "conn-b", scopes=SCOPES, ttl=30,
                                         expected_epoch=1))
 
-    with fenced_transaction(conn, context) as cur:
+    with fenced_transaction(conn, context, scopes=SCOPES) as cur:
         thread = threading.Thread(target=take_over)
         thread.start()
         thread.join(0.5)
@@ -526,7 +596,8 @@ def test_takeover_waits_for_an_open_fenced_effect(
     assert len(taken) == 1 and taken[0].ok
     new_lease = taken[0].lease
     assert new_lease is not None and new_lease.epoch == 2
-    with pytest.raises(FencedEffectRefused) as caught, fenced_transaction(conn, context) as cur:
+    with pytest.raises(FencedEffectRefused) as caught, \
+            fenced_transaction(conn, context, scopes=SCOPES) as cur:
         write_note(cur, context, "too late")
     assert caught.value.reason is Reason.STALE_EPOCH
     assert notes(pg_admin, ident.tenant_id) == [(1, "in flight")]
@@ -545,7 +616,7 @@ def test_an_effect_waits_for_a_takeover_in_flight_then_is_refused(
     def effect() -> None:
         with psycopg.connect(pg_dsn) as own:
             try:
-                with fenced_transaction(own, context) as cur:
+                with fenced_transaction(own, context, scopes=SCOPES) as cur:
                     write_note(cur, context, "raced")
             except FencedEffectRefused as refused:
                 outcome.append(refused)
@@ -555,8 +626,11 @@ def test_an_effect_waits_for_a_takeover_in_flight_then_is_refused(
     with psycopg.connect(pg_dsn) as writer, writer.transaction():
         # What a takeover statement does to the row, held open so the effect must meet it.
         writer.execute(
-            "UPDATE logical_agent_connector_leases SET epoch = epoch + 1, "
-            "lease_id = gen_random_uuid(), connector_id = 'conn-b' WHERE tenant_id = %s",
+            "UPDATE mos_lease.logical_agent_connector_leases SET epoch = epoch + 1, "
+            "lease_id = gen_random_uuid(), connector_id = 'conn-b', "
+            "acquired_at = clock_timestamp(), heartbeat_at = clock_timestamp(), "
+            "expires_at = clock_timestamp() + interval '30 seconds', "
+            "updated_at = clock_timestamp(), released_at = NULL WHERE tenant_id = %s",
             (ident.tenant_id,))
         thread = threading.Thread(target=effect)
         thread.start()
@@ -577,13 +651,14 @@ def test_async_fenced_effect(pg_dsn: str, pg_stores: StoreFactory,
 
     async def scenario() -> Reason | FenceReason:
         async with await psycopg.AsyncConnection.connect(pg_dsn) as connection:
-            async with fenced_transaction_async(connection, context) as cur:
+            async with fenced_transaction_async(connection, context, scopes=SCOPES) as cur:
                 await cur.execute(f"INSERT INTO {EFFECTS_TABLE} (tenant_id, epoch, note) "
                                   "VALUES (%s, %s, %s)", (ident.tenant_id, 1, "async"))
             assert gateway.takeover(ident, "conn-b", scopes=SCOPES, ttl=30,
                                     expected_epoch=1).ok
             with pytest.raises(FencedEffectRefused) as caught:
-                async with fenced_transaction_async(connection, context) as cur:
+                async with fenced_transaction_async(connection, context,
+                                                    scopes=SCOPES) as cur:
                     await cur.execute("SELECT 1")
             return caught.value.reason
 
