@@ -59,7 +59,7 @@ def test_correct_model_verifies_exhaustively() -> None:
     output = result.stdout + result.stderr
     assert result.returncode == EXIT_VERIFIED, output
     assert "errors: 0" in output, output
-    assert "all 9 REACH paths explored" in output, output
+    assert "all 10 REACH paths explored" in output, output
     assert "check.sh: OK: exhaustive search, errors: 0" in output, output
 
 
@@ -75,6 +75,10 @@ def test_correct_model_verifies_exhaustively() -> None:
         ("blind_retry", "ev_committed"),
         # No refusal at the maximum epoch: the epoch wraps and goes backwards.
         ("epoch_wrap", "hi_epoch"),
+        # The clock read before the row lock (guarded_write.sql before issue 10): a heartbeat
+        # that waited for the lock renews a lease another gateway had already seen expire
+        # (A5). The correct model, run above, reads the clock after the lock and passes.
+        ("clock_before_lock", "exp_seen"),
     ],
 )
 def test_broken_variant_yields_a_counterexample(bug: str, assertion: str) -> None:

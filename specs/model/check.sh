@@ -3,7 +3,8 @@
 #
 #   specs/model/check.sh            the correct model: must report "errors: 0"
 #   BUG=1 specs/model/check.sh      the broken variant BUG_CACHED_VALIDATE: must fail
-#   BUG=no_epoch_cas|blind_retry|epoch_wrap|cached_validate specs/model/check.sh
+#   BUG=no_epoch_cas|blind_retry|epoch_wrap|cached_validate|clock_before_lock \
+#     specs/model/check.sh
 #   SPIN_DEFINES="-DMAX_FAULTS=2" PAN_CFLAGS=-DCOLLAPSE PAN_MEMLIM_MB=12000 \
 #     specs/model/check.sh          wider bounds (slower; see README.md)
 #
@@ -38,9 +39,10 @@ case "$bug" in
   no_epoch_cas) defines+=(-DBUG_NO_EPOCH_CAS) ;;
   blind_retry) defines+=(-DBUG_BLIND_RETRY) ;;
   epoch_wrap) defines+=(-DBUG_EPOCH_WRAP) ;;
+  clock_before_lock) defines+=(-DBUG_CLOCK_BEFORE_LOCK) ;;
   *)
     echo "check.sh: unknown BUG=$bug (use 1, cached_validate, no_epoch_cas, blind_retry," \
-         "epoch_wrap)" >&2
+         "epoch_wrap, clock_before_lock)" >&2
     exit 2 ;;
 esac
 if [[ ${#defines[@]} -gt 0 ]]; then

@@ -27,6 +27,13 @@
  *      (no wrap), and the audit row's epoch (success_epoch) is the epoch the row is now at.
  *   A4 (every reply) the outcome a gateway reports agrees with the durable audit: success
  *      only if its event committed, a denial only if it did not.
+ *   A5 (every write) time is read after the lock: no renewal or release of a lease commits
+ *      after another process observed that lease expired (exp_seen).
+ *
+ * The row lock: a guarded write first waits for the lease row's lock, then reads the clock,
+ * then judges its guard and commits, holding the lock. The Blocker process stands for a
+ * session holding the row (a fenced effect's FOR SHARE, another write): while it holds the
+ * lock, writes wait, the clock runs and unlocked reads (Load, validate) go on.
  *
  * Deliberately broken variants (each must produce a counterexample):
  *   -DBUG_CACHED_VALIDATE  validation trusts the gateway's cached row instead of rereading
@@ -34,6 +41,8 @@
  *   -DBUG_BLIND_RETRY      a write whose reply was lost is retried without reconciling
  *   -DBUG_EPOCH_WRAP       takeover omits the `row.epoch < MAX_EPOCH` refusal and guard;
  *                          the epoch counter wraps like a fixed-width integer
+ *   -DBUG_CLOCK_BEFORE_LOCK a write reads the clock before it waits for the row lock (the
+ *                          order guarded_write.sql had before issue 10)
  */
 
 /* ---- coverage ------------------------------------------------------------------------
@@ -88,6 +97,9 @@ bool r_rel;            /* released_at is set   */
 
 byte now;              /* the store's clock: the only time authority */
 
+bool blocked;          /* the Blocker holds the row lock: guarded writes wait            */
+bool exp_seen;         /* ghost: some read observed the current lease expired (A5)       */
+
 /* audit log, as far as reconciliation needs it: whether the event of gateway g's current
  * lifecycle attempt has been appended (Committed(event_id)). Each attempt has a fresh
  * event id, and a gateway only ever asks about its own current one, so one bit per
@@ -132,8 +144,9 @@ byte gr_exp[NC];
 
 /* ---- machine.py, transcribed ---------------------------------------------------------- */
 
-/* LeaseRow.state(now) is ACTIVE */
-#define ROW_ACTIVE (r_exists && !r_rel && r_exp > now)
+/* LeaseRow.state(now) is ACTIVE; a write judges it at wnow, the time it read */
+#define ROW_ACTIVE_AT(t) (r_exists && !r_rel && r_exp > (t))
+#define ROW_ACTIVE ROW_ACTIVE_AT(now)
 
 /* _matches(row, connector_id, lease_id, epoch) */
 #define MATCHES(conn, lid, ep) (r_epoch == (ep) && r_lid == (lid) && r_conn == (conn))
@@ -152,13 +165,14 @@ byte gr_exp[NC];
 #define NEXT_EPOCH (r_epoch + 1)
 #endif
 
-/* guard_holds(write, row, now). For Rotate, ep is expected_epoch and pre preempt_active. */
+/* guard_holds(write, row, wnow), judged at the time the write read (wnow). For Rotate, ep
+ * is expected_epoch and pre preempt_active. */
 #define GUARD_HOLDS(k, conn, lid, ep, pre)                                         \
   (  ((k) == W_INSERT && !r_exists)                                               \
   || (((k) == W_RENEW || (k) == W_CLOSE) && r_exists && MATCHES(conn, lid, ep)    \
-      && ROW_ACTIVE)                                                              \
+      && ROW_ACTIVE_AT(wnow))                                                     \
   || ((k) == W_ROTATE && r_exists && EPOCH_CAS(ep) && BELOW_MAX                   \
-      && ((pre) || !ROW_ACTIVE)) )
+      && ((pre) || !ROW_ACTIVE_AT(wnow))) )
 
 /* success_epoch(command): the epoch the audit row of a successful write records */
 #define AUDIT_EPOCH (k == W_INSERT -> 1 : (k == W_ROTATE -> ep + 1 : ep))
@@ -258,15 +272,16 @@ inline apply_write() {
   if
   :: k == W_INSERT ->
        lid = next_lid; next_lid++;
-       r_exists = 1; r_epoch = 1; r_lid = lid; r_conn = c; r_exp = now + LEASE_TTL; r_rel = 0
-  :: k == W_RENEW ->
-       r_exp = now + LEASE_TTL
-  :: k == W_CLOSE ->
-       r_rel = 1
+       r_exists = 1; r_epoch = 1; r_lid = lid; r_conn = c; r_exp = wnow + LEASE_TTL; r_rel = 0
+  :: k == W_RENEW || k == W_CLOSE ->
+       /* A5: a renewal or release commits only if nobody saw this lease expired first */
+       assert(!exp_seen);
+       if :: k == W_RENEW -> r_exp = wnow + LEASE_TTL :: else -> r_rel = 1 fi
   :: k == W_ROTATE ->
        lid = next_lid; next_lid++;
-       r_epoch = NEXT_EPOCH; r_lid = lid; r_conn = c; r_exp = now + LEASE_TTL; r_rel = 0
+       r_epoch = NEXT_EPOCH; r_lid = lid; r_conn = c; r_exp = wnow + LEASE_TTL; r_rel = 0
   fi;
+  exp_seen = 0;                     /* a new or renewed lease, or a released one: canonical */
   ev_committed[g] = 1;
   say_step(); printf(": COMMITTED, "); say_row(); printf("\n");
   assert(r_epoch >= hi_epoch && r_epoch <= MAX_EPOCH); /* A3: never backwards, never wraps  */
@@ -279,6 +294,15 @@ inline apply_write() {
 /* LeaseStore.apply with faults: the connection may drop before the store applies the
  * write, or the write may commit and its reply be lost. Either way: RES_LOST. */
 inline store_apply() {
+#ifdef BUG_CLOCK_BEFORE_LOCK
+  wnow = now;                       /* BUG: read the clock ...                           */
+  if :: blocked -> say_step(); printf(": read the clock, waits for the row lock\n")
+     :: else -> skip fi;
+  !blocked;                         /* ... then wait for the row lock: wnow goes stale   */
+#else
+  !blocked;                         /* wait for the row lock (atomicity is lost here)    */
+  wnow = now;                       /* read the clock holding it                         */
+#endif
   if
   :: faults < MAX_FAULTS -> faults++; res = RES_LOST;          /* dropped before commit */
        say_step(); printf(": connection dropped before commit; outcome unknown\n")
@@ -290,7 +314,27 @@ inline store_apply() {
             printf("      ... and G%d's reply was lost; outcome unknown to G%d\n", g, g)
        fi
   :: !GUARD_HOLDS(k, c, lid, ep, pre) -> res = RES_FAIL;
+       if
+       :: k == W_RENEW && exp_seen && r_lid == lid ->
+            REACH(10)               /* a renewal refused: its lease was seen expired */
+       :: else -> skip
+       fi;
        say_step(); printf(": refused by the store's guard\n")
+  fi;
+  wnow = 0                          /* canonical: the time read is used up */
+}
+
+/* An unlocked read (Load, validate) of the row at `now`: note whether it saw the current
+ * lease expired (A5). Noted only while the Blocker holds the row lock: a write is atomic
+ * once it holds the lock, so only a write waiting for the lock can carry a time read before
+ * an observation (and only in the broken order). Not noting the others keeps the ghost
+ * from splitting every expired state in two. */
+inline observe() {
+  if
+  :: blocked && r_exists && !r_rel && r_exp <= now && !exp_seen -> exp_seen = 1;
+       printf("t=%d G%d reads the row: lease %d EXPIRED (expires t=%d)\n", now, g, r_lid, r_exp)
+  :: r_exists && !r_rel && r_exp <= now && exp_seen -> skip
+  :: else -> skip
   fi
 }
 
@@ -326,6 +370,20 @@ inline restart() {
 
 /* ---- processes ------------------------------------------------------------------------ */
 
+/* A session holding the lease row lock for a while (FOR SHARE in a fenced effect, or any
+ * other transaction): guarded writes wait for it, unlocked reads do not. It may take the
+ * lock any number of times (no budget: a counter would only duplicate states). */
+active proctype Blocker() {
+end_free:
+  do
+  /* Only over an active lease: a lock held while no lease is active delays writes without
+   * making any time read stale across an expiry, so it adds states and no behaviour. */
+  :: atomic { !blocked && ROW_ACTIVE -> blocked = 1;
+              printf("t=%d a session takes the row lock\n", now) }
+  :: atomic { blocked -> blocked = 0; printf("t=%d the row lock is released\n", now) }
+  od
+}
+
 active proctype Clock() {
 end_tick:
   do
@@ -360,7 +418,7 @@ end_watch:
 }
 
 proctype Gateway(byte g) {
-  byte c, k, ep, lid, res;
+  byte c, k, ep, lid, res, wnow;
   bool pre, allowed;
 
 end_idle:
@@ -378,7 +436,7 @@ end_idle:
   :: atomic {
        if :: c = 0 :: c = 1 fi;
        k = W_ROTATE;
-       REMEMBER_ROW();
+       REMEMBER_ROW(); observe();
        /* the caller's expected_epoch: any epoch, current or stale */
        ep = 1;
        do :: ep < MAX_EPOCH -> ep++ :: break od;
@@ -420,7 +478,7 @@ end_idle:
   /* -- grant issue: reread the durable lease, then mint a process-local grant --------- */
   :: atomic {
        if :: h_has[0] -> c = 0 :: h_has[1] -> c = 1 fi;
-       REMEMBER_ROW();
+       REMEMBER_ROW(); observe();
        if
        :: HOLDER_OK(c, h_lid[c], h_epoch[c]) ->
             gr_has[c] = 1; gr_gw[c] = g; gr_gen[c] = gen[g];
@@ -437,6 +495,7 @@ end_idle:
   /* -- validate: a connector presents its grant (to any gateway) right before acting -- */
   :: atomic {
        if :: gr_has[0] -> c = 0 :: gr_has[1] -> c = 1 fi;
+       observe();
        if
        :: VALIDATES(g, c) ->
             /* A2: the adapter may run only for the current, active lease */
@@ -488,7 +547,7 @@ outcome:
 /* Load, then decide() on the fresh snapshot: deny, or try the write again. */
 reload:
   atomic {
-    REMEMBER_ROW();
+    REMEMBER_ROW(); observe();
     if
     :: k == W_INSERT -> allowed = !r_exists                 /* else lease_held / takeover_required */
     :: k == W_RENEW || k == W_CLOSE -> allowed = HOLDER_OK(c, lid, ep)
