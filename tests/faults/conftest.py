@@ -24,6 +24,7 @@ import psycopg
 import pytest
 
 from tests.faults.support import Table, save_table
+from tests.pg_support import in_schema
 
 _TABLES = pytest.StashKey[list[Table]]()
 _DIR = pytest.StashKey[Path]()
@@ -89,6 +90,8 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int,
 @pytest.fixture
 def admin(pg_dsn: str) -> Iterator[psycopg.Connection[Any]]:
     """An autocommit superuser connection to the run's database (the checker's reads and the
-    scenarios' direct manipulations go through it, never through the store under test)."""
-    with psycopg.connect(pg_dsn, autocommit=True, application_name="faults-admin") as conn:
+    scenarios' direct manipulations go through it, never through the store under test). Its
+    search_path finds the library's schema for that SQL; the stores under test use none."""
+    with psycopg.connect(in_schema(pg_dsn, "public,mos_lease"), autocommit=True,
+                         application_name="faults-admin") as conn:
         yield conn

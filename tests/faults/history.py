@@ -22,6 +22,14 @@ the guarantees state it, so it can catch the library disagreeing with itself. It
   heartbeats, releases and grant issues are audited only at the current epoch;
 * each epoch has exactly one winner (one lease id in the history, one success row in the
   audit log);
+* no operation that committed after another session observed the lease expired renews (or
+  releases) that lease: in the audit log, a ``renewed``/``released`` row of epoch E after (by
+  ``seq``) a ``lease_expired`` refusal of epoch E. The refusal's read came before its audit
+  append, and a guarded write's audit row is appended holding the row lock, so the write ran
+  after the lease was seen expired (identity ``seq`` values are drawn in time order). Only
+  ``lease_expired`` refusals count: they name the epoch they saw; an acquire's
+  ``takeover_required`` does not, and a takeover committing between its read and its append
+  would make any attribution unsound;
 * every committed change has exactly one audit row and nothing else has one: audit rows are
   matched to operations through their correlation id, an operation whose outcome is unknown
   (a killed process, ``CommitOutcomeUnknown``) may have at most one, an operation refused
@@ -157,6 +165,7 @@ class Kind(enum.StrEnum):
     AUDIT_DUPLICATE = "audit_duplicate"
     AUDIT_ORPHAN = "audit_orphan"
     FINAL_STATE = "final_state"
+    RENEWED_AFTER_SEEN_EXPIRED = "renewed_after_seen_expired"
     MALFORMED = "malformed"
 
 
@@ -199,6 +208,7 @@ def check_history(records: Sequence[OpRecord], audit_rows: Sequence[AuditRow], *
         violations += _check_stale(identity, ops)
         violations += _check_expiry(identity, ops)
     violations += _check_audit_epochs(audit_rows, initial_epochs or {})
+    violations += _check_seen_expired(audit_rows)
     if audited:
         violations += _check_audit_matches(records, audit_rows)
     if final_rows is not None:
@@ -370,6 +380,28 @@ def _check_audit_epochs(rows: Sequence[AuditRow], initial: Mapping[Ident, int]
             else:
                 yield Violation(Kind.AUDIT_ORPHAN, identity,
                                 f"audit seq {row.seq}: unexpected outcome {row.outcome!r}")
+
+
+def _check_seen_expired(rows: Sequence[AuditRow]) -> Iterator[Violation]:
+    """No renewal or release of a lease after (in log order) a refusal that saw it expired:
+    time is judged after the row lock, so such a write must be refused too."""
+    by_identity: dict[Ident, list[AuditRow]] = defaultdict(list)
+    for row in rows:
+        by_identity[row.identity].append(row)
+    for identity, id_rows in by_identity.items():
+        seen: dict[int, AuditRow] = {}  # epoch -> the first refusal that saw it expired
+        for row in sorted(id_rows, key=lambda r: r.seq):
+            if row.epoch is None:
+                continue
+            if row.outcome == DENIED and row.reason == "lease_expired":
+                seen.setdefault(row.epoch, row)
+            elif row.outcome in ("renewed", "released") and row.epoch in seen:
+                first = seen[row.epoch]
+                yield Violation(Kind.RENEWED_AFTER_SEEN_EXPIRED, identity,
+                                f"audit seq {row.seq}: {row.outcome} epoch {row.epoch} at "
+                                f"{row.recorded_at.isoformat()} after seq {first.seq} "
+                                f"({first.event}) saw it expired at "
+                                f"{first.recorded_at.isoformat()}")
 
 
 @dataclass(slots=True)

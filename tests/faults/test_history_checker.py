@@ -298,3 +298,43 @@ def test_records_round_trip_and_unfinished_calls_become_unknown() -> None:
     (unfinished,) = [r for r in parsed if r.n == dying.n]
     assert unfinished.status is Status.UNKNOWN and unfinished.end is None
     assert unfinished.args == {"expected_epoch": 2}
+
+
+def seen_expired_history(renewed: bool) -> tuple[list[OpRecord], list[AuditRow]]:
+    """Hole 1 of issue 10: c1's heartbeat is sent at 0.6 s and waits for the row lock; at
+    2.1 s another gateway's grant issue on the same lease is refused ``lease_expired``; the
+    heartbeat then commits (``renewed=True``, the planted violation) or is refused."""
+    acquire = op(Op.ACQUIRE, Status.OK, 0, 0.1, epoch=1, lease=L1, expires=2)
+    observer = op(Op.ISSUE_GRANT, Status.DENIED, 2.1, 2.2, epoch=1, reason="lease_expired",
+                  conn="c1")
+    rows = [row_for(acquire), row_for(observer, when=2.1)]  # seq in this order
+    if renewed:
+        beat = op(Op.HEARTBEAT, Status.OK, 0.6, 3.0, epoch=1, lease=L1, expires=60.6)
+        # Stamped with the clock it read before the wait, as the old statement did.
+        rows.append(row_for(beat, when=0.6))
+    else:
+        beat = op(Op.HEARTBEAT, Status.DENIED, 0.6, 3.0, epoch=1, reason="lease_expired")
+        rows.append(row_for(beat, when=2.9))
+    return [acquire, observer, beat], rows
+
+
+def test_renewal_committed_after_the_lease_was_seen_expired_is_caught() -> None:
+    records, rows = seen_expired_history(renewed=True)
+    violations = check_history(records, rows)
+    # Only the new rule sees it: the renewal started while the lease was still active.
+    assert kinds(violations) == {Kind.RENEWED_AFTER_SEEN_EXPIRED}, violations
+    assert "saw it expired" in str(violations[0])
+
+
+def test_renewal_refused_after_the_lease_was_seen_expired_passes() -> None:
+    records, rows = seen_expired_history(renewed=False)
+    assert check_history(records, rows) == []
+
+
+def test_renewal_of_a_newer_epoch_after_an_old_one_was_seen_expired_passes() -> None:
+    records, rows = seen_expired_history(renewed=False)
+    takeover = op(Op.TAKEOVER, Status.OK, 3.1, 3.2, epoch=2, lease=L2, expires=9, conn="c2")
+    beat = op(Op.HEARTBEAT, Status.OK, 4, 4.1, epoch=2, lease=L2, expires=10, conn="c2")
+    records += [takeover, beat]
+    rows += [row_for(takeover, when=3.1), row_for(beat, when=4)]
+    assert check_history(records, rows) == []

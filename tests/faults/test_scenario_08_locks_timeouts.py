@@ -39,10 +39,10 @@ HARD_CAP = 6.0  # the watchdog lets go here: anything this slow is a hang
 MARGIN = 1.0  # allowed beyond the configured timeout (several statements, reconnects)
 
 LOCKS: dict[str, str] = {
-    "row": "SELECT 1 FROM logical_agent_connector_leases WHERE tenant_id = %s "
+    "row": "SELECT 1 FROM mos_lease.logical_agent_connector_leases WHERE tenant_id = %s "
            "AND logical_agent_id = %s AND binding_id = %s FOR UPDATE",
-    "leases": "LOCK TABLE logical_agent_connector_leases IN ACCESS EXCLUSIVE MODE",
-    "audit": "LOCK TABLE connector_lease_audit_log IN ACCESS EXCLUSIVE MODE",
+    "leases": "LOCK TABLE mos_lease.logical_agent_connector_leases IN ACCESS EXCLUSIVE MODE",
+    "audit": "LOCK TABLE mos_lease.connector_lease_audit_log IN ACCESS EXCLUSIVE MODE",
 }
 CONFIGS: dict[str, dict[str, float]] = {
     f"lock_timeout {LOCK_TIMEOUT:g} s": {"lock_timeout": LOCK_TIMEOUT, "statement_timeout": 5},

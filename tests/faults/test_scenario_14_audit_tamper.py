@@ -57,7 +57,7 @@ def layout(pg_dsn: str, admin: psycopg.Connection[Any]) -> Iterator[dict[str, st
     try:
         apply_roles(admin, **names)
         owner_dsn = with_params(pg_dsn, user=names["owner_role"])
-        migrate(owner_dsn)
+        migrate(owner_dsn, schema=names["schema_name"], allow_second_copy=True)
         apply_roles(admin, **names)  # again, to grant on the tables that now exist
         yield {**names, "owner_dsn": owner_dsn,
                "gateway_dsn": with_params(pg_dsn, user=names["gateway_role"])}
@@ -139,12 +139,12 @@ class _Capture(logging.Handler):
 
 
 def _work_with_canaries(gateway_dsn: str, canary: dict[str, str],
-                        capture: _Capture) -> tuple[list[str], list[str]]:
+                        capture: _Capture, schema: str) -> tuple[list[str], list[str]]:
     """A gateway's ordinary work with canaries planted everywhere a secret could ride along;
     every log record meanwhile goes to ``capture``. Returns the fencing tokens the adapter
     propagated and the adapter exceptions that reached the caller."""
     tokens: list[str] = []
-    store = PostgresLeaseStore(gateway_dsn, settings=ConnectionSettings(
+    store = PostgresLeaseStore(gateway_dsn, settings=ConnectionSettings(schema=schema,
         application_name="faults-canary"))
     coordinator = ConnectorLeaseCoordinator(store, AllowAllPolicy())
     root = logging.getLogger()
@@ -208,7 +208,7 @@ def test_audit_tampering_and_canaries(layout: dict[str, str], admin: psycopg.Con
         "scope", "refused_scope", "policy_scope", "request", "result", "error", "corr")}
     log_size = SERVER_LOG.stat().st_size if os.access(SERVER_LOG, os.R_OK) else None
     capture = _Capture()
-    tokens, caught = _work_with_canaries(gateway_dsn, canary, capture)
+    tokens, caught = _work_with_canaries(gateway_dsn, canary, capture, layout["schema_name"])
 
     with psycopg.connect(owner_dsn, autocommit=True) as owner:
         before = _audit_hash(owner)
