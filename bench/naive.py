@@ -25,7 +25,7 @@ SELECT t.now, l.lease_id, l.connector_id, l.epoch, l.released_at, l.expires_at
 FROM (SELECT clock_timestamp() AS now) AS t
 LEFT JOIN LATERAL (
     SELECT lease_id, connector_id, epoch, released_at, expires_at
-    FROM logical_agent_connector_leases
+    FROM mos_lease.logical_agent_connector_leases
     WHERE tenant_id = %(tenant_id)s AND logical_agent_id = %(logical_agent_id)s
       AND binding_id = %(binding_id)s
     FOR UPDATE
@@ -35,20 +35,20 @@ LEFT JOIN LATERAL (
 _KEY = (b" WHERE tenant_id = %(tenant_id)s AND logical_agent_id = %(logical_agent_id)s"
         b" AND binding_id = %(binding_id)s")
 
-_RENEW = (b"UPDATE logical_agent_connector_leases SET heartbeat_at = %(now)s,"
+_RENEW = (b"UPDATE mos_lease.logical_agent_connector_leases SET heartbeat_at = %(now)s,"
           b" expires_at = %(now)s + %(ttl)s::interval, updated_at = %(now)s" + _KEY)
 
-_CLOSE = (b"UPDATE logical_agent_connector_leases SET released_at = %(now)s,"
+_CLOSE = (b"UPDATE mos_lease.logical_agent_connector_leases SET released_at = %(now)s,"
           b" updated_at = %(now)s" + _KEY)
 
-_ROTATE = (b"UPDATE logical_agent_connector_leases SET lease_id = %(new_lease_id)s,"
+_ROTATE = (b"UPDATE mos_lease.logical_agent_connector_leases SET lease_id = %(new_lease_id)s,"
            b" epoch = epoch + 1, connector_id = %(connector_id)s,"
            b" allowed_scopes = %(scopes)s::text[], acquired_at = %(now)s,"
            b" heartbeat_at = %(now)s, expires_at = %(now)s + %(ttl)s::interval,"
            b" released_at = NULL, updated_at = %(now)s" + _KEY)
 
 _INSERT = b"""
-INSERT INTO logical_agent_connector_leases
+INSERT INTO mos_lease.logical_agent_connector_leases
     (tenant_id, logical_agent_id, binding_id, lease_id, connector_id, allowed_scopes, epoch,
      acquired_at, heartbeat_at, expires_at, released_at, updated_at)
 VALUES (%(tenant_id)s, %(logical_agent_id)s, %(binding_id)s, %(new_lease_id)s,
@@ -58,7 +58,7 @@ ON CONFLICT DO NOTHING
 """
 
 _AUDIT = b"""
-INSERT INTO connector_lease_audit_log
+INSERT INTO mos_lease.connector_lease_audit_log
     (event_id, event, outcome, reason, tenant_id, logical_agent_id, binding_id, connector_id,
      epoch, correlation_id, recorded_at)
 VALUES (%(event_id)s, %(event)s, %(outcome)s, NULL, %(tenant_id)s, %(logical_agent_id)s,

@@ -28,7 +28,7 @@ from mos_lease import (
     LeaseHandle,
     LeaseIdentity,
 )
-from mos_lease_pg import PostgresLeaseStore, migrate
+from mos_lease_pg import ConnectionSettings, PostgresLeaseStore, migrate
 
 SAMPLE = 256
 TENANT = "scale"
@@ -59,14 +59,15 @@ class _Side:
     """One schema: its rows, its store, and fresh grants for a sample of its rows."""
 
     def __init__(self, dsn: str, schema: str, rows: int) -> None:
+        # The search_path is for the bulk load's own SQL below; the library names the schema.
         self.dsn = make_conninfo(dsn, options=f"-c search_path={schema}")
         create_schema(dsn, schema)
-        migrate(self.dsn)
+        migrate(self.dsn, schema=schema, allow_second_copy=True)  # two copies, on purpose
         with psycopg.connect(self.dsn, autocommit=True) as conn:
             conn.execute(_BULK, {"n": rows})
             conn.execute(b"VACUUM ANALYZE logical_agent_connector_leases")
         self.rows = rows
-        self.store = PostgresLeaseStore(self.dsn)
+        self.store = PostgresLeaseStore(self.dsn, settings=ConnectionSettings(schema=schema))
         self.coord = ConnectorLeaseCoordinator(self.store, AllowAllPolicy())
         picks = random.Random(rows).sample(range(1, rows + 1), min(SAMPLE, rows))
         self.identities = [LeaseIdentity(TENANT, f"agent-{g}", "main") for g in picks]

@@ -9,7 +9,9 @@ Each gateway process:
 * embeds an :class:`~mos_lease.AsyncConnectorLeaseCoordinator` on an
   :class:`~mos_lease_pg.AsyncPostgresLeaseStore`;
 * acquires the binding's lease (or takes it over once it has expired) and keeps it with an
-  :class:`~mos_lease.keeper.AsyncLeaseKeeper`;
+  :class:`~mos_lease.keeper.AsyncLeaseKeeper`, whose heartbeats go through a store (a
+  connection) of their own, so a heartbeat stuck on its connection never holds up the
+  validations on the other (``docs/adapters.md``, section 6);
 * every ``--interval`` seconds issues a grant and runs :class:`LedgerAdapter` through the
   coordinator. The adapter sees only the context. It writes one ledger row in a fenced
   transaction (the lease row checked in the same transaction), then delivers a message
@@ -136,7 +138,7 @@ class LedgerAdapter:
         self.key = key
 
     async def execute(self, context: ConnectorExecutionContext, n: int, /) -> Receipt:
-        async with fenced_transaction_async(self.conn, context) as cur:
+        async with fenced_transaction_async(self.conn, context, scopes=SCOPES) as cur:
             await cur.execute(
                 "INSERT INTO example_ledger (tenant_id, connector_id, epoch, n) "
                 "VALUES (%s, %s, %s, %s) RETURNING seq",
@@ -169,12 +171,12 @@ def context_from(fields: dict[str, Any]) -> ConnectorExecutionContext:
 
 
 async def hold_and_work(args: argparse.Namespace, coordinator: AsyncConnectorLeaseCoordinator,
-                        adapter: LedgerAdapter, identity: LeaseIdentity,
-                        stop: asyncio.Event) -> None:
+                        heartbeats: AsyncConnectorLeaseCoordinator, adapter: LedgerAdapter,
+                        identity: LeaseIdentity, stop: asyncio.Event) -> None:
     """Get the lease, work while it is held, and start over whenever it is lost."""
     n = 0
     while not stop.is_set():
-        keeper = AsyncLeaseKeeper(coordinator, ttl=args.ttl)
+        keeper = AsyncLeaseKeeper(coordinator, ttl=args.ttl, heartbeat_coordinator=heartbeats)
         try:
             result = await keeper.acquire(identity, args.connector_id, scopes=SCOPES)
             if result.reason is Reason.TAKEOVER_REQUIRED and result.current_epoch is not None:
@@ -236,15 +238,21 @@ async def serve(args: argparse.Namespace) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    # Two stores, two connections: grants and validation on one, the keeper's heartbeats
+    # on the other. (Grants are accepted only by the coordinator that minted them, so the
+    # keeper issues them through ``coordinator`` and only renews through ``heartbeats``.)
     store = AsyncPostgresLeaseStore(args.dsn)
+    keeper_store = AsyncPostgresLeaseStore(args.dsn)
     try:
         async with await psycopg.AsyncConnection.connect(args.dsn) as effects, \
                 await psycopg.AsyncConnection.connect(args.dsn) as downstream:
             adapter = LedgerAdapter(effects, Mailbox(downstream, args.key), args.key)
             coordinator = AsyncConnectorLeaseCoordinator(store, policy)
+            heartbeats = AsyncConnectorLeaseCoordinator(keeper_store, policy)
             emit("started", connector_id=args.connector_id, identity=str(identity))
-            await hold_and_work(args, coordinator, adapter, identity, stop)
+            await hold_and_work(args, coordinator, heartbeats, adapter, identity, stop)
     finally:
+        await keeper_store.aclose()
         await store.aclose()
     return 0
 
@@ -257,7 +265,7 @@ async def replay(args: argparse.Namespace) -> int:
     async with await psycopg.AsyncConnection.connect(args.dsn) as conn, \
             await psycopg.AsyncConnection.connect(args.dsn) as downstream:
         try:
-            async with fenced_transaction_async(conn, context) as cur:
+            async with fenced_transaction_async(conn, context, scopes=SCOPES) as cur:
                 await cur.execute(
                     "INSERT INTO example_ledger (tenant_id, connector_id, epoch, n) "
                     "VALUES (%s, %s, %s, %s)",

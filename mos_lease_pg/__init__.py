@@ -8,20 +8,26 @@ from mos_lease_pg.connection import ConnectionSettings, connect_kwargs, make_poo
 from mos_lease_pg.migrations import (
     Migration,
     MigrationError,
+    SecondCopyRefused,
     applied_versions,
     available_migrations,
     migrate,
 )
+from mos_lease_pg.preflight import SchemaCheck
 from mos_lease_pg.roles import apply_roles, role_script
 from mos_lease_pg.schema import describe_schema
+from mos_lease_pg.statements import DEFAULT_SCHEMA
 from mos_lease_pg.store import AsyncPostgresLeaseStore, PostgresLeaseStore
 
 __all__ = [
+    "DEFAULT_SCHEMA",
     "AsyncPostgresLeaseStore",
     "ConnectionSettings",
     "Migration",
     "MigrationError",
     "PostgresLeaseStore",
+    "SchemaCheck",
+    "SecondCopyRefused",
     "applied_versions",
     "apply_roles",
     "available_migrations",

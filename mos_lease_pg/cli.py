@@ -2,7 +2,9 @@
 
 The main ``mos-lease`` command calls :func:`register` to add them; ``python -m
 mos_lease_pg`` runs them on their own. ``--dsn`` defaults to the ``MOS_LEASE_DSN``
-environment variable, so a password need not appear in the process list.
+environment variable, so a password need not appear in the process list. ``--schema``
+(default ``$MOS_LEASE_SCHEMA``, else ``mos_lease``) names the schema every command uses: the
+connecting role's search_path is never consulted.
 """
 
 from __future__ import annotations
@@ -15,12 +17,15 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from mos_lease.errors import MosLeaseError
+from mos_lease.errors import ConfigurationError, MosLeaseError
 from mos_lease.records import AuditRecord, LeaseRow
+from mos_lease_pg.connection import ConnectionSettings
 from mos_lease_pg.migrations import applied_versions, available_migrations, migrate
+from mos_lease_pg.statements import DEFAULT_SCHEMA, check_schema
 from mos_lease_pg.store import MAX_AUDIT_PAGE, PostgresLeaseStore
 
 DSN_ENV = "MOS_LEASE_DSN"
+SCHEMA_ENV = "MOS_LEASE_SCHEMA"
 
 
 def _iso(value: datetime | None) -> str | None:
@@ -32,6 +37,20 @@ def _add_dsn(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--dsn", default=default, required=default is None,
         help=f"libpq connection string or postgresql:// URL (default: ${DSN_ENV})")
+    parser.add_argument(
+        "--schema", type=_schema, default=os.environ.get(SCHEMA_ENV, DEFAULT_SCHEMA),
+        help=f"schema of the mos-lease tables (default: ${SCHEMA_ENV}, else {DEFAULT_SCHEMA})")
+
+
+def _schema(value: str) -> str:
+    try:
+        return check_schema(value)
+    except ConfigurationError as bad:
+        raise argparse.ArgumentTypeError(str(bad)) from None
+
+
+def _store(args: argparse.Namespace) -> PostgresLeaseStore:
+    return PostgresLeaseStore(args.dsn, settings=ConnectionSettings(schema=args.schema))
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -39,8 +58,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     migrate_parser = subparsers.add_parser(
         "migrate", help="create or upgrade the mos-lease schema (idempotent)",
         description="Apply pending schema migrations. Safe to run from several hosts at "
-                    "once; run it as the owner role (see mos_lease_pg/sql/roles.sql).")
+                    "once; run it as the owner role (see mos_lease_pg/sql/roles.sql). "
+                    "Refuses to build the tables when another schema of the database "
+                    "already holds them.")
     _add_dsn(migrate_parser)
+    migrate_parser.add_argument(
+        "--allow-second-copy", action="store_true",
+        help="build the tables even though another schema of this database holds them")
     migrate_parser.set_defaults(func=run_migrate)
 
     status_parser = subparsers.add_parser(
@@ -73,8 +97,9 @@ def _fail(error: Exception) -> int:
 
 def run_migrate(args: argparse.Namespace) -> int:
     try:
-        applied = migrate(args.dsn)
-        current = applied_versions(args.dsn)
+        applied = migrate(args.dsn, schema=args.schema,
+                          allow_second_copy=args.allow_second_copy)
+        current = applied_versions(args.dsn, schema=args.schema)
     except MosLeaseError as error:
         return _fail(error)
     known = {m.version for m in available_migrations()}
@@ -82,7 +107,7 @@ def run_migrate(args: argparse.Namespace) -> int:
         print(f"applied migrations: {', '.join(str(v) for v in applied)}")
     else:
         print("schema is up to date")
-    print(f"schema version: {max(current, default=0)}")
+    print(f"schema {args.schema} version: {max(current, default=0)}")
     newer = sorted(set(current) - known)
     if newer:
         print(f"note: the database has versions this package does not know: {newer}")
@@ -110,7 +135,7 @@ def run_status(args: argparse.Namespace) -> int:
     # The lease UUID is deliberately not shown: together with connector and epoch it is
     # what a heartbeat or release matches.
     try:
-        with PostgresLeaseStore(args.dsn) as store:
+        with _store(args) as store:
             now = store.now()
             rows = store.leases(args.tenant)
     except MosLeaseError as error:
@@ -145,7 +170,7 @@ def _audit_json(record: AuditRecord) -> dict[str, Any]:
 
 def run_audit(args: argparse.Namespace) -> int:
     try:
-        with PostgresLeaseStore(args.dsn) as store:
+        with _store(args) as store:
             records = store.search_audit(
                 tenant_id=args.tenant, logical_agent_id=args.agent, binding_id=args.binding,
                 after_seq=args.after_seq, limit=args.limit)

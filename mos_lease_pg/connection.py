@@ -6,6 +6,11 @@ transaction-pooling proxy. The timeouts travel as libpq ``options`` (``-c
 statement_timeout=...``) at connect time; where a proxy refuses startup options, turn
 ``session_options`` off and set them on the role instead (``roles.sql`` does).
 
+Every call is bounded in time on the client too (``ConnectionSettings.call_timeout``): a
+call that has not finished by then is cancelled, its socket shut down and its connection
+discarded (:mod:`mos_lease_pg.deadline`), and libpq's ``tcp_user_timeout`` and TCP
+keepalives are set so that the kernel, too, gives up on a peer that stopped answering.
+
 A dedicated connection is the fast path (no pool checkout per call: measured at
 ~19 µs per checkout, ~40% of a validation). It is opened on first use and replaced on the
 next call after it broke, so the store recovers from a database restart by itself.
@@ -14,11 +19,13 @@ next call after it broke, so the store recovers from a database restart by itsel
 from __future__ import annotations
 
 import asyncio
+import math
 import threading
+import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from datetime import timedelta
-from typing import Any, Generic, TypeVar
+from typing import Any, Final, Generic, TypeVar
 
 import attrs
 import psycopg
@@ -26,6 +33,8 @@ import psycopg_pool
 from psycopg.conninfo import conninfo_to_dict
 
 from mos_lease.errors import ConfigurationError, StoreUnavailable
+from mos_lease_pg import preflight
+from mos_lease_pg.statements import DEFAULT_SCHEMA, check_schema
 from mos_lease_pg.translate import unavailable_on_checkout
 from mos_lease_pg.wire import C, Wire
 
@@ -38,8 +47,18 @@ def _positive_or_none(_inst: object, attr: attrs.Attribute[Any], value: object) 
 
 
 def _positive_seconds(_inst: object, attr: attrs.Attribute[Any], value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+    if (isinstance(value, bool) or not isinstance(value, int | float) or not value > 0
+            or not math.isfinite(value)):
         raise ConfigurationError(f"{attr.name} must be a positive number of seconds")
+
+
+def _positive_seconds_or_none(inst: object, attr: attrs.Attribute[Any], value: object) -> None:
+    if value is not None:
+        _positive_seconds(inst, attr, value)
+
+
+# With no statement timeout, the call bound still needs one to start from.
+_UNTIMED_STATEMENT: Final = timedelta(seconds=30)
 
 
 @attrs.frozen(slots=True)
@@ -51,7 +70,15 @@ class ConnectionSettings:
     ``connect_timeout`` (seconds, libpq rounds up to at least 2) bounds opening a connection
     and ``pool_timeout`` (seconds) waiting for a pooled one. ``prepare`` uses server-side
     prepared statements (turn it off behind a proxy that cannot track them).
-    ``session_options`` sends the timeouts as libpq startup options.
+    ``session_options`` sends the timeouts as libpq startup options. ``schema`` is where
+    the tables are (every statement names it; the session's search_path is never used).
+
+    ``call_timeout`` (seconds) bounds every store call on the client, whatever the network
+    does (a silent or half-open peer, replies that never come): by then the call has
+    returned or raised. ``None`` (the default) means ``statement_timeout`` + 1 s (31 s
+    without a statement timeout); see :meth:`call_bound`. A write cut off this way raises
+    ``CommitOutcomeUnknown`` and is reconciled; a read raises ``StoreUnavailable``. Opening
+    a new connection is bounded by ``connect_timeout`` on top of it.
     """
 
     statement_timeout: timedelta | None = attrs.field(default=timedelta(seconds=5),
@@ -63,6 +90,17 @@ class ConnectionSettings:
     prepare: bool = True
     session_options: bool = True
     application_name: str = "mos-lease"
+    schema: str = attrs.field(default=DEFAULT_SCHEMA,
+                              validator=lambda _i, a, v: check_schema(v, a.name))
+    call_timeout: float | None = attrs.field(default=None,
+                                             validator=_positive_seconds_or_none)
+
+    def call_bound(self) -> float:
+        """The client-side bound of one call, in seconds (see ``call_timeout``)."""
+        if self.call_timeout is not None:
+            return float(self.call_timeout)
+        statement = self.statement_timeout or _UNTIMED_STATEMENT
+        return statement.total_seconds() + 1.0
 
     def options(self) -> list[str]:
         """The ``-c name=value`` startup options these settings send."""
@@ -100,7 +138,26 @@ def connect_kwargs(conninfo: str, settings: ConnectionSettings) -> dict[str, Any
         kwargs["connect_timeout"] = max(2, round(settings.connect_timeout))
     if "application_name" not in given:
         kwargs["application_name"] = settings.application_name
+    # The kernel's own bounds on a peer that stopped answering: unacknowledged data is given
+    # up after the call bound, and an idle connection is probed. A DSN's values win.
+    bound = settings.call_bound()
+    for name, value in (("tcp_user_timeout", max(1, round(bound * 1000))), ("keepalives", 1),
+                        ("keepalives_idle", max(1, round(bound))),
+                        ("keepalives_interval", 1), ("keepalives_count", 3)):
+        if name not in given:
+            kwargs[name] = value
     return kwargs
+
+
+def remaining(deadline: float | None, bound: float) -> float:
+    """Seconds left until ``deadline`` (a ``time.monotonic()`` value; ``None``: a whole
+    ``bound`` from now), at least 0."""
+    return bound if deadline is None else max(0.0, deadline - time.monotonic())
+
+
+def _busy(bound: float) -> StoreUnavailable:
+    return StoreUnavailable(
+        f"the store's connection stayed busy: no turn on it within the {bound:g} s call bound")
 
 
 def make_pool(conninfo: str, settings: ConnectionSettings | None = None, *,
@@ -141,14 +198,27 @@ class _Dedicated(Generic[C]):
     def __init__(self, conninfo: str, settings: ConnectionSettings) -> None:
         self._conninfo = conninfo
         self._kwargs = connect_kwargs(conninfo, settings)
+        self._given = conninfo_to_dict(conninfo)  # valid: connect_kwargs parsed it
         self._prepare = settings.prepare
         self._wire: Wire[C] | None = None
         self._closed = False
+        self._bound = settings.call_bound()
+        self._schema = settings.schema
+        # Set by the first connection's schema check (preflight.py), which runs once.
+        self.schema_check: preflight.SchemaCheck | None = None
 
     def _usable(self) -> Wire[C] | None:
         """The current sender if its connection is still open (a broken one is closed)."""
         wire = self._wire
         return wire if wire is not None and not wire.conn.closed else None
+
+    def _connect_kwargs(self, deadline: float | None) -> dict[str, Any]:
+        # Opening a connection counts against the call's deadline too (libpq waits at least
+        # 2 s, so a call that must connect with less left may overrun by that much).
+        if deadline is None or "connect_timeout" in self._given:
+            return self._kwargs
+        left = math.ceil(min(self._kwargs["connect_timeout"], remaining(deadline, self._bound)))
+        return {**self._kwargs, "connect_timeout": max(2, left)}
 
     def _refuse_if_closed(self) -> None:
         if self._closed:
@@ -165,7 +235,7 @@ class DedicatedConnection(_Dedicated[psycopg.Connection[Any]]):
         # another thread's statement would join a pipeline (a batch) in progress.
         self._in_use = threading.Lock()
 
-    def _current(self) -> Wire[psycopg.Connection[Any]]:
+    def _current(self, deadline: float | None = None) -> Wire[psycopg.Connection[Any]]:
         wire = self._usable()
         if wire is not None:
             return wire
@@ -177,16 +247,24 @@ class DedicatedConnection(_Dedicated[psycopg.Connection[Any]]):
                     self._wire.conn.close()
                     self._wire = None
                 try:
-                    conn = psycopg.Connection.connect(self._conninfo, **self._kwargs)
+                    conn = psycopg.Connection.connect(self._conninfo,
+                                                      **self._connect_kwargs(deadline))
                 except psycopg.Error as exc:
                     raise unavailable_on_checkout(exc, pool_timeout=0) from exc
+                if self.schema_check is None:
+                    self.schema_check = preflight.first_use(conn, self._schema, owned=True)
                 wire = self._wire = Wire(conn, prepare=self._prepare)
             return wire
 
     @contextmanager
-    def checkout(self) -> Iterator[Wire[psycopg.Connection[Any]]]:
-        with self._in_use:
-            yield self._current()
+    def checkout(self, deadline: float | None = None) -> Iterator[Wire[psycopg.Connection[Any]]]:
+        # A call stuck on the connection holds this lock only until its own deadline.
+        if not self._in_use.acquire(timeout=remaining(deadline, self._bound)):
+            raise _busy(self._bound)
+        try:
+            yield self._current(deadline)
+        finally:
+            self._in_use.release()
 
     def close(self) -> None:
         with self._lock:
@@ -202,7 +280,11 @@ class _Pooled(Generic[P]):
     def __init__(self, pool: P, settings: ConnectionSettings) -> None:
         self._pool: P = pool
         self._timeout = settings.pool_timeout
+        self._bound = settings.call_bound()
         self._prepare = settings.prepare
+        self._schema = settings.schema
+        # Set by the first checkout's schema check (preflight.py), which runs once.
+        self.schema_check: preflight.SchemaCheck | None = None
 
     def _unavailable(self, exc: psycopg.Error) -> StoreUnavailable:
         # PoolTimeout, PoolClosed, ... are psycopg errors too.
@@ -213,13 +295,16 @@ class PooledConnection(_Pooled[psycopg_pool.ConnectionPool[Any]]):
     """Connections checked out of a caller-owned ``ConnectionPool`` for one call each."""
 
     @contextmanager
-    def checkout(self) -> Iterator[Wire[psycopg.Connection[Any]]]:
+    def checkout(self, deadline: float | None = None) -> Iterator[Wire[psycopg.Connection[Any]]]:
         try:
-            conn = self._pool.getconn(timeout=self._timeout)
+            conn = self._pool.getconn(
+                timeout=min(self._timeout, remaining(deadline, self._bound)))
         except psycopg.Error as exc:
             raise self._unavailable(exc) from exc
         try:
             _check_autocommit(conn)
+            if self.schema_check is None:
+                self.schema_check = preflight.first_use(conn, self._schema, owned=False)
             yield Wire(conn, prepare=self._prepare)
         finally:
             # The pool replaces a connection that comes back broken.
@@ -237,7 +322,8 @@ class AsyncDedicatedConnection(_Dedicated[psycopg.AsyncConnection[Any]]):
         self._lock = asyncio.Lock()
         self._in_use = asyncio.Lock()  # see DedicatedConnection
 
-    async def _current(self) -> Wire[psycopg.AsyncConnection[Any]]:
+    async def _current(self, deadline: float | None = None
+                       ) -> Wire[psycopg.AsyncConnection[Any]]:
         wire = self._usable()
         if wire is not None:
             return wire
@@ -249,16 +335,27 @@ class AsyncDedicatedConnection(_Dedicated[psycopg.AsyncConnection[Any]]):
                     await self._wire.conn.close()
                     self._wire = None
                 try:
-                    conn = await psycopg.AsyncConnection.connect(self._conninfo, **self._kwargs)
+                    conn = await psycopg.AsyncConnection.connect(
+                        self._conninfo, **self._connect_kwargs(deadline))
                 except psycopg.Error as exc:
                     raise unavailable_on_checkout(exc, pool_timeout=0) from exc
+                if self.schema_check is None:
+                    self.schema_check = await preflight.first_use_async(
+                        conn, self._schema, owned=True)
                 wire = self._wire = Wire(conn, prepare=self._prepare)
             return wire
 
     @asynccontextmanager
-    async def checkout(self) -> AsyncIterator[Wire[psycopg.AsyncConnection[Any]]]:
-        async with self._in_use:
-            yield await self._current()
+    async def checkout(self, deadline: float | None = None
+                       ) -> AsyncIterator[Wire[psycopg.AsyncConnection[Any]]]:
+        try:
+            await asyncio.wait_for(self._in_use.acquire(), remaining(deadline, self._bound))
+        except TimeoutError:
+            raise _busy(self._bound) from None
+        try:
+            yield await self._current(deadline)
+        finally:
+            self._in_use.release()
 
     async def close(self) -> None:
         async with self._lock:
@@ -272,13 +369,18 @@ class AsyncPooledConnection(_Pooled[psycopg_pool.AsyncConnectionPool[Any]]):
     """The asyncio twin of :class:`PooledConnection`."""
 
     @asynccontextmanager
-    async def checkout(self) -> AsyncIterator[Wire[psycopg.AsyncConnection[Any]]]:
+    async def checkout(self, deadline: float | None = None
+                       ) -> AsyncIterator[Wire[psycopg.AsyncConnection[Any]]]:
         try:
-            conn = await self._pool.getconn(timeout=self._timeout)
+            conn = await self._pool.getconn(
+                timeout=min(self._timeout, remaining(deadline, self._bound)))
         except psycopg.Error as exc:
             raise self._unavailable(exc) from exc
         try:
             _check_autocommit(conn)
+            if self.schema_check is None:
+                self.schema_check = await preflight.first_use_async(
+                    conn, self._schema, owned=False)
             yield Wire(conn, prepare=self._prepare)
         finally:
             await self._pool.putconn(conn)

@@ -6,8 +6,14 @@ version in its own transaction, holding an ACCESS EXCLUSIVE lock on that table w
 checks and applies, so concurrent migrators queue up and each version is applied once. No
 advisory locks, so it also works through a transaction-pooling proxy.
 
-Objects are created in the first schema of the connecting role's search_path; run it as the
-owner role (see ``roles.sql``).
+The schema is explicit (default ``mos_lease``), never the connecting role's search_path: a
+role whose search_path starts elsewhere (``postgres`` finds ``public``) would otherwise build
+a second, empty copy of the tables, and a gateway using that copy would hold identities
+another gateway holds, at epoch 1 again. ``migrate`` creates the schema if it is missing
+(when the role may), runs each migration file with ``SET LOCAL search_path`` pinned to that
+schema and ``pg_catalog`` (the files' DDL is unqualified), keeps its bookkeeping table in
+that schema, and refuses to build the tables when another schema of the database already
+holds them, unless ``allow_second_copy=True``. Run it as the owner role (see ``roles.sql``).
 """
 
 from __future__ import annotations
@@ -20,8 +26,8 @@ import attrs
 import psycopg
 from psycopg import errors as pg_errors
 
-from mos_lease.errors import MosLeaseError
-from mos_lease_pg.statements import sql_text
+from mos_lease.errors import ConfigurationError, MosLeaseError
+from mos_lease_pg.statements import DEFAULT_SCHEMA, check_schema, quoted, render, sql_text
 
 _NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
 _CREATE_RACE_RETRIES = 5
@@ -30,6 +36,11 @@ _CREATE_RACE_RETRIES = 5
 class MigrationError(MosLeaseError):
     """The schema could not be brought up to date; nothing partial was committed for the
     version that failed."""
+
+
+class SecondCopyRefused(MigrationError, ConfigurationError):
+    """The tables already exist in another schema of the database: building a second copy
+    would let two gateways hold the same identity, one in each copy."""
 
 
 @attrs.frozen(slots=True)
@@ -62,50 +73,125 @@ def _connect(conninfo: str) -> psycopg.Connection[Any]:
         raise MigrationError(f"cannot connect to PostgreSQL: {exc}") from exc
 
 
-def _ensure_bookkeeping(conn: psycopg.Connection[Any]) -> None:
+def _bookkeeping(schema: str) -> bytes:
+    return f"{quoted(schema)}.mos_lease_schema_migrations".encode()
+
+
+def _ensure_schema(conn: psycopg.Connection[Any], schema: str) -> None:
+    found = conn.execute(b"SELECT 1 FROM pg_namespace WHERE nspname = %s", (schema,))
+    if found.fetchone() is not None:
+        return
+    try:
+        conn.execute(f"CREATE SCHEMA IF NOT EXISTS {quoted(schema)}".encode())
+    except pg_errors.InsufficientPrivilege as exc:
+        raise MigrationError(
+            f"schema {schema!r} does not exist and this role may not create it: run the roles "
+            f"step first (`psql -v schema_name={schema} -f mos_lease_pg/sql/roles.sql` as a "
+            "superuser), then migrate as the owner role") from exc
+    except (pg_errors.UniqueViolation, pg_errors.DuplicateSchema):
+        pass  # a concurrent migrator created it
+
+
+def _ensure_bookkeeping(conn: psycopg.Connection[Any], schema: str) -> None:
     # CREATE TABLE IF NOT EXISTS is not atomic against a concurrent identical CREATE: the
     # loser can fail on the catalog's unique index. The table exists then, so try again.
+    create = render(sql_text("migrations_table.sql"), schema).encode("utf-8")
     for _ in range(_CREATE_RACE_RETRIES):
         try:
-            conn.execute(sql_text("migrations_table.sql").encode("utf-8"))
+            conn.execute(create)
             return
         except (pg_errors.UniqueViolation, pg_errors.DuplicateTable, pg_errors.DuplicateObject):
             continue
-    raise MigrationError("could not create mos_lease_schema_migrations")
+    raise MigrationError(f"could not create {schema}.mos_lease_schema_migrations")
 
 
-def _applied(conn: psycopg.Connection[Any]) -> set[int]:
-    return {v for (v,) in conn.execute(b"SELECT version FROM mos_lease_schema_migrations")}
+def _applied(conn: psycopg.Connection[Any], schema: str) -> set[int]:
+    return {v for (v,) in conn.execute(b"SELECT version FROM " + _bookkeeping(schema))}
 
 
-def applied_versions(conninfo: str) -> list[int]:
-    """The versions recorded in the database (empty if it was never migrated)."""
+def other_copies(conn: psycopg.Connection[Any], schema: str) -> list[str]:
+    """The other schemas of the connected database that hold the lease table."""
+    rows = conn.execute(
+        b"SELECT n.nspname FROM pg_class AS c JOIN pg_namespace AS n ON n.oid = c.relnamespace"
+        b" WHERE c.relname = 'logical_agent_connector_leases' AND c.relkind IN ('r', 'p')"
+        b" AND n.nspname <> %s ORDER BY 1", (schema,))
+    return [name for (name,) in rows]
+
+
+def applied_versions(conninfo: str, *, schema: str = DEFAULT_SCHEMA) -> list[int]:
+    """The versions recorded in ``schema`` (empty if it was never migrated)."""
+    check_schema(schema)
     with _connect(conninfo) as conn:
-        exists = conn.execute(b"SELECT to_regclass('mos_lease_schema_migrations')").fetchone()
+        exists = conn.execute(b"SELECT to_regclass(%s)",
+                              (_bookkeeping(schema).decode(),)).fetchone()
         if exists is None or exists[0] is None:
             return []
-        return sorted(_applied(conn))
+        return sorted(_applied(conn, schema))
 
 
-def migrate(conninfo: str) -> list[int]:
-    """Apply every pending migration; return the versions this call applied."""
+def _refuse_second_copy(conn: psycopg.Connection[Any], schema: str) -> None:
+    held = conn.execute(
+        b"SELECT 1 FROM pg_class AS c JOIN pg_namespace AS n ON n.oid = c.relnamespace"
+        b" WHERE c.relname = 'logical_agent_connector_leases' AND n.nspname = %s", (schema,))
+    if held.fetchone() is not None:
+        return  # this schema is the copy: migrating it further builds nothing new
+    copies = other_copies(conn, schema)
+    if copies:
+        raise SecondCopyRefused(
+            f"the mos-lease tables already exist in schema(s) {', '.join(copies)} of this "
+            f"database; refusing to build a second copy in {schema!r}, where gateways would "
+            f"hold the same identities again. Pass the existing schema (`mos-lease migrate "
+            f"--schema {copies[0]}`, ConnectionSettings(schema={copies[0]!r})), or, if two "
+            "independent copies are really wanted, --allow-second-copy")
+
+
+def _apply(conn: psycopg.Connection[Any], schema: str, migration: Migration,
+           allow_second_copy: bool) -> bool:
+    """Apply one migration in its own transaction; False if it was applied already."""
+    with conn.transaction():
+        conn.execute(b"LOCK TABLE " + _bookkeeping(schema) + b" IN ACCESS EXCLUSIVE MODE")
+        if migration.version in _applied(conn, schema):
+            return False  # another migrator got here first
+        if migration.version == 1 and not allow_second_copy:
+            _refuse_second_copy(conn, schema)  # again: a concurrent migrator of another one
+        # The files' DDL is unqualified: pin where it lands (and what it resolves) to this
+        # schema, then pg_catalog, then pg_temp last so no temporary object can shadow.
+        conn.execute(f"SET LOCAL search_path = {quoted(schema)}, pg_catalog, pg_temp".encode())
+        # No parameters: sent as a simple query, so one file may hold many statements (and
+        # "%" in it is not a placeholder).
+        conn.execute(migration.sql.encode("utf-8"))
+        conn.execute(b"INSERT INTO " + _bookkeeping(schema) + b" (version, name)"
+                     b" VALUES (%s, %s)", (migration.version, migration.name))
+    return True
+
+
+def _mark_version(conn: psycopg.Connection[Any], schema: str) -> None:
+    # The version every role can read (preflight.py): the gateway cannot read the table.
+    with conn.transaction():
+        conn.execute(b"LOCK TABLE " + _bookkeeping(schema) + b" IN ACCESS EXCLUSIVE MODE")
+        current = max(_applied(conn, schema), default=0)
+        conn.execute(b"COMMENT ON TABLE " + _bookkeeping(schema) + b" IS "
+                     + f"'mos-lease schema version {current}'".encode())
+
+
+def migrate(conninfo: str, *, schema: str = DEFAULT_SCHEMA,
+            allow_second_copy: bool = False) -> list[int]:
+    """Apply every pending migration to ``schema``; return the versions this call applied.
+
+    Raises :class:`SecondCopyRefused` if the tables exist in another schema of the database
+    and ``allow_second_copy`` is false, :class:`MigrationError` otherwise."""
+    check_schema(schema)
     done: list[int] = []
     with _connect(conninfo) as conn:
         try:
-            _ensure_bookkeeping(conn)
+            if not allow_second_copy:
+                _refuse_second_copy(conn, schema)  # before creating anything
+            _ensure_schema(conn, schema)
+            _ensure_bookkeeping(conn, schema)
             for migration in available_migrations():
-                with conn.transaction():
-                    conn.execute(
-                        b"LOCK TABLE mos_lease_schema_migrations IN ACCESS EXCLUSIVE MODE")
-                    if migration.version in _applied(conn):
-                        continue  # another migrator got here first
-                    # No parameters: sent as a simple query, so one file may hold many
-                    # statements (and "%" in it is not a placeholder).
-                    conn.execute(migration.sql.encode("utf-8"))
-                    conn.execute(
-                        b"INSERT INTO mos_lease_schema_migrations (version, name)"
-                        b" VALUES (%s, %s)", (migration.version, migration.name))
-                done.append(migration.version)
+                if _apply(conn, schema, migration, allow_second_copy):
+                    done.append(migration.version)
+            _mark_version(conn, schema)
         except psycopg.Error as exc:
             raise MigrationError(f"migration failed: {exc}") from exc
     return done

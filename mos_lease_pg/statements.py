@@ -9,6 +9,12 @@ Every lease write is the envelope ``guarded_write.sql`` around one of ``insert.s
 ``renew.sql``, ``close.sql`` or ``rotate.sql``: a single data-modifying statement that reads
 the database clock, applies the write if its guard holds and appends the audit row from the
 write's ``RETURNING``. Those guards are :func:`mos_lease.machine.guard_holds` written in SQL.
+
+Every statement names its schema; nothing depends on the session's ``search_path`` (a role
+whose search_path finds another copy of the tables, or none, must neither write to that copy
+nor fail obscurely). The files write ``{schema}.table`` and :meth:`Template.at` substitutes
+the quoted schema of the store (``ConnectionSettings.schema``). Loading refuses a statement
+that names a library table without ``{schema}.`` (see :func:`unqualified`), at import time.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from uuid import UUID
 
 import attrs
 
+from mos_lease.errors import ConfigurationError
 from mos_lease.identity import LeaseIdentity
 from mos_lease.machine import Close, Insert, Renew, Rotate, Write
 from mos_lease.records import AuditEntry, AuditRecord, LeaseRow, Snapshot, WriteOutcome
@@ -41,12 +48,64 @@ def sql_text(*path: str) -> str:
 
 _COMMENT_LINE = re.compile(r"^\s*--.*\n", re.MULTILINE)
 
+DEFAULT_SCHEMA: Final = "mos_lease"
+# A plain (unquoted, lower-case) identifier: it is substituted into SQL as "name", so it must
+# not be able to close the quotes, and it must mean the same thing quoted or not (psql,
+# roles.sql and operators type it unquoted).
+_PLAIN_IDENTIFIER: Final = re.compile(r"[a-z_][a-z0-9_]{0,62}\Z")
+SCHEMA_MARK: Final = "{schema}"
+# Every relation the migrations create. A statement names each only as ``{schema}.name``.
+LIBRARY_TABLES: Final = ("logical_agent_connector_leases", "connector_lease_audit_log",
+                         "connector_resource_epochs", "mos_lease_settings",
+                         "mos_lease_schema_migrations")
+_TABLE_NAME: Final = re.compile(r"(?<![\w$])(" + "|".join(LIBRARY_TABLES) + r")(?![\w$])")
+
+
+class UnqualifiedStatement(Exception):
+    """A statement shipped in this package names a library table without its schema: a
+    packaging bug, refused when the statement is loaded."""
+
+
+def check_schema(value: object, field: str = "schema") -> str:
+    """``value`` if it is a plain lower-case identifier of at most 63 characters."""
+    if not isinstance(value, str) or not _PLAIN_IDENTIFIER.match(value):
+        raise ConfigurationError(
+            f"{field} must be a plain lower-case SQL identifier (letters, digits, _; at most "
+            f"63 characters, not starting with a digit), not {value!r}")
+    return value
+
+
+def quoted(schema: str) -> str:
+    """The schema as a quoted SQL identifier (``check_schema`` keeps quotes out of it)."""
+    return f'"{check_schema(schema)}"'
+
+
+def unqualified(text: str) -> list[str]:
+    """The library tables ``text`` names without ``{schema}.`` in front, in order."""
+    return [m[1] for m in _TABLE_NAME.finditer(text)
+            if not text.endswith(SCHEMA_MARK + ".", 0, m.start())]
+
+
+def render(text: str, schema: str) -> str:
+    """``text`` with its ``{schema}`` marks replaced by the quoted ``schema``."""
+    return text.replace(SCHEMA_MARK, quoted(schema))
+
+
+def checked(name: str, text: str) -> str:
+    """``text`` of statement file ``name``, refused if it names a table unqualified."""
+    missing = unqualified(text)
+    if missing:
+        raise UnqualifiedStatement(
+            f"{name} names {', '.join(sorted(set(missing)))} without {SCHEMA_MARK}.: every "
+            "statement must name its schema")
+    return text
+
 
 def _statement_text(name: str) -> str:
     # Whole-line comments are for readers of the file, not for the server: dropping them
     # keeps the statement text (sent and hashed on every call) short, and keeps a stray "%"
     # in a comment from being taken for a parameter.
-    return _COMMENT_LINE.sub("", sql_text("statements", name))
+    return checked(name, _COMMENT_LINE.sub("", sql_text("statements", name)))
 
 
 @attrs.frozen(slots=True)
@@ -61,16 +120,34 @@ class Statement:
         return cls(name, encoded, Query.convert(encoded))
 
 
-def _statement(name: str) -> Statement:
-    return Statement.of(name, _statement_text(name))
+@attrs.frozen(slots=True)
+class Template:
+    """A statement whose text says ``{schema}``; :meth:`at` gives it for one schema."""
+
+    name: str
+    text: str
+    # Rendered once per schema (a store uses one; a dict lookup per call is the whole cost).
+    _rendered: dict[str, Statement] = attrs.field(factory=dict, init=False, eq=False,
+                                                  repr=False)
+
+    def at(self, schema: str) -> Statement:
+        found = self._rendered.get(schema)
+        if found is None:
+            found = self._rendered[schema] = Statement.of(self.name, render(self.text, schema))
+        return found
 
 
-def _guarded(name: str) -> Statement:
-    # Heartbeat and release share their guard, kept once in active_holder.sql.
+def _statement(name: str) -> Template:
+    return Template(name, _statement_text(name))
+
+
+def _guarded(name: str, lock: str = "lock_row.sql") -> Template:
+    # Heartbeat and release share their guard, kept once in active_holder.sql. ``lock`` is
+    # the step that takes the row lock before the clock is read (see guarded_write.sql).
     write = _statement_text(name).replace(
         "    {active_holder}\n", _statement_text("active_holder.sql"))
-    return Statement.of(name, _statement_text("guarded_write.sql").replace(
-        "{write}", write.rstrip()))
+    return Template(name, _statement_text("guarded_write.sql").replace(
+        "{lock}", _statement_text(lock).rstrip()).replace("{write}", write.rstrip()))
 
 
 LOAD: Final = _statement("load.sql")
@@ -81,8 +158,8 @@ NOW: Final = _statement("now.sql")
 LEASES: Final = _statement("leases.sql")
 AUDIT: Final = _statement("audit.sql")
 RENEW_MANY: Final = _statement("renew_many.sql")
-WRITES: Final[Mapping[type[Write], Statement]] = {
-    Insert: _guarded("insert.sql"),
+WRITES: Final[Mapping[type[Write], Template]] = {
+    Insert: _guarded("insert.sql", lock="lock_none.sql"),
     Renew: _guarded("renew.sql"),
     Close: _guarded("close.sql"),
     Rotate: _guarded("rotate.sql"),
@@ -211,8 +288,9 @@ def _entry_params(entry: AuditEntry) -> dict[str, object]:
     }
 
 
-def load(identity: LeaseIdentity, offset: timedelta) -> Call[Snapshot]:
-    return Call("load", LOAD, {"offset": offset, **_identity_params(identity)},
+def load(identity: LeaseIdentity, offset: timedelta, *,
+         schema: str = DEFAULT_SCHEMA) -> Call[Snapshot]:
+    return Call("load", LOAD.at(schema), {"offset": offset, **_identity_params(identity)},
                 functools.partial(_snapshot, identity))
 
 
@@ -231,17 +309,18 @@ def _write_params(write: Write) -> dict[str, object]:
             "scopes": list(write.scopes), "ttl": write.ttl}
 
 
-def apply(write: Write, entry: AuditEntry, offset: timedelta) -> Call[WriteOutcome]:
+def apply(write: Write, entry: AuditEntry, offset: timedelta, *,
+          schema: str = DEFAULT_SCHEMA) -> Call[WriteOutcome]:
     params = {"offset": offset, **_identity_params(write.identity), **_write_params(write),
               **_entry_params(entry)}
-    return Call(f"{entry.event} write", WRITES[type(write)], params,
+    return Call(f"{entry.event} write", WRITES[type(write)].at(schema), params,
                 functools.partial(_write_outcome, write.identity), Kind.WRITE,
                 event_id=entry.event_id, identity=write.identity)
 
 
-def apply_many(items: Sequence[tuple[Write, AuditEntry]],
-               offset: timedelta) -> list[Call[WriteOutcome]]:
-    return [apply(write, entry, offset) for write, entry in items]
+def apply_many(items: Sequence[tuple[Write, AuditEntry]], offset: timedelta, *,
+               schema: str = DEFAULT_SCHEMA) -> list[Call[WriteOutcome]]:
+    return [apply(write, entry, offset, schema=schema) for write, entry in items]
 
 
 def _write_outcomes(identities: Sequence[LeaseIdentity],
@@ -252,8 +331,8 @@ def _write_outcomes(identities: Sequence[LeaseIdentity],
                                                                        strict=True)]
 
 
-def renew_many(items: Sequence[tuple[Write, AuditEntry]],
-               offset: timedelta) -> Call[list[WriteOutcome]] | None:
+def renew_many(items: Sequence[tuple[Write, AuditEntry]], offset: timedelta, *,
+               schema: str = DEFAULT_SCHEMA) -> Call[list[WriteOutcome]] | None:
     """One statement renewing every lease of a batch of heartbeats (``renew_many.sql``), or
     ``None`` when ``items`` is not such a batch (then each write is sent on its own)."""
     if len(items) < 2:
@@ -278,7 +357,7 @@ def renew_many(items: Sequence[tuple[Write, AuditEntry]],
         "correlation_ids": [entry.correlation_id for _, entry in items],
     }
     first_write, first_entry = items[0]
-    return Call(f"batch of {len(items)} heartbeat writes", RENEW_MANY, params,
+    return Call(f"batch of {len(items)} heartbeat writes", RENEW_MANY.at(schema), params,
                 functools.partial(_write_outcomes, [w.identity for w in renews]), Kind.WRITE,
                 event_id=first_entry.event_id, identity=first_write.identity)
 
@@ -293,29 +372,26 @@ def lock_order(calls: Sequence[Call[Any]]) -> list[int]:
     return sorted(range(len(calls)), key=key)
 
 
-def record(entry: AuditEntry, offset: timedelta) -> Call[None]:
-    return Call("audit record", RECORD, {"offset": offset, **_entry_params(entry)}, _nothing,
-                Kind.IDEMPOTENT_WRITE)
+def record(entry: AuditEntry, offset: timedelta, *,
+           schema: str = DEFAULT_SCHEMA) -> Call[None]:
+    return Call("audit record", RECORD.at(schema), {"offset": offset, **_entry_params(entry)},
+                _nothing, Kind.IDEMPOTENT_WRITE)
 
 
-def settle(identity: LeaseIdentity) -> Call[None]:
-    return Call("settle in-doubt write", SETTLE, _identity_params(identity), _nothing)
+def event_committed(event_id: UUID, *, schema: str = DEFAULT_SCHEMA) -> Call[bool]:
+    return Call("event lookup", EVENT_COMMITTED.at(schema), {"event_id": event_id}, _flag)
 
 
-def event_committed(event_id: UUID) -> Call[bool]:
-    return Call("event lookup", EVENT_COMMITTED, {"event_id": event_id}, _flag)
+def now(offset: timedelta, *, schema: str = DEFAULT_SCHEMA) -> Call[datetime]:
+    return Call("clock read", NOW.at(schema), {"offset": offset}, _time)
 
 
-def now(offset: timedelta) -> Call[datetime]:
-    return Call("clock read", NOW, {"offset": offset}, _time)
-
-
-def leases(tenant_id: str | None) -> Call[list[LeaseRow]]:
-    return Call("lease listing", LEASES, {"tenant_id": tenant_id}, _lease_rows)
+def leases(tenant_id: str | None, *, schema: str = DEFAULT_SCHEMA) -> Call[list[LeaseRow]]:
+    return Call("lease listing", LEASES.at(schema), {"tenant_id": tenant_id}, _lease_rows)
 
 
 def audit(*, tenant_id: str | None, logical_agent_id: str | None, binding_id: str | None,
-          after_seq: int, limit: int) -> Call[list[AuditRecord]]:
+          after_seq: int, limit: int, schema: str = DEFAULT_SCHEMA) -> Call[list[AuditRecord]]:
     params = {"tenant_id": tenant_id, "logical_agent_id": logical_agent_id,
               "binding_id": binding_id, "after_seq": after_seq, "limit": limit}
-    return Call("audit listing", AUDIT, params, _audit_records)
+    return Call("audit listing", AUDIT.at(schema), params, _audit_records)

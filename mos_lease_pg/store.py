@@ -11,14 +11,18 @@ pipelined batches use psycopg's cursors.
 
 Each operation is one statement, so one round trip and one transaction (``apply_many``
 pipelines its writes into one round trip; reconciling a write whose connection was lost
-adds one settling read). The database clock is the time authority: every statement reads
+first ends the session that sent it, see :mod:`mos_lease_pg.reconcile`). Every call returns
+or raises within ``settings.call_bound()`` on the client, whatever the network does (see
+:mod:`mos_lease_pg.deadline`); a connection whose reply did not come in time is discarded.
+The database clock is the time authority: every statement reads
 ``clock_timestamp()`` (plus ``time_offset``, which only tests set) in the same round trip as
 the row it judges.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
+import asyncio
+import time
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from types import TracebackType
@@ -32,7 +36,7 @@ from mos_lease.errors import ConfigurationError, InvalidInput
 from mos_lease.identity import LeaseIdentity, check_id, check_identity
 from mos_lease.machine import Write
 from mos_lease.records import AuditEntry, AuditRecord, LeaseRow, Snapshot, WriteOutcome
-from mos_lease_pg import statements
+from mos_lease_pg import reconcile, statements
 from mos_lease_pg.connection import (
     AsyncDedicatedConnection,
     AsyncPooledConnection,
@@ -40,13 +44,15 @@ from mos_lease_pg.connection import (
     DedicatedConnection,
     PooledConnection,
 )
+from mos_lease_pg.deadline import WATCHDOG, AsyncWatch
+from mos_lease_pg.reconcile import IN_DOUBT, Lost
 from mos_lease_pg.statements import Call, Kind
 from mos_lease_pg.translate import Failure, statement_failure
+from mos_lease_pg.wire import Wire
 
 T = TypeVar("T")
 
 MAX_AUDIT_PAGE = 1_000_000
-_IN_DOUBT_MEMORY = 1024
 
 
 def _check_count(field: str, value: object, low: int, high: int) -> int:
@@ -62,13 +68,16 @@ def _check_optional_id(field: str, value: object) -> str | None:
 class _StoreCore:
     """What both stores share: the time offset, the calls, and in-doubt bookkeeping."""
 
+    settings: ConnectionSettings  # set by each store; its ``schema`` is in every call
+
+    @property
+    def _schema(self) -> str:
+        return self.settings.schema
+
     def __init__(self, time_offset: timedelta) -> None:
         if not isinstance(time_offset, timedelta):
             raise ConfigurationError("time_offset must be a timedelta")
         self._offset = time_offset
-        # Writes whose connection was lost mid-flight, by audit event: reconciling one first
-        # waits out any transaction still holding its row (see settle.sql).
-        self._in_doubt: OrderedDict[UUID, LeaseIdentity] = OrderedDict()
 
     @property
     def time_offset(self) -> timedelta:
@@ -82,51 +91,67 @@ class _StoreCore:
             raise ValueError("time does not go backwards")
         self._offset += step
 
-    def _failed(self, calls: Sequence[Call[Any]], exc: psycopg.Error) -> Failure:
+    @property
+    def _bound(self) -> float:
+        return self.settings.call_bound()
+
+    def _deadline(self, deadline: float | None) -> float:
+        return time.monotonic() + self._bound if deadline is None else deadline
+
+    def _failed(self, calls: Sequence[Call[Any]], exc: psycopg.Error, wire: Wire[Any],
+                timed_out: bool) -> Failure:
         """Translate a failure of one call, or of a batch of writes sent together."""
         first = calls[0]
         what = first.what if len(calls) == 1 else f"batch of {len(calls)} writes"
+        if timed_out:
+            what = f"{what} (no reply within the {self._bound:g} s call bound)"
         failure = statement_failure(
             exc, what=what, write_event=first.event_id if first.kind is Kind.WRITE else None)
         if failure.connection_lost:
-            for call in calls:
-                if call.kind is Kind.WRITE:
-                    assert call.event_id is not None and call.identity is not None
-                    self._in_doubt[call.event_id] = call.identity
-            while len(self._in_doubt) > _IN_DOUBT_MEMORY:
-                self._in_doubt.popitem(last=False)
+            # The backend that ran these writes may still commit them: note it, so that
+            # reconciling ends it first (reconcile.py).
+            IN_DOUBT.note([call.event_id for call in calls
+                           if call.kind is Kind.WRITE and call.event_id is not None],
+                          Lost(wire.server, wire.backend_pid))
         return failure
 
     @staticmethod
-    def _resend(call: Call[Any], failure: Failure, attempt: int) -> bool:
+    def _resend(call: Call[Any], failure: Failure, attempt: int, deadline: float) -> bool:
         # Only a call that cannot change anything twice is sent again, once, and only when
         # the connection (not the statement) failed: typically the first use of a
-        # connection that died while idle, e.g. across a database restart.
-        return failure.connection_lost and call.kind is not Kind.WRITE and attempt == 0
+        # connection that died while idle, e.g. across a database restart. Never past the
+        # call's deadline.
+        return (failure.connection_lost and call.kind is not Kind.WRITE and attempt == 0
+                and time.monotonic() < deadline)
 
-    def _settle_call(self, event_id: UUID) -> Call[None] | None:
-        identity = self._in_doubt.get(event_id)
-        return None if identity is None else statements.settle(identity)
+    def _lost_here(self, event_id: UUID, wire: Wire[Any]) -> Lost | None:
+        """The backend to end before ``event_id`` is looked for, if this process knows it
+        and it ran on the server ``wire`` talks to."""
+        lost = IN_DOUBT.get(event_id)
+        return lost if lost is not None and lost.server == wire.server else None
 
-    @staticmethod
-    def _audit_call(identity: object, after_seq: object, limit: object) -> Call[list[AuditRecord]]:
+    def _record_calls(self, entry: AuditEntry) -> tuple[Call[int], Call[bool]]:
+        call = reconcile.record(entry, self._offset, schema=self._schema)
+        return call, reconcile.record_matches(call, schema=self._schema)
+
+    def _audit_call(self, identity: object, after_seq: object,
+                    limit: object) -> Call[list[AuditRecord]]:
         checked = None if identity is None else check_identity("identity", identity)
         return statements.audit(
             tenant_id=None if checked is None else checked.tenant_id,
             logical_agent_id=None if checked is None else checked.logical_agent_id,
             binding_id=None if checked is None else checked.binding_id,
             after_seq=_check_count("after_seq", after_seq, 0, 2**63 - 1),
-            limit=_check_count("limit", limit, 1, MAX_AUDIT_PAGE))
+            limit=_check_count("limit", limit, 1, MAX_AUDIT_PAGE), schema=self._schema)
 
-    @staticmethod
-    def _search_call(tenant_id: object, logical_agent_id: object, binding_id: object,
+    def _search_call(self, tenant_id: object, logical_agent_id: object, binding_id: object,
                      after_seq: object, limit: object) -> Call[list[AuditRecord]]:
         return statements.audit(
             tenant_id=_check_optional_id("tenant_id", tenant_id),
             logical_agent_id=_check_optional_id("logical_agent_id", logical_agent_id),
             binding_id=_check_optional_id("binding_id", binding_id),
             after_seq=_check_count("after_seq", after_seq, 0, 2**63 - 1),
-            limit=_check_count("limit", limit, 1, MAX_AUDIT_PAGE))
+            limit=_check_count("limit", limit, 1, MAX_AUDIT_PAGE), schema=self._schema)
 
 
 def _source_args(conninfo: str | None, pool: object, settings: ConnectionSettings | None
@@ -159,17 +184,28 @@ class PostgresLeaseStore(_StoreCore):
             else PooledConnection(pool, self.settings))  # type: ignore[arg-type]
 
     def _run(self, call: Call[T], *,
-             covers: Callable[[], Sequence[Call[Any]]] | None = None) -> T:
-        """Send one statement. ``covers`` names the writes a combined statement stands for,
-        so that a lost connection leaves each of them in doubt, not only the first."""
+             covers: Callable[[], Sequence[Call[Any]]] | None = None,
+             deadline: float | None = None) -> T:
+        """Send one statement, within ``deadline`` (``time.monotonic()``; default: the call
+        bound from now). ``covers`` names the writes a combined statement stands for, so
+        that a lost connection leaves each of them in doubt, not only the first."""
+        deadline = self._deadline(deadline)
         for attempt in range(2):
-            with self._source.checkout() as wire:
+            with self._source.checkout(deadline) as wire:
+                conn = wire.conn
+                watch = WATCHDOG.arm(conn, deadline, self._bound)
                 try:
-                    with wire.conn.lock:
-                        rows = wire.conn.wait(wire.execute(call.statement.query, call.params))
+                    try:
+                        with conn.lock:
+                            rows = conn.wait(wire.execute(call.statement.query, call.params))
+                    finally:
+                        WATCHDOG.disarm(watch)
+                        if watch.fired:
+                            conn.close()  # its reply may still be outstanding: never reuse
                 except psycopg.Error as exc:
-                    failure = self._failed([call] if covers is None else covers(), exc)
-                    if self._resend(call, failure, attempt):
+                    failure = self._failed([call] if covers is None else covers(), exc, wire,
+                                           watch.fired)
+                    if self._resend(call, failure, attempt, deadline):
                         continue
                     raise failure.error from exc
             return call.parse(rows)
@@ -181,47 +217,85 @@ class PostgresLeaseStore(_StoreCore):
         # that does not hold is not an error, so it does not disturb the others.
         if not calls:
             return []
-        with self._source.checkout() as wire:
+        deadline = self._deadline(None)
+        with self._source.checkout(deadline) as wire:
             conn = wire.conn
+            watch = WATCHDOG.arm(conn, deadline, self._bound)
             try:
-                with conn.pipeline():
-                    cursors = {i: conn.execute(calls[i].statement.text, calls[i].params,
-                                               prepare=self.settings.prepare)
-                               for i in statements.lock_order(calls)}
-                rows = {i: cur.fetchall() for i, cur in cursors.items()}
+                try:
+                    with conn.pipeline():
+                        cursors = {i: conn.execute(calls[i].statement.text, calls[i].params,
+                                                   prepare=self.settings.prepare)
+                                   for i in statements.lock_order(calls)}
+                    rows = {i: cur.fetchall() for i, cur in cursors.items()}
+                finally:
+                    WATCHDOG.disarm(watch)
+                    if watch.fired:
+                        conn.close()
             except psycopg.Error as exc:
-                raise self._failed(calls, exc).error from exc
+                raise self._failed(calls, exc, wire, watch.fired).error from exc
         return [call.parse(rows[i]) for i, call in enumerate(calls)]
+
+    def _settle(self, event_id: UUID, deadline: float) -> None:
+        """Make sure the write behind ``event_id`` can no longer commit (reconcile.py)."""
+        with self._source.checkout(deadline) as wire:
+            lost = self._lost_here(event_id, wire)
+        if lost is not None:
+            self._run(reconcile.terminate(lost.pid, schema=self._schema), deadline=deadline)
+            while self._run(reconcile.backend_alive(lost.pid, schema=self._schema),
+                            deadline=deadline):
+                if time.monotonic() + reconcile.POLL >= deadline:
+                    raise reconcile.still_running(f"backend {lost.pid}", self._bound)
+                time.sleep(reconcile.POLL)
+            return
+        since, running = self._run(reconcile.running_before(None, schema=self._schema),
+                                   deadline=deadline)
+        while running:
+            if time.monotonic() + reconcile.POLL >= deadline:
+                raise reconcile.still_running(f"{running} transaction(s) of this role",
+                                              self._bound)
+            time.sleep(reconcile.POLL)
+            since, running = self._run(reconcile.running_before(since, schema=self._schema),
+                                       deadline=deadline)
 
     # -- LeaseStore ---------------------------------------------------------------------
 
     def load(self, identity: LeaseIdentity) -> Snapshot:
-        return self._run(statements.load(identity, self._offset))
+        return self._run(statements.load(identity, self._offset, schema=self._schema))
 
     def apply(self, write: Write, entry: AuditEntry) -> WriteOutcome:
-        return self._run(statements.apply(write, entry, self._offset))
+        return self._run(statements.apply(write, entry, self._offset, schema=self._schema))
 
     def apply_many(self, items: Sequence[tuple[Write, AuditEntry]]) -> list[WriteOutcome]:
-        batch = statements.renew_many(items, self._offset)
+        batch = statements.renew_many(items, self._offset, schema=self._schema)
         if batch is None:
-            return self._run_batch(statements.apply_many(items, self._offset))
+            return self._run_batch(
+                statements.apply_many(items, self._offset, schema=self._schema))
         # A batch of heartbeats is one statement. If it fails, every write in it is in doubt
         # exactly as in a pipelined batch, so failures are translated per write.
-        return self._run(batch, covers=lambda: statements.apply_many(items, self._offset))
+        return self._run(batch, covers=lambda: statements.apply_many(
+            items, self._offset, schema=self._schema))
 
     def record(self, entry: AuditEntry) -> None:
-        self._run(statements.record(entry, self._offset))
+        deadline = self._deadline(None)
+        insert, matches = self._record_calls(entry)
+        if not self._run(insert, deadline=deadline) and not self._run(matches,
+                                                                      deadline=deadline):
+            raise reconcile.conflicting_record(entry)
 
     def event_committed(self, event_id: UUID) -> bool:
-        settle = self._settle_call(event_id)
-        if settle is not None:
-            self._run(settle)
-        return self._run(statements.event_committed(event_id))
+        deadline = self._deadline(None)
+        self._settle(event_id, deadline)
+        committed = self._run(statements.event_committed(event_id, schema=self._schema),
+                              deadline=deadline)
+        IN_DOUBT.forget(event_id)  # settled for good: its backend is gone
+        return committed
 
     # -- LeaseInspector and operator views ----------------------------------------------
 
     def leases(self, tenant_id: str | None = None) -> Sequence[LeaseRow]:
-        return self._run(statements.leases(_check_optional_id("tenant_id", tenant_id)))
+        return self._run(statements.leases(_check_optional_id("tenant_id", tenant_id),
+                                           schema=self._schema))
 
     def audit(self, identity: LeaseIdentity | None = None, *, after_seq: int = 0,
               limit: int = 1000) -> Sequence[AuditRecord]:
@@ -236,7 +310,7 @@ class PostgresLeaseStore(_StoreCore):
 
     def now(self) -> datetime:
         """The store's time: the database clock plus ``time_offset``."""
-        return self._run(statements.now(self._offset))
+        return self._run(statements.now(self._offset, schema=self._schema))
 
     def close(self) -> None:
         """Close the dedicated connection (a pool stays open: it is the caller's)."""
@@ -265,18 +339,27 @@ class AsyncPostgresLeaseStore(_StoreCore):
             else AsyncPooledConnection(pool, self.settings))  # type: ignore[arg-type]
 
     async def _run(self, call: Call[T], *,
-                   covers: Callable[[], Sequence[Call[Any]]] | None = None) -> T:
-        """Send one statement. ``covers`` names the writes a combined statement stands for,
-        so that a lost connection leaves each of them in doubt, not only the first."""
+                   covers: Callable[[], Sequence[Call[Any]]] | None = None,
+                   deadline: float | None = None) -> T:
+        """Send one statement, as :meth:`PostgresLeaseStore._run`."""
+        deadline = self._deadline(deadline)
         for attempt in range(2):
-            async with self._source.checkout() as wire:
+            async with self._source.checkout(deadline) as wire:
+                conn = wire.conn
+                watch = AsyncWatch(conn, deadline, self._bound)
                 try:
-                    async with wire.conn.lock:
-                        rows = await wire.conn.wait(
-                            wire.execute(call.statement.query, call.params))
+                    try:
+                        async with conn.lock:
+                            rows = await conn.wait(
+                                wire.execute(call.statement.query, call.params))
+                    finally:
+                        await watch.done()
+                        if watch.fired:
+                            await conn.close()  # its reply may still be outstanding
                 except psycopg.Error as exc:
-                    failure = self._failed([call] if covers is None else covers(), exc)
-                    if self._resend(call, failure, attempt):
+                    failure = self._failed([call] if covers is None else covers(), exc, wire,
+                                           watch.fired)
+                    if self._resend(call, failure, attempt, deadline):
                         continue
                     raise failure.error from exc
             return call.parse(rows)
@@ -285,43 +368,83 @@ class AsyncPostgresLeaseStore(_StoreCore):
     async def _run_batch(self, calls: Sequence[Call[T]]) -> list[T]:
         if not calls:
             return []
-        async with self._source.checkout() as wire:
+        deadline = self._deadline(None)
+        async with self._source.checkout(deadline) as wire:
             conn = wire.conn
+            watch = AsyncWatch(conn, deadline, self._bound)
             try:
-                async with conn.pipeline():
-                    cursors = {i: await conn.execute(calls[i].statement.text, calls[i].params,
-                                                     prepare=self.settings.prepare)
-                               for i in statements.lock_order(calls)}
-                rows = {i: await cur.fetchall() for i, cur in cursors.items()}
+                try:
+                    async with conn.pipeline():
+                        cursors = {i: await conn.execute(calls[i].statement.text,
+                                                         calls[i].params,
+                                                         prepare=self.settings.prepare)
+                                   for i in statements.lock_order(calls)}
+                    rows = {i: await cur.fetchall() for i, cur in cursors.items()}
+                finally:
+                    await watch.done()
+                    if watch.fired:
+                        await conn.close()
             except psycopg.Error as exc:
-                raise self._failed(calls, exc).error from exc
+                raise self._failed(calls, exc, wire, watch.fired).error from exc
         return [call.parse(rows[i]) for i, call in enumerate(calls)]
 
+    async def _settle(self, event_id: UUID, deadline: float) -> None:
+        """As :meth:`PostgresLeaseStore._settle`."""
+        async with self._source.checkout(deadline) as wire:
+            lost = self._lost_here(event_id, wire)
+        if lost is not None:
+            await self._run(reconcile.terminate(lost.pid, schema=self._schema),
+                            deadline=deadline)
+            while await self._run(reconcile.backend_alive(lost.pid, schema=self._schema),
+                                  deadline=deadline):
+                if time.monotonic() + reconcile.POLL >= deadline:
+                    raise reconcile.still_running(f"backend {lost.pid}", self._bound)
+                await asyncio.sleep(reconcile.POLL)
+            return
+        since, running = await self._run(
+            reconcile.running_before(None, schema=self._schema), deadline=deadline)
+        while running:
+            if time.monotonic() + reconcile.POLL >= deadline:
+                raise reconcile.still_running(f"{running} transaction(s) of this role",
+                                              self._bound)
+            await asyncio.sleep(reconcile.POLL)
+            since, running = await self._run(
+                reconcile.running_before(since, schema=self._schema), deadline=deadline)
+
     async def load(self, identity: LeaseIdentity) -> Snapshot:
-        return await self._run(statements.load(identity, self._offset))
+        return await self._run(statements.load(identity, self._offset, schema=self._schema))
 
     async def apply(self, write: Write, entry: AuditEntry) -> WriteOutcome:
-        return await self._run(statements.apply(write, entry, self._offset))
+        return await self._run(statements.apply(write, entry, self._offset, schema=self._schema))
 
     async def apply_many(self, items: Sequence[tuple[Write, AuditEntry]]
                          ) -> list[WriteOutcome]:
-        batch = statements.renew_many(items, self._offset)
+        batch = statements.renew_many(items, self._offset, schema=self._schema)
         if batch is None:
-            return await self._run_batch(statements.apply_many(items, self._offset))
+            return await self._run_batch(
+                statements.apply_many(items, self._offset, schema=self._schema))
         return await self._run(batch,
-                               covers=lambda: statements.apply_many(items, self._offset))
+                               covers=lambda: statements.apply_many(
+                                   items, self._offset, schema=self._schema))
 
     async def record(self, entry: AuditEntry) -> None:
-        await self._run(statements.record(entry, self._offset))
+        deadline = self._deadline(None)
+        insert, matches = self._record_calls(entry)
+        if (not await self._run(insert, deadline=deadline)
+                and not await self._run(matches, deadline=deadline)):
+            raise reconcile.conflicting_record(entry)
 
     async def event_committed(self, event_id: UUID) -> bool:
-        settle = self._settle_call(event_id)
-        if settle is not None:
-            await self._run(settle)
-        return await self._run(statements.event_committed(event_id))
+        deadline = self._deadline(None)
+        await self._settle(event_id, deadline)
+        committed = await self._run(
+            statements.event_committed(event_id, schema=self._schema), deadline=deadline)
+        IN_DOUBT.forget(event_id)
+        return committed
 
     async def leases(self, tenant_id: str | None = None) -> Sequence[LeaseRow]:
-        return await self._run(statements.leases(_check_optional_id("tenant_id", tenant_id)))
+        return await self._run(statements.leases(
+            _check_optional_id("tenant_id", tenant_id), schema=self._schema))
 
     async def audit(self, identity: LeaseIdentity | None = None, *, after_seq: int = 0,
                     limit: int = 1000) -> Sequence[AuditRecord]:
@@ -334,7 +457,7 @@ class AsyncPostgresLeaseStore(_StoreCore):
                                                  after_seq, limit))
 
     async def now(self) -> datetime:
-        return await self._run(statements.now(self._offset))
+        return await self._run(statements.now(self._offset, schema=self._schema))
 
     async def aclose(self) -> None:
         await self._source.close()

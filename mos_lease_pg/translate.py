@@ -24,6 +24,7 @@ import psycopg_pool
 
 from mos_lease.errors import (
     CommitOutcomeUnknown,
+    ConfigurationError,
     InternalInconsistency,
     MosLeaseError,
     StoreUnavailable,
@@ -33,6 +34,8 @@ from mos_lease.errors import (
 # (shutdown, crash, pg_terminate_backend, idle-session timeout) and may or may not have
 # committed what it was doing.
 _SESSION_ENDING = frozenset({"57P01", "57P02", "57P03", "57P05"})
+# Undefined table, schema, column or function, and insufficient privilege: configuration.
+_MISCONFIGURED = frozenset({"42P01", "3F000", "42703", "42883", "42501"})
 
 
 def connection_lost(exc: BaseException) -> bool:
@@ -86,9 +89,14 @@ def statement_failure(exc: psycopg.Error, *, what: str, write_event: UUID | None
         error = StoreUnavailable(f"connection lost during {what}: {detail}")
     elif isinstance(exc, psycopg.IntegrityError):
         error = InternalInconsistency(f"the schema refused the {what}: {detail}")
+    elif exc.sqlstate in _MISCONFIGURED:
+        # The schema or a grant went away after the store's first-use check (preflight.py):
+        # no retry can help, so it must not look transient (keepers retry StoreUnavailable).
+        error = ConfigurationError(
+            f"{what} failed: {detail}: the schema or this role's privileges changed; run "
+            "`mos-lease migrate --schema ...` as the owner and the roles step (roles.sql)")
     else:
-        # Statement timeout (57014), lock timeout (55P03), missing table or privilege (42...),
-        # read-only standby (25006), out of resources (53...): the statement's transaction
-        # rolled back, so nothing changed.
+        # Statement timeout (57014), lock timeout (55P03), read-only standby (25006), out of
+        # resources (53...): the statement's transaction rolled back, so nothing changed.
         error = StoreUnavailable(f"{what} failed: {detail}")
     return Failure(error, lost)

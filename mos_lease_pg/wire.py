@@ -77,6 +77,11 @@ class Wire(Generic[C]):
 
     def __init__(self, conn: C, *, prepare: bool) -> None:
         self.conn: C = conn
+        # Noted now (public ``conn.info``, no round trip): once the connection is lost they
+        # say which backend may still be running its last write (see reconcile.py).
+        info = conn.info
+        self.backend_pid: int = info.backend_pid
+        self.server: tuple[str, str, str] = (str(info.host), str(info.port), str(info.dbname))
         self._pgconn = conn.pgconn
         self._tx = Transformer(conn)
         self._encoding = conn.info.encoding

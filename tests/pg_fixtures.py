@@ -2,15 +2,22 @@
 
 * ``pg_server`` (session): the server :func:`pg_support.find_server` found. Without one the
   tests skip, or fail when ``MOS_LEASE_REQUIRE_PG=1`` (CI).
-* ``pg_dsn`` (session): a database created for this run on that server, migrated, dropped
+* ``pg_dsn`` (session): a database created for this run on that server, migrated into the
+  default schema ``mos_lease`` (by name: the admin role's search_path is ``public``), dropped
   with ``WITH (FORCE)`` at the end; the DSN connects as the server's admin role.
-* ``pg_admin`` (session): an autocommit admin connection to that database.
+* ``pg_admin`` (session): an autocommit admin connection to that database, for the tests'
+  own SQL: its search_path is ``public, mos_lease`` so that SQL may name tables briefly
+  (what tests create lands in ``public``).
+  The library never relies on one: stores and ``migrate`` get ``pg_dsn``, whose search_path
+  is the server default (``public``, where no tables are).
 * ``pg_tenant`` (function): a tenant id no other test uses. Tests isolate by tenant instead
   of truncating: the schema refuses TRUNCATE and DELETE by design, and a fresh tenant costs
   nothing.
 * ``pg_stores`` (function): makes :class:`PostgresLeaseStore` objects and closes them after.
-* ``pg_schema_dsn`` (function): an empty schema of its own (not migrated), dropped after;
-  the DSN's search_path is that schema. ``pg_migrated_schema_dsn``: the same, migrated.
+* ``pg_schema_dsn`` (function): a :class:`PgSchema`, an empty schema of its own (not
+  migrated) in the run's database, dropped after; stores reach it by
+  ``ConnectionSettings(schema=...)`` (``PgSchema.settings``), never by search_path.
+  ``pg_migrated_schema_dsn``: the same, migrated (a deliberate second copy of the tables).
 * ``pg_harness_factory`` (function): the conformance kit's harness
   (:mod:`mos_lease.testing`) on a store of its own schema; harnesses share that store and
   move its clock offset (runs are isolated by tenant, which the kit already does).
@@ -23,11 +30,13 @@ from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
 
+import attrs
 import psycopg
 import pytest
 from psycopg import sql
 
-from mos_lease_pg import PostgresLeaseStore, migrate
+from mos_lease_pg import ConnectionSettings, PostgresLeaseStore, migrate
+from mos_lease_pg.statements import DEFAULT_SCHEMA
 from tests.pg_support import (
     PgServer,
     create_database,
@@ -39,6 +48,26 @@ from tests.pg_support import (
 )
 
 StoreFactory = Callable[..., PostgresLeaseStore]
+
+
+@attrs.frozen
+class PgSchema:
+    """A schema of the run's database: ``dsn`` connects as the admin role (whose search_path
+    does not include it), ``schema`` names it."""
+
+    dsn: str
+    schema: str
+
+    def settings(self, **options: Any) -> ConnectionSettings:
+        return ConnectionSettings(schema=self.schema, **options)
+
+
+def allow_test_clock(dsn: str, schema: str = DEFAULT_SCHEMA) -> None:
+    """Let writes in ``schema`` be stamped ahead of the database clock, as stores with a
+    test-only ``time_offset`` stamp them (the schema allows none by default)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("UPDATE {}.mos_lease_settings SET clock_allowance = "
+                             "interval '10 years'").format(sql.Identifier(schema)))
 
 
 @pytest.fixture(scope="session")
@@ -60,6 +89,7 @@ def pg_dsn(pg_server: PgServer) -> Iterator[str]:
     dsn = create_database(pg_server.dsn, name)
     try:
         migrate(dsn)
+        allow_test_clock(dsn)
         yield dsn
     finally:
         drop_database(pg_server.dsn, name)
@@ -67,7 +97,7 @@ def pg_dsn(pg_server: PgServer) -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def pg_admin(pg_dsn: str) -> Iterator[psycopg.Connection[Any]]:
-    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+    with psycopg.connect(in_schema(pg_dsn, f"public,{DEFAULT_SCHEMA}"), autocommit=True) as conn:
         yield conn
 
 
@@ -101,18 +131,20 @@ def pg_store(pg_stores: StoreFactory) -> PostgresLeaseStore:
 
 
 @pytest.fixture
-def pg_schema_dsn(pg_dsn: str, pg_admin: psycopg.Connection[Any]) -> Iterator[str]:
+def pg_schema_dsn(pg_dsn: str, pg_admin: psycopg.Connection[Any]) -> Iterator[PgSchema]:
     schema = unique_name("s")
     pg_admin.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
     try:
-        yield in_schema(pg_dsn, schema)
+        yield PgSchema(pg_dsn, schema)
     finally:
         pg_admin.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
 
 
 @pytest.fixture
-def pg_migrated_schema_dsn(pg_schema_dsn: str) -> str:
-    migrate(pg_schema_dsn)
+def pg_migrated_schema_dsn(pg_schema_dsn: PgSchema) -> PgSchema:
+    # The run's database holds the tables in mos_lease already: this copy is on purpose.
+    migrate(pg_schema_dsn.dsn, schema=pg_schema_dsn.schema, allow_second_copy=True)
+    allow_test_clock(pg_schema_dsn.dsn, pg_schema_dsn.schema)
     return pg_schema_dsn
 
 
@@ -133,6 +165,6 @@ class PostgresHarness:
 
 @pytest.fixture
 def pg_harness_factory(pg_stores: StoreFactory,
-                       pg_migrated_schema_dsn: str) -> Callable[[], PostgresHarness]:
-    store = pg_stores(pg_migrated_schema_dsn)
+                       pg_migrated_schema_dsn: PgSchema) -> Callable[[], PostgresHarness]:
+    store = pg_stores(pg_migrated_schema_dsn.dsn, settings=pg_migrated_schema_dsn.settings())
     return lambda: PostgresHarness(store)

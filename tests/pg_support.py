@@ -31,6 +31,7 @@ import socket
 import subprocess
 import tempfile
 import threading
+import time
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -206,7 +207,9 @@ def with_params(dsn: str, **params: Any) -> str:
 
 
 def in_schema(dsn: str, schema: str) -> str:
-    """``dsn`` whose sessions use ``schema`` (only) as their search_path."""
+    """``dsn`` whose sessions use ``schema`` (only) as their search_path. The library never
+    depends on a search_path (stores and ``migrate`` name their schema); tests use this to
+    connect with a misleading one."""
     return make_conninfo(dsn, options=f"-c search_path={schema}")
 
 
@@ -303,6 +306,13 @@ class FaultProxy(LoopbackRelay):
     * :meth:`cut_request`: the next request containing ``marker`` is thrown away and both
       sides are closed: the statement never reached the server.
     * :meth:`refuse`: every connection is closed and new ones are refused.
+    * :meth:`go_silent`: nothing is forwarded any more, either way, and nothing is closed:
+      a half-open network (the kernel still acknowledges, so TCP never notices).
+    * :meth:`delay_replies`: every reply from the server waits that long before it is
+      forwarded.
+    * :meth:`cut_client` / :meth:`cut_server`: close only the client's side (the server's
+      session runs on, e.g. still waiting for a lock) or only the server's (the client is
+      left on a silent, open socket).
 
     Markers are matched against the raw protocol bytes, so the store under test must send
     statement text with every execution (``ConnectionSettings(prepare=False)``).
@@ -315,6 +325,10 @@ class FaultProxy(LoopbackRelay):
         self._sockets: list[socket.socket] = []
         self._reply_marker: bytes | None = None
         self._request_marker: bytes | None = None
+        self._pairs: list[tuple[socket.socket, socket.socket]] = []
+        self._silent = threading.Event()
+        self._reply_delay = 0.0
+        self._keep: str | None = None  # after a one-sided cut: the side left open
         self._start()
 
     @property
@@ -337,9 +351,34 @@ class FaultProxy(LoopbackRelay):
                 return True
             return False
 
+    def go_silent(self) -> None:
+        self._silent.set()
+
+    def delay_replies(self, seconds: float) -> None:
+        self._reply_delay = seconds
+
+    def cut_client(self) -> None:
+        """Close every client-side socket; the server's sides stay open."""
+        with self._lock:
+            self._keep = "upstream"
+            self._hang_up(*(client for client, _ in self._pairs))
+
+    def cut_server(self) -> None:
+        """Close every server-side socket; the clients' sides stay open (and silent)."""
+        with self._lock:
+            self._keep = "client"
+            self._hang_up(*(upstream for _, upstream in self._pairs))
+
+    def _end(self, client: socket.socket, upstream: socket.socket) -> None:
+        with self._lock:
+            keep = self._keep
+        self._hang_up(*([client] if keep == "upstream" else [upstream] if keep == "client"
+                        else [client, upstream]))
+
     def _relay(self, client: socket.socket, upstream: socket.socket) -> None:
         with self._lock:
             self._sockets += [client, upstream]
+            self._pairs.append((client, upstream))
         lose_reply = threading.Event()
         self._spawn(self._requests, client, upstream, lose_reply)
         self._spawn(self._replies, upstream, client, lose_reply)
@@ -348,12 +387,14 @@ class FaultProxy(LoopbackRelay):
                   lose_reply: threading.Event) -> None:
         with contextlib.suppress(OSError):
             while data := client.recv(65536):
+                if self._silent.is_set():
+                    continue
                 if self._take(data, "_request_marker"):
                     break
                 if self._take(data, "_reply_marker"):
                     lose_reply.set()
                 upstream.sendall(data)
-        self._hang_up(client, upstream)
+        self._end(client, upstream)
 
     def _replies(self, upstream: socket.socket, client: socket.socket,
                  lose_reply: threading.Event) -> None:
@@ -361,13 +402,18 @@ class FaultProxy(LoopbackRelay):
             while data := upstream.recv(65536):
                 if lose_reply.is_set():
                     break
+                if self._reply_delay:
+                    time.sleep(self._reply_delay)
+                if self._silent.is_set():
+                    continue
                 client.sendall(data)
-        self._hang_up(client, upstream)
+        self._end(client, upstream)
 
     def refuse(self) -> None:
         """Close every connection and stop accepting new ones."""
         self._stop_accepting()
         with self._lock:
+            self._keep = None
             self._hang_up(*self._sockets)
 
     def close(self) -> None:

@@ -8,8 +8,9 @@ import json
 import pytest
 
 from mos_lease import AllowAllPolicy, ConnectorLeaseCoordinator, LeaseIdentity
+from mos_lease_pg import available_migrations
 from mos_lease_pg.cli import register
-from tests.pg_fixtures import StoreFactory
+from tests.pg_fixtures import PgSchema, StoreFactory
 
 pytestmark = pytest.mark.pg
 
@@ -81,14 +82,22 @@ def test_audit_text(pg_dsn: str, history: str, capsys: pytest.CaptureFixture[str
     assert capsys.readouterr().out.strip() == "no audit records"
 
 
-def test_migrate_and_dsn_from_the_environment(pg_schema_dsn: str,
-                                              monkeypatch: pytest.MonkeyPatch,
-                                              capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setenv("MOS_LEASE_DSN", pg_schema_dsn)
-    assert run("migrate") == 0
-    assert capsys.readouterr().out.splitlines() == ["applied migrations: 1", "schema version: 1"]
-    assert run("migrate") == 0
-    assert capsys.readouterr().out.splitlines() == ["schema is up to date", "schema version: 1"]
+def test_migrate_and_dsn_and_schema_from_the_environment(
+        pg_schema_dsn: PgSchema, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("MOS_LEASE_DSN", pg_schema_dsn.dsn)
+    monkeypatch.setenv("MOS_LEASE_SCHEMA", pg_schema_dsn.schema)
+    latest = max(m.version for m in available_migrations())
+    versions = ", ".join(str(m.version) for m in available_migrations())
+    # The run's database holds the tables in mos_lease: a second copy only when asked for.
+    assert run("migrate") == 1
+    assert "--allow-second-copy" in capsys.readouterr().err
+    assert run("migrate", "--allow-second-copy") == 0
+    assert capsys.readouterr().out.splitlines() == [
+        f"applied migrations: {versions}", f"schema {pg_schema_dsn.schema} version: {latest}"]
+    assert run("migrate") == 0  # this schema holds the tables now: nothing new is built
+    assert capsys.readouterr().out.splitlines() == [
+        "schema is up to date", f"schema {pg_schema_dsn.schema} version: {latest}"]
     assert run("status", "--json") == 0
     assert json.loads(capsys.readouterr().out)["leases"] == []
 

@@ -151,7 +151,7 @@ def test_write_killed_while_waiting_on_a_row_lock(pg_dsn: str, pg_stores: StoreF
     assert coordinator.acquire(identity, "c1", scopes=["tool:run"], ttl=30).ok
     results: list[LeaseResult] = []
     with psycopg.connect(pg_dsn) as locker:
-        locker.execute("SELECT 1 FROM logical_agent_connector_leases WHERE tenant_id = %s"
+        locker.execute("SELECT 1 FROM mos_lease.logical_agent_connector_leases WHERE tenant_id = %s"
                        " FOR UPDATE", (pg_tenant,))
         worker = threading.Thread(target=lambda: results.append(coordinator.takeover(
             identity, "c2", scopes=["tool:run"], ttl=30, expected_epoch=1)))
@@ -234,7 +234,7 @@ def test_timeouts_surface_as_store_unavailable_and_change_nothing(
     assert result.lease is not None
     before = store.load(identity).row
     with psycopg.connect(pg_dsn) as locker:
-        locker.execute("SELECT 1 FROM logical_agent_connector_leases WHERE tenant_id = %s"
+        locker.execute("SELECT 1 FROM mos_lease.logical_agent_connector_leases WHERE tenant_id = %s"
                        " FOR UPDATE", (pg_tenant,))
         started = time.monotonic()
         with pytest.raises(StoreUnavailable, match=r"55P03|57014"):

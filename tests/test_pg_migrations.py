@@ -1,5 +1,8 @@
-"""Migrations: they build exactly the shipped schema, are idempotent, survive concurrent
-migrators, and a failed one leaves nothing behind."""
+"""Migrations: they build exactly the shipped schema in the schema they are given (the
+admin role's search_path says ``public``), are idempotent, survive concurrent migrators, and
+a failed one leaves nothing behind. Each test's schema is a second copy of the tables in the
+run's database (which holds them in ``mos_lease``), so it is migrated with
+``allow_second_copy``; the refusal itself is tested in test_pg_schema.py."""
 
 from __future__ import annotations
 
@@ -16,20 +19,19 @@ from mos_lease_pg import (
     describe_schema,
     migrate,
 )
+from mos_lease_pg.statements import DEFAULT_SCHEMA
+from tests.pg_fixtures import PgSchema
 
 pytestmark = pytest.mark.pg
 
 
-def _schema_of(dsn: str) -> str:
-    with psycopg.connect(dsn) as conn:
-        found = conn.execute("SELECT current_schema()").fetchone()
-    assert found is not None and found[0]
-    return str(found[0])
+def _migrate(target: PgSchema) -> list[int]:
+    return migrate(target.dsn, schema=target.schema, allow_second_copy=True)
 
 
-def _describe(dsn: str) -> list[str]:
+def _describe(dsn: str, schema: str = DEFAULT_SCHEMA) -> list[str]:
     with psycopg.connect(dsn) as conn:
-        return describe_schema(conn, _schema_of(dsn))
+        return describe_schema(conn, schema)
 
 
 def _library_part(lines: list[str], like: list[str]) -> list[str]:
@@ -42,10 +44,11 @@ def _library_part(lines: list[str], like: list[str]) -> list[str]:
     return [line for line in lines if name(line) in names]
 
 
-def _versions(dsn: str) -> list[tuple[int, str]]:
-    with psycopg.connect(dsn) as conn:
+def _versions(target: PgSchema) -> list[tuple[int, str]]:
+    with psycopg.connect(target.dsn) as conn:
         return [(v, n) for v, n in conn.execute(
-            "SELECT version, name FROM mos_lease_schema_migrations ORDER BY version")]
+            f'SELECT version, name FROM "{target.schema}".mos_lease_schema_migrations'
+            " ORDER BY version")]
 
 
 def test_shipped_migrations_are_numbered_without_gaps() -> None:
@@ -54,9 +57,10 @@ def test_shipped_migrations_are_numbered_without_gaps() -> None:
     assert migrations[0].name == "initial"
 
 
-def test_migrations_build_the_schema_described_here(pg_schema_dsn: str, pg_dsn: str) -> None:
-    assert migrate(pg_schema_dsn) == [m.version for m in available_migrations()]
-    migrated = _describe(pg_schema_dsn)
+def test_migrations_build_the_schema_described_here(pg_schema_dsn: PgSchema,
+                                                    pg_dsn: str) -> None:
+    assert _migrate(pg_schema_dsn) == [m.version for m in available_migrations()]
+    migrated = _describe(pg_schema_dsn.dsn, pg_schema_dsn.schema)
     text = "\n".join(migrated)
     # The description is detailed enough to notice what matters.
     for fact in ("table: logical_agent_connector_leases | r | fillfactor=90",
@@ -78,36 +82,39 @@ def test_migrations_build_the_schema_described_here(pg_schema_dsn: str, pg_dsn: 
     assert _library_part(_describe(pg_dsn), migrated) == migrated
 
 
-def test_migrate_is_idempotent(pg_schema_dsn: str) -> None:
-    assert migrate(pg_schema_dsn) == [1]
-    assert migrate(pg_schema_dsn) == []
-    assert applied_versions(pg_schema_dsn) == [1]
-    assert _versions(pg_schema_dsn) == [(1, "initial")]
+def test_migrate_is_idempotent(pg_schema_dsn: PgSchema) -> None:
+    assert _migrate(pg_schema_dsn) == [1, 2]
+    assert _migrate(pg_schema_dsn) == []
+    assert applied_versions(pg_schema_dsn.dsn, schema=pg_schema_dsn.schema) == [1, 2]
+    assert _versions(pg_schema_dsn) == [(1, "initial"), (2, "transitions")]
 
 
-def test_concurrent_migrators_apply_each_version_once(pg_schema_dsn: str,
+def test_concurrent_migrators_apply_each_version_once(pg_schema_dsn: PgSchema,
                                                       pg_dsn: str) -> None:
-    assert applied_versions(pg_schema_dsn) == []
-    command = [sys.executable, "-m", "mos_lease_pg", "migrate", "--dsn", pg_schema_dsn]
+    assert applied_versions(pg_schema_dsn.dsn, schema=pg_schema_dsn.schema) == []
+    command = [sys.executable, "-m", "mos_lease_pg", "migrate", "--dsn", pg_schema_dsn.dsn,
+               "--schema", pg_schema_dsn.schema, "--allow-second-copy"]
     runs = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              text=True) for _ in range(4)]
     outputs = [run.communicate(timeout=60) for run in runs]
     assert [run.returncode for run in runs] == [0, 0, 0, 0], outputs
     assert sum("applied migrations: 1" in out for out, _ in outputs) == 1
-    assert _versions(pg_schema_dsn) == [(1, "initial")]
-    migrated = _describe(pg_schema_dsn)
+    assert _versions(pg_schema_dsn) == [(1, "initial"), (2, "transitions")]
+    migrated = _describe(pg_schema_dsn.dsn, pg_schema_dsn.schema)
     assert migrated == _library_part(_describe(pg_dsn), migrated)
 
 
-def test_a_failed_migration_leaves_nothing_behind(pg_schema_dsn: str) -> None:
-    with psycopg.connect(pg_schema_dsn, autocommit=True) as conn:
-        conn.execute("CREATE TABLE connector_lease_audit_log (squatter int)")
+def test_a_failed_migration_leaves_nothing_behind(pg_schema_dsn: PgSchema) -> None:
+    schema = pg_schema_dsn.schema
+    with psycopg.connect(pg_schema_dsn.dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE TABLE "{schema}".connector_lease_audit_log (squatter int)')
     with pytest.raises(MigrationError, match="already exists"):
-        migrate(pg_schema_dsn)
-    assert applied_versions(pg_schema_dsn) == []
-    with psycopg.connect(pg_schema_dsn) as conn:
-        left = conn.execute("SELECT to_regclass('logical_agent_connector_leases'),"
-                            " to_regproc('mos_lease_refuse')").fetchone()
+        _migrate(pg_schema_dsn)
+    assert applied_versions(pg_schema_dsn.dsn, schema=schema) == []
+    with psycopg.connect(pg_schema_dsn.dsn) as conn:
+        left = conn.execute("SELECT to_regclass(%s), to_regproc(%s)",
+                            (f'"{schema}".logical_agent_connector_leases',
+                             f'"{schema}".mos_lease_refuse')).fetchone()
     assert left == (None, None)
 
 

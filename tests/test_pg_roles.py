@@ -12,6 +12,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import attrs
@@ -51,18 +52,23 @@ def _apply(dsn: str, admin: psycopg.Connection[Any], names: dict[str, str]) -> N
                    capture_output=True, timeout=60)
 
 
-@pytest.fixture(scope="module")
-def layout(pg_dsn: str, pg_admin: psycopg.Connection[Any]) -> Iterator[Layout]:
+@contextmanager
+def role_layout(pg_dsn: str, pg_admin: psycopg.Connection[Any]) -> Iterator[Layout]:
+    """Owner and gateway roles of unique names (roles are cluster-wide) and their schema,
+    migrated as the owner, with one seeded lease; all dropped afterwards. Also used by the
+    transition and privilege-abuse tests."""
     names = {"owner_role": unique_name("mos_lease_owner"),
              "gateway_role": unique_name("mos_lease_gateway"),
              "schema_name": unique_name("mos_lease")}
     try:
         _apply(pg_dsn, pg_admin, names)  # roles and schema
         owner_dsn = with_params(pg_dsn, user=names["owner_role"])
-        migrate(owner_dsn)  # as the owner: it owns every object
+        # As the owner (it owns every object), into the layout's schema: a second copy,
+        # since the run's database holds the tables in mos_lease too.
+        migrate(owner_dsn, schema=names["schema_name"], allow_second_copy=True)
         _apply(pg_dsn, pg_admin, names)  # again: grants on the tables that now exist
         gateway_dsn = with_params(pg_dsn, user=names["gateway_role"])
-        _seed(gateway_dsn)
+        _seed(gateway_dsn, names["schema_name"])
         yield Layout(names["owner_role"], names["gateway_role"], names["schema_name"],
                      owner_dsn, gateway_dsn)
     finally:
@@ -75,6 +81,12 @@ def layout(pg_dsn: str, pg_admin: psycopg.Connection[Any]) -> Iterator[Layout]:
                 pg_admin.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
 
 
+@pytest.fixture(scope="module")
+def layout(pg_dsn: str, pg_admin: psycopg.Connection[Any]) -> Iterator[Layout]:
+    with role_layout(pg_dsn, pg_admin) as built:
+        yield built
+
+
 def test_objects_belong_to_the_owner_in_its_schema(layout: Layout,
                                                    pg_admin: psycopg.Connection[Any]) -> None:
     owned = pg_admin.execute(
@@ -83,11 +95,39 @@ def test_objects_belong_to_the_owner_in_its_schema(layout: Layout,
         " WHERE n.nspname = %s AND c.relkind = 'r' ORDER BY 1", (layout.schema,)).fetchall()
     assert owned == [(table, layout.owner) for table in (
         "connector_lease_audit_log", "connector_resource_epochs",
-        "logical_agent_connector_leases", "mos_lease_schema_migrations")]
+        "logical_agent_connector_leases", "mos_lease_schema_migrations",
+        "mos_lease_settings")]
+
+
+def test_gateway_privileges_are_exactly_the_documented_ones(
+        layout: Layout, pg_admin: psycopg.Connection[Any]) -> None:
+    # Table-wide privileges, then the UPDATE columns (column grants are listed apart).
+    tables = pg_admin.execute(
+        "SELECT table_name, string_agg(privilege_type, ',' ORDER BY privilege_type)"
+        " FROM information_schema.role_table_grants"
+        " WHERE grantee = %s AND table_schema = %s GROUP BY 1 ORDER BY 1",
+        (layout.gateway, layout.schema)).fetchall()
+    assert tables == [("connector_lease_audit_log", "INSERT,SELECT"),
+                      ("connector_resource_epochs", "INSERT,SELECT"),
+                      ("logical_agent_connector_leases", "INSERT,SELECT")]
+    updatable = pg_admin.execute(
+        "SELECT table_name, string_agg(column_name, ',' ORDER BY column_name)"
+        " FROM information_schema.column_privileges"
+        " WHERE grantee = %s AND table_schema = %s AND privilege_type = 'UPDATE'"
+        " GROUP BY 1 ORDER BY 1", (layout.gateway, layout.schema)).fetchall()
+    assert updatable == [
+        ("connector_resource_epochs", "highest_epoch,updated_at"),
+        ("logical_agent_connector_leases", "acquired_at,allowed_scopes,connector_id,epoch,"
+         "expires_at,heartbeat_at,lease_id,released_at,updated_at")]
+    executable = pg_admin.execute(
+        "SELECT p.proname FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace"
+        " WHERE n.nspname = %s AND has_function_privilege(%s, p.oid, 'EXECUTE')",
+        (layout.schema, layout.gateway)).fetchall()
+    assert executable == []
 
 
 def test_gateway_can_do_what_the_store_needs(layout: Layout, pg_stores: StoreFactory) -> None:
-    store = pg_stores(layout.gateway_dsn)
+    store = pg_stores(layout.gateway_dsn, settings=ConnectionSettings(schema=layout.schema))
     gateway = ConnectorLeaseCoordinator(store, AllowAllPolicy())
     ident = LeaseIdentity("tenant", "agent", "b1")
     first = gateway.acquire(ident, "c1", scopes=["tool:run"], ttl=30)
@@ -110,7 +150,8 @@ def test_gateway_can_do_what_the_store_needs(layout: Layout, pg_stores: StoreFac
     proxy = FaultProxy(layout.gateway_dsn)
     try:
         flaky = ConnectorLeaseCoordinator(
-            pg_stores(proxy.dsn, settings=ConnectionSettings(prepare=False)), AllowAllPolicy())
+            pg_stores(proxy.dsn, settings=ConnectionSettings(prepare=False, schema=layout.schema)),
+            AllowAllPolicy())
         proxy.cut_reply_to(b"epoch = l.epoch + 1")
         third = flaky.takeover(ident, "c3", scopes=["tool:run"], ttl=30, expected_epoch=2)
         assert third.ok and third.reconciled
@@ -134,6 +175,9 @@ GATEWAY_REFUSED = [
     "UPDATE logical_agent_connector_leases SET tenant_id = 'elsewhere'",
     "SELECT * FROM mos_lease_schema_migrations",
     "DELETE FROM connector_resource_epochs",
+    "UPDATE connector_resource_epochs SET resource_id = 'other'",
+    "SELECT * FROM mos_lease_settings",
+    "UPDATE mos_lease_settings SET clock_allowance = interval '1 day'",
     "CREATE TABLE sneaky (x int)",
     "CREATE TABLE public.sneaky (x int)",
 ]
@@ -146,12 +190,15 @@ EVERYONE_REFUSED = [
     "TRUNCATE logical_agent_connector_leases",
     "UPDATE logical_agent_connector_leases SET epoch = epoch - 1",
     "UPDATE logical_agent_connector_leases SET binding_id = 'other'",
+    "UPDATE logical_agent_connector_leases SET epoch = epoch + 1",
+    "DELETE FROM connector_resource_epochs",
+    "TRUNCATE connector_resource_epochs",
 ]
 
 
-def _seed(dsn: str) -> None:
+def _seed(dsn: str, schema: str) -> None:
     """One lease at epoch 2 in tenant "seed", with its two audit rows."""
-    with PostgresLeaseStore(dsn) as store:
+    with PostgresLeaseStore(dsn, settings=ConnectionSettings(schema=schema)) as store:
         gateway = ConnectorLeaseCoordinator(store, AllowAllPolicy())
         ident = LeaseIdentity("seed", "a", "b")
         assert gateway.acquire(ident, "c1", scopes=[], ttl=30).ok
@@ -183,9 +230,13 @@ def test_the_schema_refuses_even_the_owner(layout: Layout) -> None:
                 conn.execute(statement.encode())
         assert _audit_rows(conn) == before
         assert conn.execute(b"SELECT * FROM logical_agent_connector_leases").fetchall() == lease
-        # Raising an epoch (a DBA fencing every outstanding token) is allowed.
-        conn.execute(b"UPDATE logical_agent_connector_leases SET epoch = epoch + 1"
-                     b" WHERE tenant_id = 'seed'")
+        # A DBA fences every outstanding token the way a takeover does: the epoch rises by
+        # one together with a new lease UUID and fresh times (an epoch alone may not rise).
+        conn.execute(b"WITH t AS (SELECT clock_timestamp() AS now)"
+                     b" UPDATE logical_agent_connector_leases SET epoch = epoch + 1,"
+                     b" lease_id = gen_random_uuid(), acquired_at = t.now, heartbeat_at = t.now,"
+                     b" expires_at = t.now + interval '1 minute', updated_at = t.now"
+                     b" FROM t WHERE tenant_id = 'seed'")
         raised = conn.execute(b"SELECT epoch FROM logical_agent_connector_leases"
                               b" WHERE tenant_id = 'seed'").fetchall()
     assert raised == [(3,)]

@@ -10,13 +10,23 @@
 --                                         UPDATE that settles an in-doubt write)
 --        connector_lease_audit_log        SELECT, INSERT (the identity column needs no
 --                                         sequence privilege)
---        connector_resource_epochs        SELECT, INSERT, UPDATE (downstream fencing)
+--        connector_resource_epochs        SELECT, INSERT, UPDATE of highest_epoch and
+--                                         updated_at (the guard's upsert raises the mark;
+--                                         the identity columns are not granted)
 --        mos_lease_schema_migrations      nothing
---      and nothing else: no DELETE or TRUNCATE anywhere, no CREATE in any schema.
+--        mos_lease_settings               nothing (the checking function reads it as the
+--                                         owner: SECURITY DEFINER)
+--      and nothing else: no DELETE or TRUNCATE anywhere, no CREATE in any schema, no
+--      EXECUTE of the schema's functions (triggers call them without it).
 --
--- The tables' triggers refuse UPDATE, DELETE and TRUNCATE of the audit log and DELETE and
--- TRUNCATE of lease rows for every role, the owner included; only a superuser (or the
--- owner, by disabling the triggers on purpose) can get past them.
+-- Privileges are not what keeps the data right: the gateway needs UPDATE of the epoch,
+-- the lease UUID and the times, since a takeover sets them all. The tables' triggers
+-- (migration 0002) permit only the library's transitions, for every role, the owner
+-- included: a lease row is inserted at epoch 1, renewed, released or rotated (epoch + 1
+-- with a new lease UUID), with finite stamps no later than the database clock and an expiry
+-- at most the lease cap ahead; resource epochs only rise; audit rows and lease rows are
+-- never changed or removed. Only a superuser (session_replication_role = replica), or the
+-- owner by dropping or disabling the triggers on purpose, can get past them.
 --
 -- Run it as a superuser, or a role with CREATEROLE that may grant on the schema, in the
 -- database that holds (or will hold) the tables:
@@ -72,6 +82,8 @@ DECLARE
     audit_log    text;
     epochs       text;
     migrations   text;
+    settings     text;
+    routine      regprocedure;
 BEGIN
     IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = owner_role) THEN
         EXECUTE format('CREATE ROLE %I LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE', owner_role);
@@ -102,6 +114,7 @@ BEGIN
     audit_log := format('%I.connector_lease_audit_log', schema_name);
     epochs := format('%I.connector_resource_epochs', schema_name);
     migrations := format('%I.mos_lease_schema_migrations', schema_name);
+    settings := format('%I.mos_lease_settings', schema_name);
 
     IF to_regclass(leases) IS NOT NULL THEN
         EXECUTE format('REVOKE ALL ON %s FROM PUBLIC, %I', leases, gateway_role);
@@ -118,10 +131,24 @@ BEGIN
     END IF;
     IF to_regclass(epochs) IS NOT NULL THEN
         EXECUTE format('REVOKE ALL ON %s FROM PUBLIC, %I', epochs, gateway_role);
-        EXECUTE format('GRANT SELECT, INSERT, UPDATE ON %s TO %I', epochs, gateway_role);
+        EXECUTE format('GRANT SELECT, INSERT ON %s TO %I', epochs, gateway_role);
+        -- The admission upsert (ON CONFLICT DO UPDATE) sets only these two columns.
+        EXECUTE format('GRANT UPDATE (highest_epoch, updated_at) ON %s TO %I',
+                       epochs, gateway_role);
     END IF;
     IF to_regclass(migrations) IS NOT NULL THEN
         EXECUTE format('REVOKE ALL ON %s FROM PUBLIC, %I', migrations, gateway_role);
     END IF;
+    IF to_regclass(settings) IS NOT NULL THEN
+        EXECUTE format('REVOKE ALL ON %s FROM PUBLIC, %I', settings, gateway_role);
+    END IF;
+    -- Functions are executable by PUBLIC by default; the gateway calls none directly.
+    FOR routine IN
+        SELECT p.oid::regprocedure FROM pg_proc AS p
+        JOIN pg_namespace AS n ON n.oid = p.pronamespace
+        WHERE n.nspname = schema_name
+    LOOP
+        EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC, %I', routine, gateway_role);
+    END LOOP;
 END
 $layout$;

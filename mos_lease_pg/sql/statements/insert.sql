@@ -1,6 +1,6 @@
 -- Acquire: insert-only creation at epoch 1. An existing row, in any state, makes this a
 -- no-op (and so no audit row is written).
-    INSERT INTO logical_agent_connector_leases AS l
+    INSERT INTO {schema}.logical_agent_connector_leases AS l
         (tenant_id, logical_agent_id, binding_id, lease_id, connector_id, allowed_scopes,
          epoch, acquired_at, heartbeat_at, expires_at, released_at, updated_at)
     SELECT %(tenant_id)s, %(logical_agent_id)s, %(binding_id)s, %(lease_id)s,

@@ -4,10 +4,12 @@
 -- its own row (inserted from the UPDATE's RETURNING, so it exists exactly when that lease was
 -- renewed). A lease whose guard fails is simply not renewed: it is not an error and does
 -- not affect the others. `locked` takes the row locks in identity order (LockRows sits
--- above the sort), so two batches sharing leases cannot deadlock. The final SELECT returns
--- one row per request, in request order: the time, plus the new lease columns if renewed.
-WITH t AS (SELECT clock_timestamp() + %(offset)s::interval AS now),
-req AS (
+-- above the sort), so two batches sharing leases cannot deadlock. Time is read after the
+-- locks: `t` consumes `locked` completely (count(*)) before it reads the clock, and both are
+-- MATERIALIZED, so no renewal is judged by a time read before a lock wait (see
+-- guarded_write.sql for why that matters). The final SELECT returns one row per request,
+-- in request order: the time, plus the new lease columns if renewed.
+WITH req AS (
     SELECT *
     FROM unnest(%(tenant_ids)s::text[], %(logical_agent_ids)s::text[],
                 %(binding_ids)s::text[], %(connector_ids)s::text[], %(lease_ids)s::uuid[],
@@ -18,14 +20,18 @@ req AS (
 ),
 locked AS MATERIALIZED (
     SELECT l.tenant_id, l.logical_agent_id, l.binding_id
-    FROM logical_agent_connector_leases AS l
+    FROM {schema}.logical_agent_connector_leases AS l
     WHERE (l.tenant_id, l.logical_agent_id, l.binding_id) IN
           (SELECT r.tenant_id, r.logical_agent_id, r.binding_id FROM req AS r)
     ORDER BY l.tenant_id, l.logical_agent_id, l.binding_id
     FOR UPDATE
 ),
+t AS MATERIALIZED (
+    SELECT clock_timestamp() + %(offset)s::interval AS now
+    FROM (SELECT count(*) FROM locked) AS held
+),
 written AS (
-    UPDATE logical_agent_connector_leases AS l
+    UPDATE {schema}.logical_agent_connector_leases AS l
     SET heartbeat_at = t.now, expires_at = t.now + r.ttl, updated_at = t.now
     FROM t, req AS r, locked AS k
     WHERE k.tenant_id = l.tenant_id
@@ -44,7 +50,7 @@ written AS (
               l.acquired_at, l.heartbeat_at, l.expires_at, l.released_at, l.updated_at
 ),
 audited AS (
-    INSERT INTO connector_lease_audit_log
+    INSERT INTO {schema}.connector_lease_audit_log
         (event_id, event, outcome, reason, tenant_id, logical_agent_id, binding_id,
          connector_id, epoch, correlation_id, recorded_at)
     SELECT w.event_id, 'heartbeat', 'renewed', NULL, w.tenant_id, w.logical_agent_id,

@@ -1,7 +1,7 @@
 -- Takeover: compare-and-set on the expected epoch. The lease UUID rotates and the epoch rises
 -- by one in the same write, never past the bigint maximum. An active lease is replaced only
 -- when the policy allowed preemption; an expired or released one always may be.
-    UPDATE logical_agent_connector_leases AS l
+    UPDATE {schema}.logical_agent_connector_leases AS l
     SET lease_id = %(new_lease_id)s, epoch = l.epoch + 1, connector_id = %(connector_id)s,
         allowed_scopes = %(scopes)s::text[], acquired_at = t.now, heartbeat_at = t.now,
         expires_at = t.now + %(ttl)s::interval, released_at = NULL, updated_at = t.now

@@ -1,8 +1,11 @@
--- Waits until no other transaction holds or is queued ahead for this identity's row lock,
--- so that a write still in flight on a lost connection has committed or rolled back before
--- its audit row is looked for. Needs UPDATE privilege on (a column of) the lease table.
-SELECT 1 FROM logical_agent_connector_leases
-WHERE tenant_id = %(tenant_id)s
-  AND logical_agent_id = %(logical_agent_id)s
-  AND binding_id = %(binding_id)s
-FOR UPDATE
+-- Ends the backend that was running a write whose connection was lost, so that the write can
+-- no longer commit: a write lost while queued behind a lock (on its row, on the audit table,
+-- anywhere) would otherwise commit after its audit row was looked for. Only a backend of this
+-- role in this database, never our own: a role may signal its own backends. A backend that
+-- already ended is simply not found. Returns how many backends were signalled (0 or 1).
+SELECT count(pg_terminate_backend(a.pid))
+FROM pg_stat_activity AS a
+WHERE a.pid = %(pid)s
+  AND a.usename = current_user
+  AND a.datname = current_database()
+  AND a.pid <> pg_backend_pid()

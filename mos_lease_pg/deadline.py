@@ -1,0 +1,171 @@
+"""A client-side deadline on every call, whatever the network does.
+
+The server bounds a statement by ``statement_timeout``, but only once the statement reached
+it, and only if its answer can come back: through a half-open or silent network libpq waits
+for a reply forever (TCP keepalives and ``tcp_user_timeout`` close such a socket eventually,
+but in tens of seconds, and not at all while the kernel keeps acknowledging). So each call
+arms a watch on its connection. If the call has not finished shortly before its deadline,
+the watch fires: it asks the server to cancel the statement (``cancel_safe``, public, with a
+short timeout of its own) and then shuts the socket down, which wakes the waiting call with
+a connection error. The caller then discards the connection: a connection whose reply is
+still outstanding is never used again.
+
+The socket is shut down through a duplicate of its descriptor (``os.dup``): ``shutdown``
+acts on the socket itself, so the waiter's ``poll`` wakes, while the descriptor libpq owns
+is left for libpq to close (closing it under another thread's ``poll`` would be a race).
+
+Sync calls are watched by one daemon thread per process, which sleeps while nothing is
+armed; async calls by a timer on their own event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import threading
+import time
+from typing import Any, Final
+
+import psycopg
+
+# How often the watchdog thread looks at the armed watches while any is armed: the bound
+# on how late a watch fires.
+_TICK: Final = 0.02
+_ARMED, _DONE, _FIRED = 0, 1, 2
+
+
+def grace(call_timeout: float) -> float:
+    """How long before its deadline a watch fires: the time the cancel request may take."""
+    return min(0.5, call_timeout / 4)
+
+
+def shut_down(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> None:
+    """Shut the connection's socket down so that a call waiting on it fails now."""
+    with contextlib.suppress(OSError, psycopg.Error):
+        dup = socket.socket(fileno=os.dup(conn.fileno()))
+        try:
+            dup.shutdown(socket.SHUT_RDWR)
+        finally:
+            dup.close()
+
+
+class Watch:
+    """One call's deadline on one sync connection. :meth:`done` disarms it; afterwards
+    :attr:`fired` says whether the connection must be discarded."""
+
+    __slots__ = ("_conn", "_lock", "_state", "cancel_timeout", "fire_at")
+
+    def __init__(self, conn: psycopg.Connection[Any], fire_at: float,
+                 cancel_timeout: float) -> None:
+        self._conn = conn
+        self.fire_at = fire_at
+        self.cancel_timeout = cancel_timeout
+        self._lock = threading.Lock()
+        self._state = _ARMED
+
+    @property
+    def fired(self) -> bool:
+        return self._state == _FIRED
+
+    def done(self) -> None:
+        # Waits for a firing in progress (at most the cancel's grace), so that the socket
+        # is never shut down under the next call on the same connection.
+        with self._lock:
+            if self._state == _ARMED:
+                self._state = _DONE
+
+    def fire(self) -> None:
+        with self._lock:
+            if self._state != _ARMED:
+                return
+            self._state = _FIRED
+            with contextlib.suppress(psycopg.Error, OSError):
+                self._conn.cancel_safe(timeout=self.cancel_timeout)
+            shut_down(self._conn)
+
+
+class Watchdog:
+    """The process's watcher of sync calls (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._armed: dict[int, Watch] = {}
+        self._work = threading.Event()
+        self._start = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def arm(self, conn: psycopg.Connection[Any], deadline: float,
+            call_timeout: float) -> Watch:
+        cancel = grace(call_timeout)
+        watch = Watch(conn, deadline - cancel, cancel)
+        self._armed[id(watch)] = watch
+        if self._thread is None:
+            self._launch()
+        if not self._work.is_set():
+            self._work.set()
+        return watch
+
+    def disarm(self, watch: Watch) -> None:
+        watch.done()
+        self._armed.pop(id(watch), None)
+
+    def _launch(self) -> None:
+        with self._start:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="mos-lease-watchdog",
+                                                daemon=True)
+                self._thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            self._work.wait()
+            if not self._armed:
+                self._work.clear()
+                # A watch armed between the check and the clear set the event again.
+                if not self._armed:
+                    continue
+                self._work.set()
+            now = time.monotonic()
+            for watch in list(self._armed.values()):
+                if now >= watch.fire_at:
+                    self._armed.pop(id(watch), None)
+                    # Its own thread: a cancel request waiting on a silent network must
+                    # not make the other watches fire late.
+                    threading.Thread(target=watch.fire, name="mos-lease-watch-fire",
+                                     daemon=True).start()
+            time.sleep(_TICK)
+
+
+WATCHDOG: Final = Watchdog()
+
+
+class AsyncWatch:
+    """One call's deadline on one async connection, a timer on the running loop."""
+
+    __slots__ = ("_conn", "_handle", "_task", "fired")
+
+    def __init__(self, conn: psycopg.AsyncConnection[Any], deadline: float,
+                 call_timeout: float) -> None:
+        self._conn = conn
+        self.fired = False
+        self._task: asyncio.Task[None] | None = None
+        loop = asyncio.get_running_loop()
+        # The loop's clock is monotonic too; deadlines are time.monotonic() values.
+        delay = max(0.0, deadline - grace(call_timeout) - time.monotonic())
+        self._handle = loop.call_later(delay, self._fire, grace(call_timeout))
+
+    def _fire(self, cancel_timeout: float) -> None:
+        self.fired = True
+        self._task = asyncio.get_running_loop().create_task(self._cut(cancel_timeout))
+
+    async def _cut(self, cancel_timeout: float) -> None:
+        with contextlib.suppress(psycopg.Error, OSError):
+            await self._conn.cancel_safe(timeout=cancel_timeout)
+        shut_down(self._conn)
+
+    async def done(self) -> None:
+        self._handle.cancel()
+        if self._task is not None:
+            # Finish cutting before the caller discards the connection (bounded by grace).
+            await self._task

@@ -1,0 +1,241 @@
+"""The store's first-use check: its schema exists, at the version it needs, and its role can
+do what the store does.
+
+A store names its schema explicitly (``ConnectionSettings.schema``), so a missing schema, an
+unmigrated or outdated one, or a role without the grants fails the first statement with
+``42P01`` / ``42501``. Those are configuration faults, not transient ones: retrying them (as
+keepers retry ``StoreUnavailable``) would only hide them. So before its first statement the
+store reads the catalogs once (one round trip, readable by every role) and raises
+:class:`~mos_lease.errors.ConfigurationError` naming the fix.
+
+The version is read from the comment ``mos-lease migrate`` puts on the bookkeeping table
+(``mos-lease schema version N``), since the gateway role has no privilege on that table;
+a role that may read the table is answered from its rows when the comment is missing.
+
+Decisions:
+
+* An older schema than this package needs is refused (``mos-lease migrate --schema X``). A
+  newer one is accepted with a WARNING: migrations only add, so a gateway may keep running
+  while the fleet is upgraded after the migration.
+* A role with MORE privileges than the store needs (the owner, a superuser as in tests, a
+  role granted DELETE) is not refused: the schema's triggers, not privileges, keep the data
+  right. The surplus is listed in :attr:`SchemaCheck.surplus` and logged once per store at
+  WARNING, so an operator sees that the least-privilege layout is not in use.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Any, Final
+
+import attrs
+import psycopg
+
+from mos_lease.errors import ConfigurationError
+from mos_lease_pg.migrations import available_migrations
+from mos_lease_pg.statements import quoted
+from mos_lease_pg.translate import statement_failure
+
+log = logging.getLogger("mos_lease_pg")
+
+LEASES: Final = "logical_agent_connector_leases"
+AUDIT: Final = "connector_lease_audit_log"
+MIGRATIONS: Final = "mos_lease_schema_migrations"
+VERSION_COMMENT: Final = "mos-lease schema version {version}"
+_VERSION_IN_COMMENT: Final = re.compile(r"^mos-lease schema version (\d+)$")
+
+# What the store sends needs (store.py, statements/*.sql): read and append both tables, and
+# update the lease columns a write sets (UPDATE also allows the FOR UPDATE of the lock step
+# and of settling). ``None``: the privilege on the whole table.
+_WRITTEN_COLUMNS: Final = ("lease_id", "connector_id", "allowed_scopes", "epoch",
+                           "acquired_at", "heartbeat_at", "expires_at", "released_at",
+                           "updated_at")
+NEEDED: Final[tuple[tuple[str, str, str | None], ...]] = (
+    (LEASES, "SELECT", None), (LEASES, "INSERT", None),
+    *((LEASES, "UPDATE", column) for column in _WRITTEN_COLUMNS),
+    (AUDIT, "SELECT", None), (AUDIT, "INSERT", None),
+)
+# What it never needs: having any of these is reported, not refused (see the module text).
+SURPLUS: Final[tuple[tuple[str, str, str | None], ...]] = (
+    *((LEASES, "UPDATE", column) for column in ("tenant_id", "logical_agent_id", "binding_id")),
+    (LEASES, "DELETE", None), (LEASES, "TRUNCATE", None), (LEASES, "TRIGGER", None),
+    (AUDIT, "UPDATE", None), (AUDIT, "DELETE", None), (AUDIT, "TRUNCATE", None),
+    (AUDIT, "TRIGGER", None),
+)
+
+# One row per privilege asked about: whether the table (and column) exists and whether the
+# current role holds it; the schema's facts are repeated on every row. Only catalogs and
+# privilege functions, readable by every role, so it never fails for lack of a grant.
+_QUERY: Final = b"""
+SELECT n.oid IS NOT NULL, coalesce(has_schema_privilege(n.oid, 'USAGE'), false),
+       coalesce(has_schema_privilege(n.oid, 'CREATE'), false),
+       (SELECT r.rolsuper FROM pg_roles AS r WHERE r.rolname = current_user),
+       current_user::text, current_database()::text,
+       (SELECT obj_description(m.oid, 'pg_class') FROM pg_class AS m
+        WHERE m.relnamespace = n.oid AND m.relname = %(migrations)s),
+       (SELECT has_table_privilege(m.oid, 'SELECT') FROM pg_class AS m
+        WHERE m.relnamespace = n.oid AND m.relname = %(migrations)s),
+       w.relname, w.privilege, w.attname, c.oid IS NOT NULL,
+       CASE WHEN c.oid IS NULL THEN false
+            WHEN w.attname IS NULL THEN has_table_privilege(c.oid, w.privilege)
+            WHEN a.attnum IS NULL THEN false
+            ELSE has_column_privilege(c.oid, a.attnum, w.privilege) END
+FROM unnest(%(relnames)s::text[], %(privileges)s::text[], %(attnames)s::text[])
+         AS w(relname, privilege, attname)
+LEFT JOIN pg_namespace AS n ON n.nspname = %(schema)s
+LEFT JOIN pg_class AS c ON c.relnamespace = n.oid AND c.relname = w.relname
+LEFT JOIN pg_attribute AS a ON a.attrelid = c.oid AND a.attname = w.attname
+                           AND NOT a.attisdropped
+"""
+
+
+def required_version() -> int:
+    """The schema version this package needs: the highest migration it ships."""
+    return max(m.version for m in available_migrations())
+
+
+@attrs.frozen(slots=True)
+class SchemaCheck:
+    """What the first-use check found (the store refused to start otherwise)."""
+
+    schema: str
+    version: int
+    role: str
+    # Privileges the store never uses, held anyway (superuser, owner, DELETE, ...).
+    surplus: tuple[str, ...]
+
+
+def _named(keys: list[tuple[str, str, str | None]]) -> list[str]:
+    """``SELECT on t``, ``UPDATE (a, b) on t``: one entry per table and privilege."""
+    columns: dict[tuple[str, str], list[str]] = {}
+    for relname, privilege, attname in keys:
+        columns.setdefault((privilege, relname), []).extend([] if attname is None else [attname])
+    return [f"{privilege} ({', '.join(cols)}) on {relname}" if cols
+            else f"{privilege} on {relname}" for (privilege, relname), cols in columns.items()]
+
+
+def _params(schema: str) -> dict[str, Any]:
+    asked = (*NEEDED, *SURPLUS)
+    return {"schema": schema, "migrations": MIGRATIONS,
+            "relnames": [r for r, _, _ in asked], "privileges": [p for _, p, _ in asked],
+            "attnames": [a for _, _, a in asked]}
+
+
+def _fix_migrate(schema: str) -> str:
+    return f"run `mos-lease migrate --schema {schema}` as the owner role"
+
+
+def _fix_roles(schema: str, role: str, database: str) -> str:
+    return (f"run the roles step (`psql -d {database} -v schema_name={schema} "
+            f"-v gateway_role={role} -f mos_lease_pg/sql/roles.sql`) as a superuser")
+
+
+def _version(comment: str | None) -> int | None:
+    match = None if comment is None else _VERSION_IN_COMMENT.match(comment)
+    return None if match is None else int(match[1])
+
+
+def judge(schema: str, rows: list[tuple[Any, ...]], table_version: int | None) -> SchemaCheck:
+    """Decide from the rows of the catalog query (and, when the version comment is missing,
+    the bookkeeping table's highest version if the role could read it)."""
+    exists, usage, create, superuser, role, database, comment = rows[0][:7]
+    if not exists:
+        raise ConfigurationError(
+            f"schema {schema!r} does not exist in database {database!r}: "
+            f"{_fix_migrate(schema)}, then {_fix_roles(schema, role, database)}")
+    if not usage:
+        raise ConfigurationError(
+            f"role {role!r} may not use schema {schema!r}: {_fix_roles(schema, role, database)}")
+    facts = {(r[8], r[9], r[10]): (bool(r[11]), bool(r[12])) for r in rows}
+    missing_tables = sorted({rel for (rel, _, _), (found, _) in facts.items() if not found})
+    version = _version(comment) if comment is not None else table_version
+    if missing_tables or version is None:
+        what = (f"has no {', '.join(missing_tables)}" if missing_tables
+                else "records no schema version")
+        raise ConfigurationError(
+            f"schema {schema!r} {what} (not migrated, or migrated by an older mos-lease): "
+            f"{_fix_migrate(schema)}")
+    needed = required_version()
+    if version < needed:
+        raise ConfigurationError(
+            f"schema {schema!r} is at version {version}, this mos-lease needs {needed}: "
+            f"{_fix_migrate(schema)}")
+    if version > needed:
+        log.warning("schema %r is at version %d, newer than this mos-lease knows (%d): "
+                    "upgrade the gateways", schema, version, needed)
+    lacking = _named([key for key in NEEDED if not facts[key][1]])
+    if lacking:
+        raise ConfigurationError(
+            f"role {role!r} lacks {', '.join(lacking)} in schema {schema!r}: "
+            f"{_fix_roles(schema, role, database)}")
+    surplus = _named([key for key in SURPLUS if facts[key][1]])
+    if superuser:
+        surplus.insert(0, "superuser")
+    if create:
+        surplus.append(f"CREATE on schema {schema}")
+    return SchemaCheck(schema, version, role, tuple(surplus))
+
+
+def _report(check: SchemaCheck) -> SchemaCheck:
+    if check.surplus:
+        log.warning("mos-lease store as role %r holds privileges it never uses in schema %r "
+                    "(%s): not refused, since the schema's triggers keep the data right, but "
+                    "gateways should connect as the least-privilege role of roles.sql",
+                    check.role, check.schema, "; ".join(check.surplus))
+    return check
+
+
+def _table_version_query(schema: str) -> bytes:
+    return f"SELECT max(version) FROM {quoted(schema)}.{MIGRATIONS}".encode()
+
+
+def check(conn: psycopg.Connection[Any], schema: str) -> SchemaCheck:
+    """Run the check on ``conn`` (autocommit). Raises ``ConfigurationError`` with the fix."""
+    rows = conn.execute(_QUERY, _params(schema)).fetchall()
+    table_version = None
+    if rows and rows[0][6] is None and rows[0][7]:
+        found = conn.execute(_table_version_query(schema)).fetchone()
+        table_version = None if found is None else found[0]
+    return _report(judge(schema, rows, table_version))
+
+
+async def check_async(conn: psycopg.AsyncConnection[Any], schema: str) -> SchemaCheck:
+    """The asyncio twin of :func:`check`."""
+    rows = await (await conn.execute(_QUERY, _params(schema))).fetchall()
+    table_version = None
+    if rows and rows[0][6] is None and rows[0][7]:
+        found = await (await conn.execute(_table_version_query(schema))).fetchone()
+        table_version = None if found is None else found[0]
+    return _report(judge(schema, rows, table_version))
+
+
+def first_use(conn: psycopg.Connection[Any], schema: str, *, owned: bool) -> SchemaCheck:
+    """:func:`check` for a connection source: a failure closes ``conn`` if the source
+    ``owned`` it (a pooled one goes back to its pool), and a database error is a
+    ``StoreUnavailable`` like any statement's."""
+    try:
+        return check(conn, schema)
+    except psycopg.Error as exc:
+        if owned:
+            conn.close()
+        raise statement_failure(exc, what="schema check", write_event=None).error from exc
+    except BaseException:
+        if owned:
+            conn.close()
+        raise
+
+
+async def first_use_async(conn: psycopg.AsyncConnection[Any], schema: str, *,
+                          owned: bool) -> SchemaCheck:
+    """The asyncio twin of :func:`first_use`."""
+    try:
+        return await check_async(conn, schema)
+    except psycopg.Error as exc:
+        if owned:
+            await conn.close()
+        raise statement_failure(exc, what="schema check", write_event=None).error from exc
+    except BaseException:
+        if owned:
+            await conn.close()
+        raise
