@@ -5,13 +5,33 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from importlib import metadata
 
 from mos_lease import demo
+
+# The commands mos_lease_pg.cli registers (its COMMANDS; tests/test_cli.py keeps the two
+# equal). Without the pg extra each still answers, with the install hint.
+PG_COMMANDS = ("setup", "roles", "migrate", "check", "status", "audit")
+PG_MISSING_EXIT = 2
+
+
+def version() -> str:
+    """The installed distribution's version (``unknown`` when run from a bare source tree)."""
+    try:
+        return metadata.version("mos-lease")
+    except metadata.PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def _hint(reason: str) -> int:
+    print(reason, file=sys.stderr)
+    return PG_MISSING_EXIT
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="mos-lease", description="Fenced connector leases for logical agents.")
+    parser.add_argument("--version", action="version", version=f"mos-lease {version()}")
     commands = parser.add_subparsers(dest="command", required=True)
     demo_parser = commands.add_parser("demo", help="scripted failover on the in-memory store")
     demo_parser.set_defaults(func=lambda _args: demo.run())
@@ -19,22 +39,21 @@ def _parser() -> argparse.ArgumentParser:
         from mos_lease_pg.cli import register
     except ImportError as missing:
         reason = f"PostgreSQL support is not installed ({missing}); pip install 'mos-lease[pg]'"
-
-        def unavailable(_args: argparse.Namespace) -> int:
-            print(reason, file=sys.stderr)
-            return 2
-
-        for name in ("migrate", "status", "audit"):
-            stub = commands.add_parser(name, help="(needs mos-lease[pg])")
-            stub.add_argument("rest", nargs=argparse.REMAINDER)
-            stub.set_defaults(func=unavailable)
+        # Stand-ins without their own options: any arguments at all (``--dsn x --json``,
+        # ``--help``) reach the install hint instead of an argparse error about them.
+        for name in PG_COMMANDS:
+            stub = commands.add_parser(name, help="(needs mos-lease[pg])", add_help=False)
+            stub.set_defaults(func=lambda _args: _hint(reason), takes_any_arguments=True)
     else:
         register(commands)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args, rest = parser.parse_known_args(argv)
+    if rest and not getattr(args, "takes_any_arguments", False):
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     result: int = args.func(args)
     return result
 

@@ -200,6 +200,11 @@ class _Flows:
                 or not 0 <= max_conflict_retries <= 100:
             raise ConfigurationError("max_conflict_retries must be an int in 0..100")
         self.max_conflict_retries = max_conflict_retries
+        if policy is None:  # once the arguments are known to be good
+            # Deny-all is the safe default, but on its own it looks like a broken gateway.
+            log.warning("coordinator built without a policy: the default DenyAllPolicy "
+                        "refuses every lease and grant operation; pass policy= (e.g. "
+                        "StaticConnectorPolicy.from_dict(...)) to allow any")
         self._ids = id_source
         self._monotonic = monotonic_clock
         self._grants = GrantRegistry()

@@ -1,4 +1,5 @@
-"""``python -m mos_lease_pg migrate|status|audit``: the PostgreSQL commands on their own."""
+"""``python -m mos_lease_pg setup|roles|migrate|check|status|audit``: the PostgreSQL commands
+on their own."""
 
 import sys
 

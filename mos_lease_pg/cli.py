@@ -1,4 +1,5 @@
-"""``mos-lease migrate | status | audit``: the operator commands for PostgreSQL.
+"""``mos-lease setup | roles | migrate | check | status | audit``: the operator commands for
+PostgreSQL.
 
 The main ``mos-lease`` command calls :func:`register` to add them; ``python -m
 mos_lease_pg`` runs them on their own. ``--dsn`` defaults to the ``MOS_LEASE_DSN``
@@ -19,6 +20,7 @@ from typing import Any
 
 from mos_lease.errors import ConfigurationError, MosLeaseError
 from mos_lease.records import AuditRecord, LeaseRow
+from mos_lease_pg import check, roles
 from mos_lease_pg.connection import ConnectionSettings
 from mos_lease_pg.migrations import applied_versions, available_migrations, migrate
 from mos_lease_pg.statements import DEFAULT_SCHEMA, check_schema
@@ -32,10 +34,10 @@ def _iso(value: datetime | None) -> str | None:
     return None if value is None else value.isoformat()
 
 
-def _add_dsn(parser: argparse.ArgumentParser) -> None:
+def _add_dsn(parser: argparse.ArgumentParser, *, required: bool = True) -> None:
     default = os.environ.get(DSN_ENV)
     parser.add_argument(
-        "--dsn", default=default, required=default is None,
+        "--dsn", default=default, required=required and default is None,
         help=f"libpq connection string or postgresql:// URL (default: ${DSN_ENV})")
     parser.add_argument(
         "--schema", type=_schema, default=os.environ.get(SCHEMA_ENV, DEFAULT_SCHEMA),
@@ -49,16 +51,80 @@ def _schema(value: str) -> str:
         raise argparse.ArgumentTypeError(str(bad)) from None
 
 
+def _name(value: str) -> str:
+    # Role names go into SQL and into startup options: the same plain form as schemas.
+    try:
+        return check_schema(value, "role name")
+    except ConfigurationError as bad:
+        raise argparse.ArgumentTypeError(str(bad)) from None
+
+
+def _add_layout(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--owner-role", type=_name, default=roles.DEFAULT_OWNER_ROLE,
+                        help="role that owns the schema and runs migrations "
+                             f"(default {roles.DEFAULT_OWNER_ROLE})")
+    parser.add_argument("--gateway-role", type=_name, default=roles.DEFAULT_GATEWAY_ROLE,
+                        help="least-privilege role gateways connect as "
+                             f"(default {roles.DEFAULT_GATEWAY_ROLE})")
+    parser.add_argument("--statement-timeout", default=roles.DEFAULT_STATEMENT_TIMEOUT,
+                        help="gateway role default statement_timeout "
+                             f"(default {roles.DEFAULT_STATEMENT_TIMEOUT})")
+    parser.add_argument("--lock-timeout", default=roles.DEFAULT_LOCK_TIMEOUT,
+                        help="gateway role default lock_timeout "
+                             f"(default {roles.DEFAULT_LOCK_TIMEOUT})")
+
+
+def _layout(args: argparse.Namespace) -> dict[str, str]:
+    return {"owner_role": args.owner_role, "gateway_role": args.gateway_role,
+            "schema_name": args.schema, "statement_timeout": args.statement_timeout,
+            "lock_timeout": args.lock_timeout}
+
+
 def _store(args: argparse.Namespace) -> PostgresLeaseStore:
     return PostgresLeaseStore(args.dsn, settings=ConnectionSettings(schema=args.schema))
 
 
+# Every command this module adds, in the order ``--help`` lists them. The main command
+# stands in for each with an install hint when this package cannot be imported.
+COMMANDS = ("setup", "roles", "migrate", "check", "status", "audit")
+
+
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add ``migrate``, ``status`` and ``audit`` to the ``mos-lease`` command."""
+    """Add the :data:`COMMANDS` to the ``mos-lease`` command."""
+    setup_parser = subparsers.add_parser(
+        "setup", help="set up a new database: roles, migrate as the owner, roles (idempotent)",
+        description="The whole first-time order, run as a superuser: create the owner and "
+                    "gateway roles and the schema, apply the migrations as the owner role "
+                    "(SET ROLE, or --owner-dsn), then grant the gateway role its "
+                    "privileges on the tables. Running it again changes nothing.")
+    _add_dsn(setup_parser)
+    _add_layout(setup_parser)
+    setup_parser.add_argument("--owner-dsn",
+                              help="connect as the owner for the migrations instead of "
+                                   "SET ROLE on --dsn")
+    setup_parser.add_argument(
+        "--allow-second-copy", action="store_true",
+        help="build the tables even though another schema of this database holds them")
+    setup_parser.set_defaults(func=run_setup)
+
+    roles_parser = subparsers.add_parser(
+        "roles", help="create the roles and schema, grant on the tables that exist",
+        description="Apply the least-privilege role layout shipped in the package "
+                    "(mos_lease_pg/sql/roles.sql) as a superuser, or print it with --print. "
+                    "Idempotent; before the first migrate it can only create the roles and "
+                    "the schema, so run it again after migrate (setup does both).")
+    _add_dsn(roles_parser, required=False)
+    _add_layout(roles_parser)
+    roles_parser.add_argument("--print", action="store_true",
+                              help="print the script with these values instead of running it "
+                                   "(for psql -f - or review)")
+    roles_parser.set_defaults(func=run_roles)
+
     migrate_parser = subparsers.add_parser(
         "migrate", help="create or upgrade the mos-lease schema (idempotent)",
         description="Apply pending schema migrations. Safe to run from several hosts at "
-                    "once; run it as the owner role (see mos_lease_pg/sql/roles.sql). "
+                    "once; run it as the owner role (see `mos-lease roles`), then run "
+                    "`mos-lease roles` again when it applied any. "
                     "Refuses to build the tables when another schema of the database "
                     "already holds them.")
     _add_dsn(migrate_parser)
@@ -66,6 +132,21 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--allow-second-copy", action="store_true",
         help="build the tables even though another schema of this database holds them")
     migrate_parser.set_defaults(func=run_migrate)
+
+    check_parser = subparsers.add_parser(
+        "check", help="check the database and the connecting role for gateway use",
+        description="Report the server version, the schema and its version, the role's "
+                    "privileges, durability settings, whether the server is a standby, the "
+                    "clock offset to this host and signs of a pooler. Exit 0 with no "
+                    "problem, 1 with a problem, 2 when it cannot connect. Connect as the "
+                    "role the gateways use.")
+    _add_dsn(check_parser)
+    check_parser.add_argument("--json", action="store_true", help="one JSON object")
+    check_parser.add_argument(
+        "--behind-pooler", action="store_true",
+        help="gateways reach the server through a transaction pooler: name the settings it "
+             "needs and require role default timeouts")
+    check_parser.set_defaults(func=run_check)
 
     status_parser = subparsers.add_parser(
         "status", help="show the current lease of every binding",
@@ -105,6 +186,8 @@ def run_migrate(args: argparse.Namespace) -> int:
     known = {m.version for m in available_migrations()}
     if applied:
         print(f"applied migrations: {', '.join(str(v) for v in applied)}")
+        print(f"next: as a superuser, `mos-lease roles --schema {args.schema}` so the gateway "
+              "role may use the tables")
     else:
         print("schema is up to date")
     print(f"schema {args.schema} version: {max(current, default=0)}")
@@ -112,6 +195,50 @@ def run_migrate(args: argparse.Namespace) -> int:
     if newer:
         print(f"note: the database has versions this package does not know: {newer}")
     return 0
+
+
+def run_roles(args: argparse.Namespace) -> int:
+    try:
+        if args.print:
+            print(roles.role_script(**_layout(args)), end="")
+            return 0
+        if args.dsn is None:
+            raise ConfigurationError(f"--dsn (or ${DSN_ENV}) is required unless --print")
+        notices = roles.run_roles(args.dsn, **_layout(args))
+    except MosLeaseError as error:
+        return _fail(error)
+    for notice in notices:
+        print(notice)
+    print(f"roles: {args.owner_role} owns schema {args.schema}; {args.gateway_role} holds "
+          "its privileges on the tables that exist")
+    return 0
+
+
+def run_setup(args: argparse.Namespace) -> int:
+    try:
+        report = roles.set_up(
+            args.dsn, owner_role=args.owner_role, gateway_role=args.gateway_role,
+            schema=args.schema, statement_timeout=args.statement_timeout,
+            lock_timeout=args.lock_timeout, owner_conninfo=args.owner_dsn,
+            allow_second_copy=args.allow_second_copy)
+    except MosLeaseError as error:
+        return _fail(error)
+    for step in report.steps:
+        print(step)
+    print(f"schema {args.schema} version: {report.version}")
+    print(f"gateways connect as {args.gateway_role}; `mos-lease check` as that role "
+          "verifies it")
+    return 0
+
+
+def run_check(args: argparse.Namespace) -> int:
+    report, code = check.run_check(args.dsn, args.schema, behind_pooler=args.behind_pooler)
+    if args.json:
+        print(json.dumps({**report.as_json(), "exit_code": code, "schema": args.schema},
+                         indent=2))
+    else:
+        print(check.render_text(report))
+    return code
 
 
 def _lease_json(row: LeaseRow, now: datetime) -> dict[str, Any]:

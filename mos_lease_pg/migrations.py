@@ -13,7 +13,7 @@ another gateway holds, at epoch 1 again. ``migrate`` creates the schema if it is
 (when the role may), runs each migration file with ``SET LOCAL search_path`` pinned to that
 schema and ``pg_catalog`` (the files' DDL is unqualified), keeps its bookkeeping table in
 that schema, and refuses to build the tables when another schema of the database already
-holds them, unless ``allow_second_copy=True``. Run it as the owner role (see ``roles.sql``).
+holds them, unless ``allow_second_copy=True``. Run it as the owner role (see ``mos-lease roles``).
 """
 
 from __future__ import annotations
@@ -86,8 +86,8 @@ def _ensure_schema(conn: psycopg.Connection[Any], schema: str) -> None:
     except pg_errors.InsufficientPrivilege as exc:
         raise MigrationError(
             f"schema {schema!r} does not exist and this role may not create it: run the roles "
-            f"step first (`psql -v schema_name={schema} -f mos_lease_pg/sql/roles.sql` as a "
-            "superuser), then migrate as the owner role") from exc
+            f"step first (`mos-lease roles --schema {schema} --dsn ...` as a superuser), then "
+            "migrate as the owner role (`mos-lease setup` does both)") from exc
     except (pg_errors.UniqueViolation, pg_errors.DuplicateSchema):
         pass  # a concurrent migrator created it
 

@@ -127,8 +127,8 @@ def _fix_migrate(schema: str) -> str:
 
 
 def _fix_roles(schema: str, role: str, database: str) -> str:
-    return (f"run the roles step (`psql -d {database} -v schema_name={schema} "
-            f"-v gateway_role={role} -f mos_lease_pg/sql/roles.sql`) as a superuser")
+    return (f"run the roles step as a superuser on database {database!r} (`mos-lease roles "
+            f"--schema {schema} --gateway-role {role} --dsn ...`, or `mos-lease setup`)")
 
 
 def _version(comment: str | None) -> int | None:

@@ -34,10 +34,14 @@
 --   psql -d DBNAME -v owner_role=mos_lease_owner -v gateway_role=mos_lease_gateway \
 --        -v schema_name=mos_lease -v statement_timeout=5s -v lock_timeout=2s -f roles.sql
 --
--- It is idempotent. Run it once before the first `mos-lease migrate` (it creates the roles
--- and the schema) and again after every migrate that adds tables (it grants on the tables
--- that exist). The roles are created LOGIN without a password: set one (ALTER ROLE ...
--- PASSWORD) or another authentication method in pg_hba.conf.
+-- It is idempotent and safe before and after `mos-lease migrate`: it creates what is missing
+-- and grants on the tables that exist. Before the first migrate there are no tables yet, so
+-- it must run again afterwards (it says so in a NOTICE); `mos-lease setup` runs the whole
+-- order (this script, migrate as the owner, this script again), `mos-lease roles` runs
+-- just this script, and `mos-lease roles --print` prints it with the values filled in.
+-- Run it again after every migrate that adds tables. The roles are created LOGIN without a
+-- password: set one (ALTER ROLE ... PASSWORD) or another authentication method in
+-- pg_hba.conf.
 --
 -- The search_path and the timeouts are set on the roles (per database), so they hold even
 -- behind a transaction-pooling proxy that drops the connection's startup options.
@@ -116,7 +120,12 @@ BEGIN
     migrations := format('%I.mos_lease_schema_migrations', schema_name);
     settings := format('%I.mos_lease_settings', schema_name);
 
-    IF to_regclass(leases) IS NOT NULL THEN
+    IF to_regclass(leases) IS NULL THEN
+        -- Grants need the tables: a first run (before migrate) cannot finish the layout.
+        RAISE NOTICE 'mos-lease: schema % has no mos-lease tables yet: run `mos-lease migrate` '
+            'as %, then run this role step again (`mos-lease setup` does all three)',
+            schema_name, owner_role;
+    ELSE
         EXECUTE format('REVOKE ALL ON %s FROM PUBLIC, %I', leases, gateway_role);
         EXECUTE format('GRANT SELECT, INSERT ON %s TO %I', leases, gateway_role);
         -- Identity columns are not in the list: a gateway cannot move a row to another
