@@ -54,7 +54,7 @@ import attrs
 
 from mos_lease.context import ConnectorExecutionContext
 from mos_lease.errors import InvalidInput
-from mos_lease.identity import MAX_EPOCH, LeaseIdentity, check_epoch, check_id
+from mos_lease.identity import MAX_EPOCH, LeaseIdentity, check_epoch, check_id, check_identity
 
 VERSION: Final = "mlf1"
 MAX_TOKEN_LENGTH: Final = 4096
@@ -85,17 +85,14 @@ def _check_expiry(_inst: object, _attr: object, value: Any) -> None:
 
 def _to_utc(value: datetime) -> datetime:
     # One instant has one encoding; normalizing here keeps ``from_context`` == ``parse``.
-    if isinstance(value, datetime) and value.utcoffset() is not None:
+    # The result is a plain datetime computed by datetime's own arithmetic, so a subclass
+    # cannot carry overridden comparisons into a guard.
+    if isinstance(value, datetime) and datetime.utcoffset(value) is not None:
         try:
-            return value.astimezone(UTC)
+            return _UNIX_EPOCH + datetime.__sub__(value, _UNIX_EPOCH)
         except OverflowError:
             raise InvalidInput("expires_at", "is out of range") from None
     return value
-
-
-def _check_identity(_inst: object, _attr: object, value: Any) -> None:
-    if not isinstance(value, LeaseIdentity):
-        raise InvalidInput("identity", f"must be a LeaseIdentity, not {type(value).__name__}")
 
 
 @attrs.frozen(slots=True)
@@ -106,10 +103,12 @@ class FencingToken:
     comparable between tokens of the same ``identity``.
     """
 
-    identity: LeaseIdentity = attrs.field(validator=_check_identity)
-    connector_id: str = attrs.field(validator=lambda _i, a, v: check_id(a.name, v))
+    # Converters, not validators: what is kept is the checked plain value, so a subclass
+    # whose comparisons lie (an int that is never less than anything) cannot reach a guard.
+    identity: LeaseIdentity = attrs.field(converter=lambda v: check_identity("identity", v))
+    connector_id: str = attrs.field(converter=lambda v: check_id("connector_id", v))
     lease_id: UUID = attrs.field(validator=_check_lease_id)
-    epoch: int = attrs.field(validator=lambda _i, a, v: check_epoch(a.name, v))
+    epoch: int = attrs.field(converter=lambda v: check_epoch("epoch", v))
     expires_at: datetime = attrs.field(converter=_to_utc, validator=_check_expiry)
 
     @classmethod

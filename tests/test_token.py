@@ -298,3 +298,44 @@ def test_expiry_is_normalized_to_utc() -> None:
     token = FencingToken(TOKEN.identity, "conn-a", LEASE, 7, local)
     assert token.expires_at.utcoffset() == timedelta(0)
     assert token == TOKEN
+
+
+class _NeverLess(int):
+    """An epoch whose comparisons lie: never less than (or equal to) anything."""
+
+    def __lt__(self, other: object) -> bool:
+        return False
+
+    def __le__(self, other: object) -> bool:
+        return False
+
+    def __eq__(self, other: object) -> bool:
+        return False
+
+    __hash__ = int.__hash__
+
+
+class _AlwaysLater(datetime):
+    def __gt__(self, other: object) -> bool:
+        return True
+
+    def __ge__(self, other: object) -> bool:
+        return True
+
+
+def test_a_hand_built_token_keeps_only_plain_checked_values() -> None:
+    # A subclass with lying comparisons must not reach a guard: the token keeps the plain
+    # value its checks returned, and a guard that has seen epoch 5 refuses this epoch 1.
+    from mos_lease_memory.fencing import InMemoryResourceGuard
+
+    identity = LeaseIdentity("t", "a", "b")
+    later = datetime(2100, 1, 1, tzinfo=UTC)
+    guard = InMemoryResourceGuard()
+    assert guard.admit("r", FencingToken(identity, "c", UUID(int=5), 5, later)).ok
+    liar = FencingToken(identity, "c", UUID(int=1), _NeverLess(1),
+                        _AlwaysLater(2000, 1, 1, tzinfo=UTC))
+    assert type(liar.epoch) is int and type(liar.expires_at) is datetime
+    assert liar.expires_at == datetime(2000, 1, 1, tzinfo=UTC)
+    decision = guard.admit("r", liar)
+    assert not decision.ok and decision.reason is not None
+    assert decision.reason.value == "stale_epoch"
