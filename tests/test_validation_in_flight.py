@@ -14,9 +14,7 @@ store's own clock) by the reply's delay after the store has read its time.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
-from uuid import UUID
 
 import pytest
 
@@ -30,9 +28,8 @@ from mos_lease import (
     Outcome,
     Reason,
 )
-from mos_lease.machine import Write
-from mos_lease.records import AuditEntry, Snapshot, WriteOutcome
-from mos_lease_memory import InMemoryLeaseStore, ManualClock
+from mos_lease.records import Snapshot
+from mos_lease_memory import AsyncInMemoryLeaseStore, InMemoryLeaseStore, ManualClock
 from tests.helpers import CountingIds
 
 IDENT = LeaseIdentity("acme", "agent-1", "binding-1")
@@ -48,54 +45,21 @@ class FakeMonotonic:
         return self.now
 
 
-class SlowReplies:
+class SlowReplies(InMemoryLeaseStore):
     """An in-memory store whose ``load`` replies ``delay`` seconds after the store read its
     clock: both the gateway's monotonic clock and the store's clock move on by ``delay``."""
 
     def __init__(self, clock: ManualClock, mono: FakeMonotonic) -> None:
-        self.inner = InMemoryLeaseStore(clock)
-        self.clock = clock
+        super().__init__(clock)
+        self.manual = clock
         self.mono = mono
         self.delay = 0.0
 
     def load(self, identity: LeaseIdentity) -> Snapshot:
-        snapshot = self.inner.load(identity)
+        snapshot = super().load(identity)
         self.mono.now += self.delay
-        self.clock.advance(self.delay)
+        self.manual.advance(self.delay)
         return snapshot
-
-    def apply(self, write: Write, entry: AuditEntry) -> WriteOutcome:
-        return self.inner.apply(write, entry)
-
-    def apply_many(self, items: Sequence[tuple[Write, AuditEntry]]) -> list[WriteOutcome]:
-        return [self.apply(write, entry) for write, entry in items]
-
-    def record(self, entry: AuditEntry) -> None:
-        self.inner.record(entry)
-
-    def event_committed(self, event_id: UUID) -> bool:
-        return self.inner.event_committed(event_id)
-
-
-class AsyncSlowReplies:
-    def __init__(self, sync: SlowReplies) -> None:
-        self.sync = sync
-
-    async def load(self, identity: LeaseIdentity) -> Snapshot:
-        return self.sync.load(identity)
-
-    async def apply(self, write: Write, entry: AuditEntry) -> WriteOutcome:
-        return self.sync.apply(write, entry)
-
-    async def apply_many(self, items: Sequence[tuple[Write, AuditEntry]]
-                         ) -> list[WriteOutcome]:
-        return self.sync.apply_many(items)
-
-    async def record(self, entry: AuditEntry) -> None:
-        self.sync.record(entry)
-
-    async def event_committed(self, event_id: UUID) -> bool:
-        return self.sync.event_committed(event_id)
 
 
 def _rig() -> tuple[SlowReplies, ConnectorLeaseCoordinator]:
@@ -140,7 +104,7 @@ def test_invoke_refuses_a_reply_that_outlived_its_validity(
         return
     assert calls == [] and result.context is None
     # Audited like every other refused validation.
-    entry = store.inner.audit()[-1].entry
+    entry = store.audit()[-1].entry
     assert (entry.event, entry.outcome, entry.reason, entry.epoch, entry.connector_id) == (
         LifecycleEvent.GRANT_VALIDATE, Outcome.DENIED, expected, 1, "conn-a")
 
@@ -167,7 +131,7 @@ def test_async_invoke_refuses_a_reply_that_outlived_its_validity(
     async def scenario() -> None:
         mono = FakeMonotonic()
         sync = SlowReplies(ManualClock(START), mono)
-        gateway = AsyncConnectorLeaseCoordinator(AsyncSlowReplies(sync), AllowAllPolicy(),
+        gateway = AsyncConnectorLeaseCoordinator(AsyncInMemoryLeaseStore(sync), AllowAllPolicy(),
                                                  id_source=CountingIds(), monotonic_clock=mono)
         lease = (await gateway.acquire(IDENT, "conn-a", scopes=SCOPES, ttl=60)).lease
         assert lease is not None
@@ -184,7 +148,7 @@ def test_async_invoke_refuses_a_reply_that_outlived_its_validity(
         assert result.reason is expected
         assert len(calls) == (1 if expected is None else 0)
         if expected is not None:
-            entry = sync.inner.audit()[-1].entry
+            entry = sync.audit()[-1].entry
             assert (entry.event, entry.reason) == (LifecycleEvent.GRANT_VALIDATE, expected)
 
     asyncio.run(scenario())
