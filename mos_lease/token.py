@@ -95,6 +95,18 @@ def _to_utc(value: datetime) -> datetime:
     return value
 
 
+def _plain_identity(value: object) -> LeaseIdentity:
+    return check_identity("identity", value)
+
+
+def _plain_connector_id(value: object) -> str:
+    return check_id("connector_id", value)
+
+
+def _plain_epoch(value: object) -> int:
+    return check_epoch("epoch", value)
+
+
 @attrs.frozen(slots=True)
 class FencingToken:
     """What a downstream boundary learns about the lease an action was taken under.
@@ -105,10 +117,10 @@ class FencingToken:
 
     # Converters, not validators: what is kept is the checked plain value, so a subclass
     # whose comparisons lie (an int that is never less than anything) cannot reach a guard.
-    identity: LeaseIdentity = attrs.field(converter=lambda v: check_identity("identity", v))
-    connector_id: str = attrs.field(converter=lambda v: check_id("connector_id", v))
+    identity: LeaseIdentity = attrs.field(converter=_plain_identity)
+    connector_id: str = attrs.field(converter=_plain_connector_id)
     lease_id: UUID = attrs.field(validator=_check_lease_id)
-    epoch: int = attrs.field(converter=lambda v: check_epoch("epoch", v))
+    epoch: int = attrs.field(converter=_plain_epoch)
     expires_at: datetime = attrs.field(converter=_to_utc, validator=_check_expiry)
 
     @classmethod
