@@ -21,6 +21,8 @@
 * ``pg_harness_factory`` (function): the conformance kit's harness
   (:mod:`mos_lease.testing`) on a store of its own schema; harnesses share that store and
   move its clock offset (runs are isolated by tenant, which the kit already does).
+* ``proxy`` (function): a :class:`~tests.pg_support.FaultProxy` in front of ``pg_dsn``
+  (stores reach the server through ``proxy.dsn``), closed after.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from psycopg import sql
 from mos_lease_pg import ConnectionSettings, PostgresLeaseStore, migrate
 from mos_lease_pg.statements import DEFAULT_SCHEMA
 from tests.pg_support import (
+    FaultProxy,
     PgServer,
     create_database,
     drop_database,
@@ -168,3 +171,12 @@ def pg_harness_factory(pg_stores: StoreFactory,
                        pg_migrated_schema_dsn: PgSchema) -> Callable[[], PostgresHarness]:
     store = pg_stores(pg_migrated_schema_dsn.dsn, settings=pg_migrated_schema_dsn.settings())
     return lambda: PostgresHarness(store)
+
+
+@pytest.fixture
+def proxy(pg_dsn: str) -> Iterator[FaultProxy]:
+    fault_proxy = FaultProxy(pg_dsn)
+    try:
+        yield fault_proxy
+    finally:
+        fault_proxy.close()

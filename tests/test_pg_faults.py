@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -38,15 +38,6 @@ pytestmark = [pytest.mark.pg, pytest.mark.faults]
 MARKERS = {"acquire": b"ON CONFLICT (tenant_id", "heartbeat": b"SET heartbeat_at",
            "takeover": b"epoch = l.epoch + 1"}
 UNPREPARED = ConnectionSettings(prepare=False)
-
-
-@pytest.fixture
-def proxy(pg_dsn: str) -> Iterator[FaultProxy]:
-    fault_proxy = FaultProxy(pg_dsn)
-    try:
-        yield fault_proxy
-    finally:
-        fault_proxy.close()
 
 
 def _audit(store: PostgresLeaseStore, identity: LeaseIdentity) -> list[tuple[str, str, int | None]]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 from uuid import UUID, uuid4
@@ -40,15 +40,6 @@ pytestmark = pytest.mark.pg
 
 AUDIT = "mos_lease.connector_lease_audit_log"
 LEASES = "mos_lease.logical_agent_connector_leases"
-
-
-@pytest.fixture
-def proxy(pg_dsn: str) -> Iterator[FaultProxy]:
-    fault_proxy = FaultProxy(pg_dsn)
-    try:
-        yield fault_proxy
-    finally:
-        fault_proxy.close()
 
 
 def waiting_backend(admin: psycopg.Connection[Any], application: str) -> int:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import Any
 from uuid import uuid4
@@ -46,15 +46,6 @@ SLACK = 0.4  # the watchdog's tick, thread scheduling on a shared machine
 # Opening a connection with less than 2 s left may overrun by up to libpq's 2 s minimum.
 CONNECT_FLOOR = 2.0
 TTL = timedelta(seconds=30)
-
-
-@pytest.fixture
-def proxy(pg_dsn: str) -> Iterator[FaultProxy]:
-    fault_proxy = FaultProxy(pg_dsn)
-    try:
-        yield fault_proxy
-    finally:
-        fault_proxy.close()
 
 
 def _entry(identity: LeaseIdentity, event: LifecycleEvent, outcome: Outcome,
