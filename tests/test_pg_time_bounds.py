@@ -73,29 +73,13 @@ OPERATIONS = ["load", "leases", "audit", "now", "event_committed", "record", "ac
 WRITES = {"acquire", "heartbeat", "release", "takeover", "apply_many"}
 
 
-def _sync_call(store: PostgresLeaseStore, lease: LeaseHandle, name: str) -> Callable[[], Any]:
+def _call(store: PostgresLeaseStore | AsyncPostgresLeaseStore, lease: LeaseHandle,
+          name: str) -> Callable[[], Any]:
+    """Store call ``name`` on ``lease``'s identity, not yet made (for an async store, calling
+    it returns the coroutine): the sync and async stores share every method name."""
     identity = lease.identity
     writes = _writes(lease)
     calls: dict[str, Callable[[], Any]] = {
-        "load": lambda: store.load(identity),
-        "leases": lambda: store.leases(identity.tenant_id),
-        "audit": lambda: store.audit(identity),
-        "now": store.now,
-        "event_committed": lambda: store.event_committed(uuid4()),
-        "record": lambda: store.record(writes["heartbeat"][1]),
-        "apply_many": lambda: store.apply_many([writes["heartbeat"], writes["release"]]),
-    }
-    if name in calls:
-        return calls[name]
-    write, entry = writes[name]
-    return lambda: store.apply(write, entry)
-
-
-def _async_call(store: AsyncPostgresLeaseStore, lease: LeaseHandle,
-                name: str) -> Callable[[], Awaitable[Any]]:
-    identity = lease.identity
-    writes = _writes(lease)
-    calls: dict[str, Callable[[], Awaitable[Any]]] = {
         "load": lambda: store.load(identity),
         "leases": lambda: store.leases(identity.tenant_id),
         "audit": lambda: store.audit(identity),
@@ -159,7 +143,7 @@ def test_sync_calls_return_within_the_bound(fault: str, proxy: FaultProxy,
     calls = {}
     for i, name in enumerate(OPERATIONS):
         store = pg_stores(proxy.dsn, settings=SETTINGS)
-        calls[name] = _sync_call(store, _held(store, f"{pg_tenant}-{i}"), name)
+        calls[name] = _call(store, _held(store, f"{pg_tenant}-{i}"), name)
     FAULTS[fault](proxy)
     results: list[tuple[str, BaseException | None, float]] = []
     threads = [threading.Thread(target=lambda n=name, c=call: results.append(_timed(n, c)),
@@ -187,7 +171,7 @@ def test_async_calls_return_within_the_bound(fault: str, proxy: FaultProxy,
                 await store.load(leases[name].identity)  # connected before the fault
             FAULTS[fault](proxy)
             return await asyncio.gather(*(
-                _atimed(name, _async_call(store, leases[name], name))
+                _atimed(name, _call(store, leases[name], name))
                 for name, store in stores.items()))
         finally:
             for store in stores.values():
