@@ -8,10 +8,11 @@ Each gateway process:
 
 * embeds an :class:`~mos_lease.AsyncConnectorLeaseCoordinator` on an
   :class:`~mos_lease_pg.AsyncPostgresLeaseStore`;
-* acquires the binding's lease (or takes it over once it has expired) and keeps it with an
-  :class:`~mos_lease.keeper.AsyncLeaseKeeper`, whose heartbeats go through a store (a
+* holds the binding's lease with :func:`~mos_lease.hold`: it waits for the lease (taking
+  it over once it has expired), keeps it renewed with heartbeats through a store (a
   connection) of their own, so a heartbeat stuck on its connection never holds up the
-  validations on the other (``docs/adapters.md``, section 6);
+  validations on the other (``docs/adapters.md``, section 6), cancels the work when the
+  lease is lost, and releases it on a clean stop;
 * every ``--interval`` seconds issues a grant and runs :class:`LedgerAdapter` through the
   coordinator. The adapter sees only the context. It writes one ledger row in a fenced
   transaction (the lease row checked in the same transaction), then delivers a message
@@ -29,9 +30,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import json
 import signal
 import sys
+from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 from uuid import UUID
@@ -41,17 +44,18 @@ import psycopg
 
 from mos_lease import (
     AsyncConnectorLeaseCoordinator,
-    CommitOutcomeUnknown,
+    AsyncHolder,
     ConnectorExecutionContext,
     InvalidInput,
     LeaseIdentity,
-    Reason,
+    LeaseLost,
+    LeaseNotAcquired,
     StaticConnectorPolicy,
     StoreUnavailable,
+    hold,
 )
 from mos_lease.adapter import run_adapter_async
 from mos_lease.fencing import FencedEffectRefused, GuardDecision
-from mos_lease.keeper import AsyncLeaseKeeper
 from mos_lease.token import format_token, parse_token
 from mos_lease_pg import AsyncPostgresLeaseStore
 from mos_lease_pg.effects import fenced_transaction_async
@@ -174,57 +178,52 @@ async def hold_and_work(args: argparse.Namespace, coordinator: AsyncConnectorLea
                         heartbeats: AsyncConnectorLeaseCoordinator, adapter: LedgerAdapter,
                         identity: LeaseIdentity, stop: asyncio.Event) -> None:
     """Get the lease, work while it is held, and start over whenever it is lost."""
-    n = 0
+    numbers = itertools.count(1)  # effect numbers run on across holds
     while not stop.is_set():
-        keeper = AsyncLeaseKeeper(coordinator, ttl=args.ttl, heartbeat_coordinator=heartbeats)
         try:
-            result = await keeper.acquire(identity, args.connector_id, scopes=SCOPES)
-            if result.reason is Reason.TAKEOVER_REQUIRED and result.current_epoch is not None:
-                # Expired or released: a takeover names the epoch it replaces, so of several
-                # gateways trying at once exactly one wins.
-                result = await keeper.takeover(identity, args.connector_id, scopes=SCOPES,
-                                               expected_epoch=result.current_epoch)
-        except (StoreUnavailable, CommitOutcomeUnknown) as down:
-            emit("store_unavailable", error=str(down))
-            await asyncio.sleep(args.ttl / 4)
-            continue
-        if not result.ok or result.lease is None:
-            emit("waiting", reason=str(result.reason), current_epoch=result.current_epoch)
-            await asyncio.sleep(args.ttl / 8)
-            continue
-        emit("holding", epoch=result.lease.epoch, lease_id=str(result.lease.lease_id))
-        while not stop.is_set() and not keeper.lost.is_set():
-            try:
-                grant = await keeper.issue_grant(scopes=SCOPES, ttl=args.ttl)
-                if grant.grant is None:
-                    emit("grant_refused", reason=str(grant.reason))
-                    break
-                n += 1
-                outcome = await run_adapter_async(coordinator, grant.grant, adapter, n,
-                                                  identity=identity, scopes=SCOPES)
-            except FencedEffectRefused as refused:
-                emit("effect_refused", where="ledger", reason=str(refused.reason))
-                keeper.check()
-                continue
-            except (StoreUnavailable, psycopg.OperationalError) as down:
-                # The keeper keeps renewing (and gives up at its deadline); work pauses.
-                emit("store_unavailable", error=str(down))
-                await asyncio.sleep(args.interval)
-                continue
-            if outcome.value is None or outcome.context is None:
-                emit("invoke_refused", reason=str(outcome.reason))
-                continue
-            emit("effect", n=n, epoch=outcome.context.epoch,
-                 ledger_seq=outcome.value.ledger_seq,
-                 mailbox=str(outcome.value.mailbox.reason or "delivered"),
-                 token=outcome.value.token, context=context_fields(outcome.context))
-            with contextlib.suppress(TimeoutError):  # sleep, but wake at once on stop
-                await asyncio.wait_for(stop.wait(), args.interval)
-        loss = keeper.loss
-        if loss is not None and not stop.is_set():
-            emit("lost", cause=str(loss.cause), reason=str(loss.reason))
-        await keeper.stop(release=stop.is_set())
+            # Waits up to a ttl, taking over an expired or released lease (never an active
+            # one); the keeper's heartbeats go through ``heartbeats``. Loss cancels the block.
+            async with hold(coordinator, identity, args.connector_id, scopes=SCOPES,
+                            ttl=args.ttl, wait=args.ttl, heartbeat_coordinator=heartbeats,
+                            cancel_on_loss=True) as held:
+                emit("holding", epoch=held.lease.epoch, lease_id=str(held.lease.lease_id))
+                await work(args, coordinator, adapter, identity, held, stop, numbers)
+        except LeaseNotAcquired as waiting:
+            emit("waiting", reason=str(waiting.reason), current_epoch=waiting.epoch)
+        except LeaseLost as lost:
+            emit("lost", cause=str(lost.loss.cause), reason=str(lost.loss.reason))
     emit("stopped")
+
+
+async def work(args: argparse.Namespace, coordinator: AsyncConnectorLeaseCoordinator,
+               adapter: LedgerAdapter, identity: LeaseIdentity, held: AsyncHolder,
+               stop: asyncio.Event, numbers: Iterator[int]) -> None:
+    """Run an effect every ``--interval`` until stopped (or cancelled by loss)."""
+    while not stop.is_set():
+        try:
+            grant = await held.issue_grant(scopes=SCOPES, ttl=args.ttl)
+            if grant.grant is None:
+                emit("grant_refused", reason=str(grant.reason))
+                return
+            n = next(numbers)
+            outcome = await run_adapter_async(coordinator, grant.grant, adapter, n,
+                                              identity=identity, scopes=SCOPES)
+        except FencedEffectRefused as refused:
+            emit("effect_refused", where="ledger", reason=str(refused.reason))
+            continue
+        except (StoreUnavailable, psycopg.OperationalError) as down:
+            # The keeper keeps renewing (and gives up at its deadline); work pauses.
+            emit("store_unavailable", error=str(down))
+            await asyncio.sleep(args.interval)
+            continue
+        if outcome.value is None or outcome.context is None:
+            emit("invoke_refused", reason=str(outcome.reason))
+            continue
+        emit("effect", n=n, epoch=outcome.context.epoch, ledger_seq=outcome.value.ledger_seq,
+             mailbox=str(outcome.value.mailbox.reason or "delivered"),
+             token=outcome.value.token, context=context_fields(outcome.context))
+        with contextlib.suppress(TimeoutError):  # sleep, but wake at once on stop
+            await asyncio.wait_for(stop.wait(), args.interval)
 
 
 async def serve(args: argparse.Namespace) -> int:

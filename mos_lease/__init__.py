@@ -28,6 +28,14 @@ from mos_lease.fencing import (
     ResourceGuard,
 )
 from mos_lease.grants import ExecutionGrant
+from mos_lease.holder import (
+    AsyncHolder,
+    Holder,
+    LeaseLost,
+    LeaseNotAcquired,
+    TakeoverPolicy,
+    hold,
+)
 from mos_lease.identity import (
     GRANT_TTL_CAP,
     LEASE_TTL_CAP,
@@ -47,7 +55,13 @@ from mos_lease.policy import (
 )
 from mos_lease.ports import AsyncLeaseStore, LeaseInspector, LeaseStore
 from mos_lease.records import AuditEntry, AuditRecord, LeaseHandle, LeaseRow, Snapshot
-from mos_lease.results import GrantResult, InvocationResult, LeaseResult, ValidationResult
+from mos_lease.results import (
+    GrantResult,
+    HolderView,
+    InvocationResult,
+    LeaseResult,
+    ValidationResult,
+)
 from mos_lease.token import FencingToken, format_token, parse_token
 from mos_lease.vocabulary import LeaseState, LifecycleEvent, Outcome, Reason
 
@@ -59,6 +73,7 @@ __all__ = [
     "AllowAllPolicy",
     "AsyncConnectorAdapter",
     "AsyncConnectorLeaseCoordinator",
+    "AsyncHolder",
     "AsyncLeaseKeeper",
     "AsyncLeaseStore",
     "AsyncResourceGuard",
@@ -79,6 +94,8 @@ __all__ = [
     "GrantNotTransferable",
     "GrantResult",
     "GuardDecision",
+    "Holder",
+    "HolderView",
     "InternalInconsistency",
     "InvalidInput",
     "InvocationResult",
@@ -87,6 +104,8 @@ __all__ = [
     "LeaseInspector",
     "LeaseKeeper",
     "LeaseLoss",
+    "LeaseLost",
+    "LeaseNotAcquired",
     "LeaseResult",
     "LeaseRow",
     "LeaseState",
@@ -102,8 +121,10 @@ __all__ = [
     "Snapshot",
     "StaticConnectorPolicy",
     "StoreUnavailable",
+    "TakeoverPolicy",
     "ValidationResult",
     "format_token",
+    "hold",
     "parse_token",
     "run_adapter",
     "run_adapter_async",

@@ -67,7 +67,13 @@ from mos_lease.machine import (
 from mos_lease.policy import ConnectorLeaseService, DenyAllPolicy, PolicyRequest
 from mos_lease.ports import AsyncLeaseStore, IdSource, LeaseStore
 from mos_lease.records import AuditEntry, LeaseHandle, LeaseRow, Snapshot, WriteOutcome
-from mos_lease.results import GrantResult, InvocationResult, LeaseResult, ValidationResult
+from mos_lease.results import (
+    GrantResult,
+    HolderView,
+    InvocationResult,
+    LeaseResult,
+    ValidationResult,
+)
 from mos_lease.vocabulary import LeaseState, LifecycleEvent, Outcome, Reason
 
 log = logging.getLogger("mos_lease")
@@ -511,6 +517,17 @@ class _Flows:
             log.warning("mos_lease: could not audit denied validation %s", entry.event_id)
         return ValidationResult(reason)
 
+    def current_holder(self, identity: LeaseIdentity) -> Flow[HolderView | None]:
+        # A plain read: no policy call and no audit row, since it changes nothing and
+        # reveals nothing that could act on the lease (no lease UUID, no scopes).
+        identity = check_identity("identity", identity)
+        snapshot: Snapshot = yield Load(identity)
+        row = snapshot.row
+        if row is None:
+            return None
+        return HolderView(row.connector_id, row.epoch, row.state(snapshot.now),
+                          row.expires_at, snapshot.now)
+
     def reconcile(self, identity: LeaseIdentity, event_id: UUID) -> Flow[bool]:
         check_identity("identity", identity)
         if not isinstance(event_id, UUID):
@@ -657,6 +674,11 @@ class ConnectorLeaseCoordinator(_Coordinator[LeaseStore]):
             return InvocationResult(checked.reason)
         return InvocationResult(None, checked.context, adapter(checked.context))
 
+    def current_holder(self, identity: LeaseIdentity) -> HolderView | None:
+        """Who holds ``identity``'s lease now (``None`` if it never had one). A read: no
+        audit row, no lease UUID, no scopes."""
+        return self._run(self._flows.current_holder(identity))
+
     def reconcile(self, identity: LeaseIdentity, event_id: UUID) -> bool:
         """Whether the write behind a :class:`CommitOutcomeUnknown` took effect."""
         return self._run(self._flows.reconcile(identity, event_id))
@@ -729,6 +751,9 @@ class AsyncConnectorLeaseCoordinator(_Coordinator[AsyncLeaseStore]):
         if checked.context is None:
             return InvocationResult(checked.reason)
         return InvocationResult(None, checked.context, await adapter(checked.context))
+
+    async def current_holder(self, identity: LeaseIdentity) -> HolderView | None:
+        return await self._run(self._flows.current_holder(identity))
 
     async def reconcile(self, identity: LeaseIdentity, event_id: UUID) -> bool:
         return await self._run(self._flows.reconcile(identity, event_id))

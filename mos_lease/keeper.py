@@ -549,6 +549,11 @@ class LeaseKeeper:
 
         return self._update(judge).loss
 
+    def mark_lost(self, loss: LeaseLoss) -> None:
+        """Record a loss learned elsewhere (say, news of a newer epoch) without waiting for
+        the next heartbeat to find it; reported like any other loss, once."""
+        self._lose(loss)
+
     def issue_grant(self, *, scopes: object, ttl: float | timedelta,
                     correlation_id: str | None = None) -> GrantResult:
         """Mint a grant for the kept lease, or refuse locally once it is lost.
@@ -773,6 +778,10 @@ class AsyncLeaseKeeper:
             self._record(lose(state, action.loss))
             return action.loss
         return None
+
+    def mark_lost(self, loss: LeaseLoss) -> None:
+        """As :meth:`LeaseKeeper.mark_lost`; call it on the loop."""
+        self._record(lose(self._core.require_state(), loss))
 
     async def issue_grant(self, *, scopes: object, ttl: float | timedelta,
                           correlation_id: str | None = None) -> GrantResult:

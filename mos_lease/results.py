@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Generic, TypeVar
 
 import attrs
@@ -9,7 +10,7 @@ import attrs
 from mos_lease.context import ConnectorExecutionContext
 from mos_lease.grants import ExecutionGrant
 from mos_lease.records import LeaseHandle
-from mos_lease.vocabulary import Outcome, Reason
+from mos_lease.vocabulary import LeaseState, Outcome, Reason
 
 T = TypeVar("T")
 
@@ -73,3 +74,21 @@ class InvocationResult(Generic[T]):
     @property
     def ok(self) -> bool:
         return self.reason is None
+
+
+@attrs.frozen(slots=True)
+class HolderView:
+    """Who holds an identity's lease, as :meth:`~mos_lease.ConnectorLeaseCoordinator.
+    current_holder` read it: for dashboards and waiters.
+
+    Deliberately without the lease UUID and the scopes: a view can be shown or logged
+    anywhere, and what is not here cannot be used to heartbeat, release or mint grants.
+    ``state`` is judged at ``now``, the store's time of the same read; ``expires_at`` is
+    the store's expiry of the row (for a released row, the expiry it had when released).
+    """
+
+    connector_id: str
+    epoch: int
+    state: LeaseState
+    expires_at: datetime
+    now: datetime
