@@ -8,11 +8,9 @@ own throwaway cluster (:class:`PrivateCluster`).
 from __future__ import annotations
 
 import contextlib
-import glob
+import enum
 import json
 import os
-import pwd
-import re
 import secrets
 import select
 import shutil
@@ -21,6 +19,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -39,6 +38,7 @@ from tests.faults.history import (
     check_history,
     read_records,
 )
+from tests.pg_support import LoopbackRelay, server_programs
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -362,14 +362,6 @@ def set_epoch(conn: psycopg.Connection[Any], identity: Ident, epoch: int) -> Non
 # --- a private cluster that scenarios may stop ---------------------------------------------
 
 
-def _pg_bindir() -> str:
-    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/pg_ctl"),
-                   key=lambda p: tuple(int(n) for n in re.findall(r"\d+", p)))
-    if not found:
-        raise RuntimeError("no PostgreSQL server binaries under /usr/lib/postgresql/*/bin")
-    return os.path.dirname(found[-1])
-
-
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -383,13 +375,13 @@ class PrivateCluster:
     on a free port. Only this cluster is ever stopped or restarted by a scenario."""
 
     def __init__(self) -> None:
-        self.bindir = _pg_bindir()
-        self.user: str | None = None
+        programs = server_programs()
+        if isinstance(programs, str):
+            raise RuntimeError(f"no PostgreSQL server programs: {programs}")
+        self.programs = programs
         self.base = tempfile.mkdtemp(prefix="mos-lease-faults-pg-")
-        if os.geteuid() == 0:
-            account = pwd.getpwnam("postgres")
-            os.chown(self.base, account.pw_uid, account.pw_gid)
-            self.user = "postgres"
+        if programs.owner is not None:
+            os.chown(self.base, programs.owner.pw_uid, programs.owner.pw_gid)
         self.data = os.path.join(self.base, "data")
         self.log = os.path.join(self.base, "log")
         self.port = free_port()
@@ -406,8 +398,7 @@ class PrivateCluster:
         return make_conninfo(self.dsn, dbname=dbname)
 
     def _run(self, tool: str, *args: str, timeout: float = 60) -> None:
-        subprocess.run([f"{self.bindir}/{tool}", *args], user=self.user, check=True,
-                       capture_output=True, timeout=timeout)
+        self.programs.run(tool, *args, timeout=timeout)
 
     def start(self) -> float:
         """Start and wait until it accepts connections; returns the seconds it took."""
@@ -445,3 +436,246 @@ def percentile(values: Sequence[float], q: float) -> float:
     ordered = sorted(values)
     index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
     return ordered[index]
+
+
+# --- a network that turns hostile at a chosen moment ---------------------------------------
+
+
+# The first message of a connection that only asks the server to cancel another session's
+# statement (the protocol's CancelRequest code): not a session of its own.
+_CANCEL_REQUEST = (80877102).to_bytes(4, "big")
+
+
+class HostileFault(enum.StrEnum):
+    """What :class:`HostileProxy` does once it strikes."""
+
+    SILENT = "silent"  # nothing forwarded either way, nothing closed, from then on
+    DELAY = "delay"  # every reply from then on arrives ``delay`` seconds late
+    CUT_CLIENT = "cut_client"  # that connection's client side closed; the server's runs on
+    CUT_SERVER = "cut_server"  # that connection's server side closed; the client hears nothing
+    # Reordered closes of that connection:
+    REPLY_AFTER_SERVER_CLOSE = "reply_after_server_close"  # the server's side closes while
+    # the reply is held back; the reply then reaches the client ``delay`` late, then the close
+    CLOSE_BEFORE_REQUEST = "close_before_request"  # the close reaches the server before the
+    # pending request, which is never delivered; the client's side closes ``delay`` later
+    REQUEST_AFTER_CLIENT_CLOSE = "request_after_client_close"  # the request is held until its
+    # client gave up and closed, then delivered ``delay`` later: the server runs a request
+    # whose sender has already moved on
+
+
+@dataclass(eq=False)
+class _Pair:
+    client: socket.socket
+    upstream: socket.socket
+    first: bool = True
+    fault: HostileFault | None = None  # a one-connection fault struck on this pair
+    delay: float = 0.0  # that fault's delay, as armed when it struck
+    keep: bool = False  # leave both sides as they are when the relay ends
+
+
+class HostileProxy(LoopbackRelay):
+    """A loopback relay in front of PostgreSQL that turns hostile at one chosen moment.
+
+    :meth:`arm` names a fault and the request it strikes at: the ``at``-th message the
+    clients send from then on (the opening messages of new connections included, cancel
+    requests not), either ``before`` that message is forwarded or just ``after``. So the
+    moment is exact relative to the call under test, whatever the machine's speed. Faults
+    that describe the network (silent, delay) hold from then until :meth:`heal`; faults of a
+    connection strike that connection only. :attr:`sessions` counts the connections opened
+    through the proxy (cancel requests apart), which is how a caller tells which calls had to
+    connect. After :meth:`heal` new connections are relayed normally, on the same address:
+    a store connected through the healed proxy talks to the same server as far as it can
+    tell.
+
+    Unlike ``FaultProxy`` (faults applied when the test says so, from the test's thread),
+    the strike happens in the relay's own thread, at a message of the conversation.
+    """
+
+    def __init__(self, dsn: str) -> None:
+        super().__init__(dsn)
+        self._dsn = dsn
+        self._lock = threading.Lock()
+        self._pairs: list[_Pair] = []
+        self._fault: HostileFault | None = None
+        self._at = 0
+        self._after = False
+        self._delay = 0.0
+        self._refuse_on_strike = False
+        self._refuse = False
+        self._seen = 0
+        self._network: HostileFault | None = None  # SILENT or DELAY once struck
+        self._holding = 0
+        self.sessions = 0
+        self.struck_at: float | None = None  # time.monotonic() of the strike
+        self.closed = False
+        self._start()
+
+    @property
+    def dsn(self) -> str:
+        return make_conninfo(self._dsn, host="127.0.0.1", port=str(self.port))
+
+    def arm(self, fault: HostileFault, *, at: int = 1, after: bool = False,
+            delay: float = 0.0, then_refuse: bool = False) -> None:
+        """Strike with ``fault`` at the ``at``-th client message from now. ``then_refuse``:
+        from the strike on, new connections are closed as soon as they open."""
+        with self._lock:
+            self._fault, self._at, self._after, self._delay = fault, at, after, delay
+            self._refuse_on_strike = then_refuse
+            self._seen, self._network, self.struck_at = 0, None, None
+
+    @property
+    def struck(self) -> bool:
+        return self.struck_at is not None
+
+    def heal(self) -> None:
+        """From now on new connections and messages are relayed normally."""
+        with self._lock:
+            self._fault, self._network, self._refuse = None, None, False
+
+    def settle(self, timeout: float) -> bool:
+        """Wait until no request is held back any more; False if one still is."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._lock:
+                if self._holding == 0:
+                    return True
+            time.sleep(0.01)
+        return False
+
+    def close(self) -> None:
+        with self._lock:
+            if self.closed:
+                return
+            self.closed = True
+        self._stop_accepting()
+        with self._lock:
+            pairs = list(self._pairs)
+            self._network = None
+        for pair in pairs:
+            self._hang_up(pair.client, pair.upstream)
+        self._join()
+        for pair in pairs:
+            pair.client.close()
+            pair.upstream.close()
+
+    # -- relaying -------------------------------------------------------------------------
+
+    def _relay(self, client: socket.socket, upstream: socket.socket) -> None:
+        pair = _Pair(client, upstream)
+        with self._lock:
+            self._pairs.append(pair)
+            refuse = self._refuse
+        if refuse:
+            self._hang_up(client, upstream)
+            return
+        self._spawn(self._requests, pair)
+        self._spawn(self._replies, pair)
+
+    def _strike(self, pair: _Pair, data: bytes) -> tuple[HostileFault | None, bool]:
+        """Count a client message; (the fault striking now, whether after forwarding)."""
+        with self._lock:
+            if pair.first:
+                pair.first = False
+                if data[4:8] == _CANCEL_REQUEST:
+                    return None, False
+                self.sessions += 1
+            if self._fault is None or self.struck_at is not None:
+                return None, False
+            self._seen += 1
+            if self._seen < self._at:
+                return None, False
+            self.struck_at = time.monotonic()
+            fault = self._fault
+            if self._refuse_on_strike:
+                self._refuse = True
+            if fault in (HostileFault.SILENT, HostileFault.DELAY):
+                if fault is HostileFault.DELAY or not self._after:
+                    self._network = fault
+            else:
+                pair.fault, pair.delay = fault, self._delay
+            if fault is HostileFault.SILENT:
+                pair.keep = True
+            return fault, self._after
+
+    def _requests(self, pair: _Pair) -> None:
+        client, upstream = pair.client, pair.upstream
+        with contextlib.suppress(OSError):
+            while data := client.recv(65536):
+                fault, after = self._strike(pair, data)
+                with self._lock:
+                    silent = self._network is HostileFault.SILENT
+                if silent:
+                    pair.keep = True
+                    continue
+                if fault is HostileFault.CLOSE_BEFORE_REQUEST:
+                    self._hang_up(upstream)  # the server sees the close, never the request
+                    time.sleep(pair.delay)
+                    self._hang_up(client)
+                    return
+                if fault is HostileFault.REQUEST_AFTER_CLIENT_CLOSE:
+                    self._deliver_late(pair, data)
+                    return
+                if fault in (HostileFault.CUT_CLIENT, HostileFault.CUT_SERVER) and not after:
+                    self._hang_up(client if fault is HostileFault.CUT_CLIENT else upstream)
+                    pair.keep = True
+                    return
+                upstream.sendall(data)
+                if fault is HostileFault.SILENT:
+                    with self._lock:
+                        self._network = HostileFault.SILENT  # the reply is never seen
+                if fault in (HostileFault.CUT_CLIENT, HostileFault.CUT_SERVER):
+                    self._hang_up(client if fault is HostileFault.CUT_CLIENT else upstream)
+                    pair.keep = True
+                    return
+        self._end(pair)
+
+    def _deliver_late(self, pair: _Pair, data: bytes) -> None:
+        with self._lock:
+            self._holding += 1
+        try:
+            held = [data]
+            # Hold until the client gives up on it and closes (bounded, so a client that
+            # never gives up cannot wedge the proxy), then deliver after all.
+            pair.client.settimeout(10.0)
+            with contextlib.suppress(OSError):
+                while more := pair.client.recv(65536):
+                    held.append(more)
+            time.sleep(pair.delay)
+            with contextlib.suppress(OSError):
+                for chunk in held:
+                    pair.upstream.sendall(chunk)
+            time.sleep(0.05)  # let the server read the request before it sees the close
+            self._hang_up(pair.client, pair.upstream)
+        finally:
+            with self._lock:
+                self._holding -= 1
+
+    def _replies(self, pair: _Pair) -> None:
+        client, upstream = pair.client, pair.upstream
+        with contextlib.suppress(OSError):
+            while data := upstream.recv(65536):
+                received = time.monotonic()
+                if pair.fault is HostileFault.REPLY_AFTER_SERVER_CLOSE:
+                    self._hang_up(upstream)
+                    time.sleep(pair.delay)
+                    client.sendall(data)
+                    self._hang_up(client)
+                    return
+                with self._lock:
+                    network, delay = self._network, self._delay
+                if network is HostileFault.DELAY:
+                    time.sleep(max(0.0, received + delay - time.monotonic()))
+                with self._lock:
+                    silent = self._network is HostileFault.SILENT
+                if silent:
+                    pair.keep = True
+                    continue
+                client.sendall(data)
+        self._end(pair)
+
+    def _end(self, pair: _Pair) -> None:
+        with self._lock:
+            silent = self._network is HostileFault.SILENT
+        # A silent network carries no close either: the other side never hears of it.
+        if not (pair.keep or silent or pair.fault is not None):
+            self._hang_up(pair.client, pair.upstream)
