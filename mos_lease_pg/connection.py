@@ -33,7 +33,7 @@ import psycopg_pool
 from psycopg.conninfo import conninfo_to_dict
 
 from mos_lease.errors import ConfigurationError, StoreUnavailable
-from mos_lease_pg import preflight
+from mos_lease_pg import preflight, replication
 from mos_lease_pg.statements import DEFAULT_SCHEMA, check_schema
 from mos_lease_pg.translate import unavailable_on_checkout
 from mos_lease_pg.wire import C, Wire
@@ -55,6 +55,11 @@ def _positive_seconds(_inst: object, attr: attrs.Attribute[Any], value: object) 
 def _positive_seconds_or_none(inst: object, attr: attrs.Attribute[Any], value: object) -> None:
     if value is not None:
         _positive_seconds(inst, attr, value)
+
+
+def _flag(_inst: object, attr: attrs.Attribute[Any], value: object) -> None:
+    if not isinstance(value, bool):
+        raise ConfigurationError(f"{attr.name} must be True or False")
 
 
 # With no statement timeout, the call bound still needs one to start from.
@@ -79,6 +84,13 @@ class ConnectionSettings:
     without a statement timeout); see :meth:`call_bound`. A write cut off this way raises
     ``CommitOutcomeUnknown`` and is reconciled; a read raises ``StoreUnavailable``. Opening
     a new connection is bounded by ``connect_timeout`` on top of it.
+
+    ``require_synchronous_replication`` refuses (``ConfigurationError``, at first use) a
+    primary whose commits do not wait for a synchronous standby, and makes reconcile call a
+    found write committed only once it is durable on that standby (see
+    :mod:`mos_lease_pg.replication`). ``standby_reads`` lets the store run on a standby, for
+    reads only (the server refuses its writes); without it a store that lands on a standby
+    is refused, and a DSN naming several hosts gets ``target_session_attrs=read-write``.
     """
 
     statement_timeout: timedelta | None = attrs.field(default=timedelta(seconds=5),
@@ -94,6 +106,8 @@ class ConnectionSettings:
                               validator=lambda _i, a, v: check_schema(v, a.name))
     call_timeout: float | None = attrs.field(default=None,
                                              validator=_positive_seconds_or_none)
+    require_synchronous_replication: bool = attrs.field(default=False, validator=_flag)
+    standby_reads: bool = attrs.field(default=False, validator=_flag)
 
     def call_bound(self) -> float:
         """The client-side bound of one call, in seconds (see ``call_timeout``)."""
@@ -138,6 +152,7 @@ def connect_kwargs(conninfo: str, settings: ConnectionSettings) -> dict[str, Any
         kwargs["connect_timeout"] = max(2, round(settings.connect_timeout))
     if "application_name" not in given:
         kwargs["application_name"] = settings.application_name
+    kwargs.update(replication.connect_attrs(given, replication.needs_of(settings)))
     # The kernel's own bounds on a peer that stopped answering: unacknowledged data is given
     # up after the call bound, and an idle connection is probed. A DSN's values win.
     bound = settings.call_bound()
@@ -204,6 +219,7 @@ class _Dedicated(Generic[C]):
         self._closed = False
         self._bound = settings.call_bound()
         self._schema = settings.schema
+        self._needs = replication.needs_of(settings)
         # Set by the first connection's schema check (preflight.py), which runs once.
         self.schema_check: preflight.SchemaCheck | None = None
 
@@ -252,7 +268,8 @@ class DedicatedConnection(_Dedicated[psycopg.Connection[Any]]):
                 except psycopg.Error as exc:
                     raise unavailable_on_checkout(exc, pool_timeout=0) from exc
                 if self.schema_check is None:
-                    self.schema_check = preflight.first_use(conn, self._schema, owned=True)
+                    self.schema_check = preflight.first_use(conn, self._schema, owned=True,
+                                                            needs=self._needs)
                 wire = self._wire = Wire(conn, prepare=self._prepare)
             return wire
 
@@ -283,6 +300,7 @@ class _Pooled(Generic[P]):
         self._bound = settings.call_bound()
         self._prepare = settings.prepare
         self._schema = settings.schema
+        self._needs = replication.needs_of(settings)
         # Set by the first checkout's schema check (preflight.py), which runs once.
         self.schema_check: preflight.SchemaCheck | None = None
 
@@ -304,7 +322,8 @@ class PooledConnection(_Pooled[psycopg_pool.ConnectionPool[Any]]):
         try:
             _check_autocommit(conn)
             if self.schema_check is None:
-                self.schema_check = preflight.first_use(conn, self._schema, owned=False)
+                self.schema_check = preflight.first_use(conn, self._schema, owned=False,
+                                                            needs=self._needs)
             yield Wire(conn, prepare=self._prepare)
         finally:
             # The pool replaces a connection that comes back broken.
@@ -341,7 +360,7 @@ class AsyncDedicatedConnection(_Dedicated[psycopg.AsyncConnection[Any]]):
                     raise unavailable_on_checkout(exc, pool_timeout=0) from exc
                 if self.schema_check is None:
                     self.schema_check = await preflight.first_use_async(
-                        conn, self._schema, owned=True)
+                        conn, self._schema, owned=True, needs=self._needs)
                 wire = self._wire = Wire(conn, prepare=self._prepare)
             return wire
 
@@ -380,7 +399,7 @@ class AsyncPooledConnection(_Pooled[psycopg_pool.AsyncConnectionPool[Any]]):
             _check_autocommit(conn)
             if self.schema_check is None:
                 self.schema_check = await preflight.first_use_async(
-                    conn, self._schema, owned=False)
+                    conn, self._schema, owned=False, needs=self._needs)
             yield Wire(conn, prepare=self._prepare)
         finally:
             await self._pool.putconn(conn)

@@ -17,6 +17,11 @@ Decisions:
 * An older schema than this package needs is refused (``mos-lease migrate --schema X``). A
   newer one is accepted with a WARNING: migrations only add, so a gateway may keep running
   while the fleet is upgraded after the migration.
+* The server's replication is read at first use too (:mod:`mos_lease_pg.replication`):
+  whether it is a primary, its ``synchronous_commit`` and ``synchronous_standby_names``,
+  logged once at INFO. A store never writes through a standby (refused unless
+  ``standby_reads``), and ``require_synchronous_replication`` refuses a primary whose
+  commits do not wait for a synchronous standby.
 * A role with MORE privileges than the store needs (the owner, a superuser as in tests, a
   role granted DELETE) is not refused: the schema's triggers, not privileges, keep the data
   right. The surplus is listed in :attr:`SchemaCheck.surplus` and logged once per store at
@@ -33,7 +38,9 @@ import attrs
 import psycopg
 
 from mos_lease.errors import ConfigurationError
+from mos_lease_pg import replication
 from mos_lease_pg.migrations import available_migrations
+from mos_lease_pg.replication import NO_NEEDS, Needs, ReplicationFacts
 from mos_lease_pg.statements import quoted
 from mos_lease_pg.translate import statement_failure
 
@@ -104,6 +111,8 @@ class SchemaCheck:
     role: str
     # Privileges the store never uses, held anyway (superuser, owner, DELETE, ...).
     surplus: tuple[str, ...]
+    # The server's replication as first seen (None where it was not read: mos-lease check).
+    replication: ReplicationFacts | None = None
 
 
 def _named(keys: list[tuple[str, str, str | None]]) -> list[str]:
@@ -210,12 +219,20 @@ async def check_async(conn: psycopg.AsyncConnection[Any], schema: str) -> Schema
     return _report(judge(schema, rows, table_version))
 
 
-def first_use(conn: psycopg.Connection[Any], schema: str, *, owned: bool) -> SchemaCheck:
-    """:func:`check` for a connection source: a failure closes ``conn`` if the source
-    ``owned`` it (a pooled one goes back to its pool), and a database error is a
-    ``StoreUnavailable`` like any statement's."""
+def _server(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> str:
+    return f"{conn.info.host}:{conn.info.port}"
+
+
+def first_use(conn: psycopg.Connection[Any], schema: str, *, owned: bool,
+              needs: Needs = NO_NEEDS) -> SchemaCheck:
+    """:func:`check` for a connection source, then the replication check against
+    ``needs``: a failure closes ``conn`` if the source ``owned`` it (a pooled one goes back
+    to its pool), and a database error is a ``StoreUnavailable`` like any statement's."""
     try:
-        return check(conn, schema)
+        row = conn.execute(replication.FACTS).fetchone()
+        assert row is not None
+        found = replication.judge(replication.facts(row), needs, server=_server(conn))
+        return attrs.evolve(check(conn, schema), replication=found)
     except psycopg.Error as exc:
         if owned:
             conn.close()
@@ -227,10 +244,13 @@ def first_use(conn: psycopg.Connection[Any], schema: str, *, owned: bool) -> Sch
 
 
 async def first_use_async(conn: psycopg.AsyncConnection[Any], schema: str, *,
-                          owned: bool) -> SchemaCheck:
+                          owned: bool, needs: Needs = NO_NEEDS) -> SchemaCheck:
     """The asyncio twin of :func:`first_use`."""
     try:
-        return await check_async(conn, schema)
+        row = await (await conn.execute(replication.FACTS)).fetchone()
+        assert row is not None
+        found = replication.judge(replication.facts(row), needs, server=_server(conn))
+        return attrs.evolve(await check_async(conn, schema), replication=found)
     except psycopg.Error as exc:
         if owned:
             await conn.close()

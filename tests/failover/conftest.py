@@ -1,0 +1,36 @@
+"""Fixtures of the failover tests: a replicated pair of real clusters per test.
+
+Every test in this folder is marked ``failover`` and ``pg`` (``pytest -m failover``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.failover.cluster import ReplicatedPair
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "failover: a primary and a synchronous standby on real clusters, "
+        "killed and promoted (also marked pg)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    here = __file__.rsplit("/", 1)[0]
+    for item in items:
+        if str(item.fspath).startswith(here + "/"):
+            item.add_marker(pytest.mark.failover)
+            item.add_marker(pytest.mark.pg)
+
+
+@pytest.fixture
+def pair() -> Iterator[ReplicatedPair]:
+    """A started primary + synchronous standby, stopped and removed after the test."""
+    made = ReplicatedPair()
+    try:
+        yield made.start()
+    finally:
+        made.close()

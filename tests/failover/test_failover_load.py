@@ -1,0 +1,270 @@
+"""Failover under load: gateway processes in a takeover storm while the primary is killed at
+random moments and the standby promoted, a few rounds; and the negative control, the same
+kind of run on an asynchronous standby, where the checker must find what was lost.
+
+Histories are recorded as in the fault scenarios (``tests/faults``: database time around
+every call, one JSON line per operation) and judged by the same checker against the audit
+log and lease rows of the primary that is left at the end.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import time
+from collections import Counter
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.conninfo import conninfo_to_dict
+
+from mos_lease import LeaseIdentity
+from tests.failover.cluster import ReplicatedPair
+from tests.failover.support import migrated
+from tests.faults.history import (
+    Kind,
+    Op,
+    OpRecord,
+    Status,
+    Violation,
+    check_history,
+    read_records,
+)
+from tests.faults.support import (
+    Worker,
+    audit_rows,
+    final_rows,
+    run_prefix,
+    start_together,
+    workers_cleanup,
+)
+from tests.faults.workers import Gateway
+
+GATEWAYS = 3  # in the takeover storm; one more runs steady work (``load``)
+IDENTITIES = 2
+ROUNDS = 3
+MIN_ROUNDS = 2
+# Each round: load for a random 1.2-2.2 s, kill and promote, load on the lone new primary
+# for 0.4-0.8 s, rebuild the old node as its synchronous standby. The gateways stop after
+# STORM_SECONDS; the last promotion must leave them AFTER_LAST seconds of load.
+STORM_SECONDS = 22.0
+AFTER_LAST = 3.0
+# A worker reads the database clock on its own connection; while no primary answers, it
+# estimates the time from the host's monotonic clock and its last measured offset, and flags
+# the record. Such a reading is off by up to about half a round trip of the last real one
+# (milliseconds, more on a loaded machine): the interval of a flagged record is widened by
+# this much on both sides, so the checker draws only conclusions that hold whatever the
+# estimate's error within it.
+ESTIMATE_MARGIN = timedelta(milliseconds=100)
+WRITES = frozenset({Op.ACQUIRE, Op.TAKEOVER, Op.HEARTBEAT, Op.RELEASE, Op.ISSUE_GRANT})
+
+
+def gateway_config(dsn: str, process: str, tmp_path: Path, **extra: Any) -> dict[str, Any]:
+    return {"dsn": dsn, "process": process, "records": str(tmp_path / f"{process}.jsonl"),
+            "statement_timeout": 1, "lock_timeout": 1, "connect_timeout": 2, **extra}
+
+
+def final_history(pair: ReplicatedPair, dsn: str, prefix: str, tmp_path: Path
+                  ) -> tuple[list[OpRecord], list[Any], list[Any], list[Violation]]:
+    """Records, audit rows and final lease rows read from the current primary, and what
+    the checker says of them."""
+    records = [widened(r) for r in read_records(tmp_path.glob("*.jsonl"))]
+    node = pair.primary.dsn(str(conninfo_to_dict(dsn)["dbname"]))
+    with psycopg.connect(node, autocommit=True) as conn:
+        audit = audit_rows(conn, prefix)
+        finals = final_rows(conn, prefix)
+    return records, audit, finals, check_history(records, audit, final_rows=finals)
+
+
+def widened(record: OpRecord) -> OpRecord:
+    if not record.args.get("estimated"):
+        return record
+    return dataclasses.replace(
+        record, start=record.start - ESTIMATE_MARGIN,
+        end=None if record.end is None else record.end + ESTIMATE_MARGIN)
+
+
+def lost_acknowledgements(records: list[OpRecord], audit: list[Any]) -> list[OpRecord]:
+    """Writes a caller was told had committed whose audit row is not on the primary."""
+    present = {(a.correlation_id, a.outcome) for a in audit}
+    success = {Op.ACQUIRE: "acquired", Op.TAKEOVER: "taken_over", Op.HEARTBEAT: "renewed",
+               Op.RELEASE: "released", Op.ISSUE_GRANT: "grant_issued"}
+    return [r for r in records if r.op in WRITES and r.status is Status.OK
+            and (r.key, success[r.op]) not in present]
+
+
+def reissued_epochs(records: list[OpRecord]) -> dict[tuple[Any, int], set[str]]:
+    """(identity, epoch) pairs that callers were told of with more than one lease id."""
+    seen: dict[tuple[Any, int], set[str]] = {}
+    for r in records:
+        if r.status is Status.OK and r.op in (Op.ACQUIRE, Op.TAKEOVER) and r.epoch is not None:
+            seen.setdefault((r.identity, r.epoch), set()).add(str(r.lease_id))
+    return {key: ids for key, ids in seen.items() if len(ids) > 1}
+
+
+def kill_rounds(pair: ReplicatedPair) -> tuple[list[float], list[float], list[float]]:
+    """Kill the primary at random moments, ROUNDS times if the run leaves room. Returns the
+    host monotonic time of each promote request, the seconds from it until the server took
+    a write, and the seconds each rebuild of a synchronous standby took."""
+    rng = random.Random()
+    promoted: list[float] = []
+    writable: list[float] = []
+    rebuilt: list[float] = []
+    started = time.monotonic()
+    for _ in range(ROUNDS):
+        pause = rng.uniform(1.2, 2.2)
+        if time.monotonic() + pause - started > STORM_SECONDS - AFTER_LAST:
+            break  # a slow machine: fewer rounds, each still followed by load
+        time.sleep(pause)
+        writable.append(pair.fail_over())
+        promoted.append(pair.promoted_at)
+        time.sleep(rng.uniform(0.4, 0.8))
+        began = time.monotonic()
+        pair.rebuild_standby()
+        rebuilt.append(time.monotonic() - began)
+    return promoted, writable, rebuilt
+
+
+def first_writes(acknowledged: list[OpRecord], promoted: list[float]) -> list[float]:
+    """For each promote request, seconds until the end of the first acknowledged write that
+    started after it (inf if none did before the next one)."""
+    found: list[float] = []
+    for i, at in enumerate(promoted):
+        until = promoted[i + 1] if i + 1 < len(promoted) else float("inf")
+        ends = [float(r.args["m1"]) for r in acknowledged
+                if at <= float(r.args["m0"]) < until]
+        found.append(min(ends) - at if ends else float("inf"))
+    return found
+
+
+def test_takeover_storm_survives_failovers(pair: ReplicatedPair, tmp_path: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    dsn = migrated(pair)
+    prefix = run_prefix("fo")
+    bindings = [f"b{i}" for i in range(IDENTITIES)]
+    setup = Gateway(gateway_config(dsn, "setup", tmp_path))
+    try:
+        for binding in bindings:
+            result = setup.acquire(LeaseIdentity(prefix, "agent", binding), ttl=30)
+            assert result is not None and result.ok
+    finally:
+        setup.close()
+    with workers_cleanup() as made:
+        for p in range(GATEWAYS):
+            made.append(Worker("storm", gateway_config(
+                dsn, f"g{p}", tmp_path, index=p, tenant=prefix, bindings=bindings,
+                rounds=10**7, validators=1, keep=3, max_seconds=STORM_SECONDS), tmp_path))
+        # One more gateway heartbeats, releases, takes over and mints on identities of its
+        # own, until told to stop.
+        made.append(Worker("load", gateway_config(
+            dsn, "l0", tmp_path, tenant=prefix, bindings=["l-b0", "l-b1"], ttl=60, seed=1,
+            stop_file=str(tmp_path / "stop"), max_seconds=STORM_SECONDS), tmp_path))
+        start_together(made)
+        promoted, writable, rebuilt = kill_rounds(pair)
+        (tmp_path / "stop").touch()
+        summaries = [worker.finish(STORM_SECONDS + 60) for worker in made]
+
+    records, audit, _, violations = final_history(pair, dsn, prefix, tmp_path)
+    lost = lost_acknowledgements(records, audit)
+    reissued = reissued_epochs(records)
+    acknowledged = [r for r in records if r.op in WRITES and r.status is Status.OK]
+    first_write = first_writes(acknowledged, promoted)
+    crashes = [c for s in summaries for c in s["crashes"]]
+    statuses = Counter(f"{r.op}:{r.status}" for r in records)
+    with capsys.disabled():
+        print(f"\nfailover storm: {GATEWAYS} storm gateways x {IDENTITIES} identities + 1 "
+              "steady gateway, "
+              f"{len(promoted)} failovers; acknowledged writes checked on the last primary: "
+              f"{len(acknowledged)} ({dict(Counter(str(r.op) for r in acknowledged))}); "
+              f"promote -> writable (server) s: {[round(w, 2) for w in writable]}; "
+              f"rebuild s: {[round(w, 2) for w in rebuilt]}; "
+              f"promote -> first acknowledged gateway write s: "
+              f"{[round(w, 2) for w in first_write]}; ops: {dict(statuses)}")
+    assert not crashes, crashes
+    assert len(promoted) >= MIN_ROUNDS, f"only {len(promoted)} failovers fitted the run"
+    assert not lost, [str(r) for r in lost[:5]]
+    assert not reissued, reissued
+    # Known and out of this test's reach (the store's resend of an audit append): an append
+    # (a refusal's row, or a grant issue's) whose connection was lost after its commit, the
+    # primary dying, and whose one resend could not connect is reported StoreUnavailable
+    # ("nothing changed"), yet its row is there. No grant was handed out and no lease is lost
+    # or reissued; counted and shown, and everything else must be clean.
+    appends = [v for v in violations if v.kind is Kind.AUDIT_DUPLICATE
+               and v.detail.endswith("=error")
+               and ("/denied/" in v.detail or "grant_issue/grant_issued/" in v.detail)]
+    with capsys.disabled():
+        print(f"audit appends reported StoreUnavailable but committed: {len(appends)} "
+              f"{[str(v) for v in appends[:3]]}")
+    others = [v for v in violations if v not in appends]
+    assert not others, [str(v) for v in others[:10]]
+    for op in (Op.TAKEOVER, Op.HEARTBEAT, Op.RELEASE, Op.ISSUE_GRANT):
+        assert any(r.op is op for r in acknowledged), f"no acknowledged {op} was checked"
+    # Every round's new primary served the gateways (they reconnected by themselves).
+    assert all(w < 10 for w in first_write), first_write
+    assert sum(r.op is Op.TAKEOVER for r in acknowledged) > ROUNDS
+
+
+def _takeovers_then_failover(pair: ReplicatedPair, tmp_path: Path, *, synchronous: bool
+                             ) -> tuple[list[OpRecord], list[Any], list[Violation]]:
+    """Gateway p holds identities at epoch 1, then takes each over (epoch 2) on the primary;
+    the primary dies, the standby is promoted, and gateway q takes over each identity at
+    the epoch it now reads. With ``synchronous=False`` the standby lags behind first."""
+    dsn = migrated(pair)
+    prefix = run_prefix("fn")
+    identities = [LeaseIdentity(prefix, "agent", f"b{i}") for i in range(3)]
+    holder = Gateway(gateway_config(dsn, "p", tmp_path))
+    try:
+        for identity in identities:
+            result = holder.acquire(identity, ttl=60)
+            assert result is not None and result.ok
+        if not synchronous:
+            pair.lag_standby()
+        for identity in identities:
+            taken = holder.takeover(identity, ttl=60, expected_epoch=1)
+            assert taken is not None and taken.ok and taken.lease is not None
+            beat = holder.heartbeat(taken.lease, ttl=60)
+            assert beat is not None and beat.ok and beat.lease is not None
+            if identity is identities[0]:
+                released = holder.release(beat.lease)
+                assert released is not None and released.ok
+    finally:
+        holder.close()
+    pair.fail_over()
+    rival = Gateway(gateway_config(dsn, "q", tmp_path))
+    try:
+        for identity in identities:
+            snapshot = rival.store.load(identity)
+            assert snapshot.row is not None
+            taken = rival.takeover(identity, ttl=60, expected_epoch=snapshot.row.epoch)
+            assert taken is not None and taken.ok
+    finally:
+        rival.close()
+    records, audit, _, violations = final_history(pair, dsn, prefix, tmp_path)
+    return records, audit, violations
+
+
+def test_synchronous_standby_keeps_every_acknowledged_takeover(pair: ReplicatedPair,
+                                                               tmp_path: Path) -> None:
+    records, audit, violations = _takeovers_then_failover(pair, tmp_path, synchronous=True)
+    assert not violations, [str(v) for v in violations]
+    assert not lost_acknowledgements(records, audit)
+    assert not reissued_epochs(records)
+    assert sorted(r.epoch or 0 for r in records if r.process == "q") == [3, 3, 3]
+
+
+def test_negative_control_asynchronous_standby_loses_takeovers(pair: ReplicatedPair,
+                                                               tmp_path: Path) -> None:
+    """The checks above can fail: with the standby lagging, acknowledged takeovers and
+    heartbeats are gone after the failover, and epoch 2 goes to a second holder."""
+    records, audit, violations = _takeovers_then_failover(pair, tmp_path, synchronous=False)
+    kinds = Counter(v.kind for v in violations)
+    assert kinds[Kind.AUDIT_MISSING] >= 3, violations
+    assert kinds[Kind.EPOCH_WINNERS] >= 3, violations
+    lost = lost_acknowledgements(records, audit)
+    assert sorted(str(r.op) for r in lost) == ["heartbeat"] * 3 + ["release"] + [
+        "takeover"] * 3
+    reissued = reissued_epochs(records)
+    assert sorted(epoch for (_, epoch) in reissued) == [2, 2, 2]
