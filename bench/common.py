@@ -71,7 +71,7 @@ def create_schema(dsn: str, schema: str) -> None:
         conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
 
 
-def store_wire(store: PostgresLeaseStore) -> Wire[psycopg.Connection[Any]]:
+def store_wire(store: PostgresLeaseStore) -> Wire:
     """The store's own sender on its dedicated connection, so raw floors run on the very
     connection (and backend, and prepared statements) the library uses. Reaches into the
     store: the adapter deliberately has no public accessor for it."""
@@ -113,16 +113,18 @@ def entry(event: LifecycleEvent, outcome: Outcome, identity: LeaseIdentity, conn
 
 
 def run_raw(conn: psycopg.Connection[Any], raw: Raw) -> tuple[Any, ...]:
-    """Send one statement prepared, the plain psycopg way, and return its single row."""
+    """Send one statement prepared, the plain psycopg way (public API only: a new cursor
+    per call, psycopg's own prepared statement), and return its single row."""
     rows: list[tuple[Any, ...]] = conn.execute(raw.statement.text, raw.params,
                                                prepare=True).fetchall()
     return rows[0]
 
 
-def run_wire(wire: Wire[psycopg.Connection[Any]], raw: Raw) -> tuple[Any, ...]:
-    """Send one statement the way the store sends it (prepared, through its
-    :class:`~mos_lease_pg.wire.Wire`) and return its single row: the libpq-level floor."""
-    return wire.conn.wait(wire.execute(raw.statement.query, raw.params))[0]
+def run_wire(wire: Wire, raw: Raw) -> tuple[Any, ...]:
+    """Send one statement the way the store sends it (prepared, on its connection's
+    long-lived binary cursor, :class:`~mos_lease_pg.wire.Wire`) and return its single row:
+    the floor of the store's own sending, without the library's Python around it."""
+    return wire.execute(raw.statement.text, raw.params)[0]
 
 
 def written(row: tuple[Any, ...]) -> bool:

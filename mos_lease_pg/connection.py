@@ -36,9 +36,10 @@ from mos_lease.errors import ConfigurationError, StoreUnavailable
 from mos_lease_pg import preflight, replication
 from mos_lease_pg.statements import DEFAULT_SCHEMA, check_schema
 from mos_lease_pg.translate import unavailable_on_checkout
-from mos_lease_pg.wire import C, Wire
+from mos_lease_pg.wire import AsyncWire, Wire
 
 P = TypeVar("P", psycopg_pool.ConnectionPool[Any], psycopg_pool.AsyncConnectionPool[Any])
+W = TypeVar("W", Wire, AsyncWire)
 
 
 def _positive_or_none(_inst: object, attr: attrs.Attribute[Any], value: object) -> None:
@@ -206,7 +207,7 @@ def _check_autocommit(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[An
             "mos_lease_pg.make_pool or pass kwargs=connect_kwargs(conninfo, settings)")
 
 
-class _Dedicated(Generic[C]):
+class _Dedicated(Generic[W]):
     """What both dedicated connections share: how to connect, and the current connection's
     sender (whose ``conn`` is the connection itself)."""
 
@@ -215,7 +216,7 @@ class _Dedicated(Generic[C]):
         self._kwargs = connect_kwargs(conninfo, settings)
         self._given = conninfo_to_dict(conninfo)  # valid: connect_kwargs parsed it
         self._prepare = settings.prepare
-        self._wire: Wire[C] | None = None
+        self._wire: W | None = None
         self._closed = False
         self._bound = settings.call_bound()
         self._schema = settings.schema
@@ -223,10 +224,10 @@ class _Dedicated(Generic[C]):
         # Set by the first connection's schema check (preflight.py), which runs once.
         self.schema_check: preflight.SchemaCheck | None = None
 
-    def _usable(self) -> Wire[C] | None:
+    def _usable(self) -> W | None:
         """The current sender if its connection is still open (a broken one is closed)."""
         wire = self._wire
-        return wire if wire is not None and not wire.conn.closed else None
+        return wire if wire is not None and not wire.closed else None
 
     def _connect_kwargs(self, deadline: float | None) -> dict[str, Any]:
         # Opening a connection counts against the call's deadline too (libpq waits at least
@@ -241,17 +242,18 @@ class _Dedicated(Generic[C]):
             raise StoreUnavailable("the store is closed")
 
 
-class DedicatedConnection(_Dedicated[psycopg.Connection[Any]]):
+class DedicatedConnection(_Dedicated[Wire]):
     """One connection, opened on first use and replaced after it broke."""
 
     def __init__(self, conninfo: str, settings: ConnectionSettings) -> None:
         super().__init__(conninfo, settings)
         self._lock = threading.Lock()
         # Held for a whole call: psycopg serializes single statements on a connection, but
-        # another thread's statement would join a pipeline (a batch) in progress.
+        # another thread's statement would join a pipeline (a batch) in progress, or take
+        # the shared cursor between a statement and the reading of its rows.
         self._in_use = threading.Lock()
 
-    def _current(self, deadline: float | None = None) -> Wire[psycopg.Connection[Any]]:
+    def _current(self, deadline: float | None = None) -> Wire:
         wire = self._usable()
         if wire is not None:
             return wire
@@ -274,7 +276,7 @@ class DedicatedConnection(_Dedicated[psycopg.Connection[Any]]):
             return wire
 
     @contextmanager
-    def checkout(self, deadline: float | None = None) -> Iterator[Wire[psycopg.Connection[Any]]]:
+    def checkout(self, deadline: float | None = None) -> Iterator[Wire]:
         # A call stuck on the connection holds this lock only until its own deadline.
         if not self._in_use.acquire(timeout=remaining(deadline, self._bound)):
             raise _busy(self._bound)
@@ -313,7 +315,7 @@ class PooledConnection(_Pooled[psycopg_pool.ConnectionPool[Any]]):
     """Connections checked out of a caller-owned ``ConnectionPool`` for one call each."""
 
     @contextmanager
-    def checkout(self, deadline: float | None = None) -> Iterator[Wire[psycopg.Connection[Any]]]:
+    def checkout(self, deadline: float | None = None) -> Iterator[Wire]:
         try:
             conn = self._pool.getconn(
                 timeout=min(self._timeout, remaining(deadline, self._bound)))
@@ -333,7 +335,7 @@ class PooledConnection(_Pooled[psycopg_pool.ConnectionPool[Any]]):
         """The pool belongs to the caller, who closes it."""
 
 
-class AsyncDedicatedConnection(_Dedicated[psycopg.AsyncConnection[Any]]):
+class AsyncDedicatedConnection(_Dedicated[AsyncWire]):
     """The asyncio twin of :class:`DedicatedConnection`."""
 
     def __init__(self, conninfo: str, settings: ConnectionSettings) -> None:
@@ -342,7 +344,7 @@ class AsyncDedicatedConnection(_Dedicated[psycopg.AsyncConnection[Any]]):
         self._in_use = asyncio.Lock()  # see DedicatedConnection
 
     async def _current(self, deadline: float | None = None
-                       ) -> Wire[psycopg.AsyncConnection[Any]]:
+                       ) -> AsyncWire:
         wire = self._usable()
         if wire is not None:
             return wire
@@ -361,12 +363,12 @@ class AsyncDedicatedConnection(_Dedicated[psycopg.AsyncConnection[Any]]):
                 if self.schema_check is None:
                     self.schema_check = await preflight.first_use_async(
                         conn, self._schema, owned=True, needs=self._needs)
-                wire = self._wire = Wire(conn, prepare=self._prepare)
+                wire = self._wire = AsyncWire(conn, prepare=self._prepare)
             return wire
 
     @asynccontextmanager
     async def checkout(self, deadline: float | None = None
-                       ) -> AsyncIterator[Wire[psycopg.AsyncConnection[Any]]]:
+                       ) -> AsyncIterator[AsyncWire]:
         try:
             await asyncio.wait_for(self._in_use.acquire(), remaining(deadline, self._bound))
         except TimeoutError:
@@ -389,7 +391,7 @@ class AsyncPooledConnection(_Pooled[psycopg_pool.AsyncConnectionPool[Any]]):
 
     @asynccontextmanager
     async def checkout(self, deadline: float | None = None
-                       ) -> AsyncIterator[Wire[psycopg.AsyncConnection[Any]]]:
+                       ) -> AsyncIterator[AsyncWire]:
         try:
             conn = await self._pool.getconn(
                 timeout=min(self._timeout, remaining(deadline, self._bound)))
@@ -400,7 +402,7 @@ class AsyncPooledConnection(_Pooled[psycopg_pool.AsyncConnectionPool[Any]]):
             if self.schema_check is None:
                 self.schema_check = await preflight.first_use_async(
                     conn, self._schema, owned=False, needs=self._needs)
-            yield Wire(conn, prepare=self._prepare)
+            yield AsyncWire(conn, prepare=self._prepare)
         finally:
             await self._pool.putconn(conn)
 

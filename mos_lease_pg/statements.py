@@ -35,7 +35,6 @@ from mos_lease.identity import LeaseIdentity
 from mos_lease.machine import Close, Insert, Renew, Rotate, Write
 from mos_lease.records import AuditEntry, AuditRecord, LeaseRow, Snapshot, WriteOutcome
 from mos_lease.vocabulary import LifecycleEvent, Outcome, Reason
-from mos_lease_pg.wire import Query
 
 T = TypeVar("T")
 Row = tuple[Any, ...]
@@ -111,13 +110,14 @@ def _statement_text(name: str) -> str:
 @attrs.frozen(slots=True)
 class Statement:
     name: str
-    text: bytes  # bytes, so psycopg takes a text read from a file as a query
-    query: Query  # the same, as :class:`~mos_lease_pg.wire.Wire` sends it
+    # bytes, so psycopg takes a text read from a file as a query; psycopg converts its
+    # ``%(name)s`` placeholders. One object per statement and schema (see Template), so a
+    # cursor that runs it again keeps its adaptation context.
+    text: bytes
 
     @classmethod
     def of(cls, name: str, text: str) -> Statement:
-        encoded = text.encode("utf-8")
-        return cls(name, encoded, Query.convert(encoded))
+        return cls(name, text.encode("utf-8"))
 
 
 @attrs.frozen(slots=True)

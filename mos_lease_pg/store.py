@@ -5,9 +5,9 @@
 also offer the :class:`mos_lease.ports.LeaseInspector` views. Everything they share (which
 statement, which parameters, how rows map back, what a failure means) lives in
 :class:`_StoreCore`, :mod:`mos_lease_pg.statements` and :mod:`mos_lease_pg.translate`; the
-classes below differ only in ``await``. A single statement goes out through
-:class:`mos_lease_pg.wire.Wire` (psycopg's adaptation and waiting without its cursor);
-pipelined batches use psycopg's cursors.
+classes below differ only in ``await``. A single statement goes out through the
+connection's long-lived cursor (:mod:`mos_lease_pg.wire`); pipelined batches through
+``Connection.execute``; both prepared by psycopg itself.
 
 Each operation is one statement, so one round trip and one transaction (``apply_many``
 pipelines its writes into one round trip; reconciling a write whose connection was lost
@@ -36,7 +36,7 @@ from mos_lease.errors import ConfigurationError, InvalidInput
 from mos_lease.identity import LeaseIdentity, check_id, check_identity
 from mos_lease.machine import Write
 from mos_lease.records import AuditEntry, AuditRecord, LeaseRow, Snapshot, WriteOutcome
-from mos_lease_pg import reconcile, statements
+from mos_lease_pg import reconcile, replication, statements
 from mos_lease_pg.connection import (
     AsyncDedicatedConnection,
     AsyncPooledConnection,
@@ -48,7 +48,7 @@ from mos_lease_pg.deadline import WATCHDOG, AsyncWatch
 from mos_lease_pg.reconcile import IN_DOUBT, Lost
 from mos_lease_pg.statements import Call, Kind
 from mos_lease_pg.translate import Failure, statement_failure
-from mos_lease_pg.wire import Wire
+from mos_lease_pg.wire import AnyWire, forgotten
 
 T = TypeVar("T")
 
@@ -98,7 +98,7 @@ class _StoreCore:
     def _deadline(self, deadline: float | None) -> float:
         return time.monotonic() + self._bound if deadline is None else deadline
 
-    def _failed(self, calls: Sequence[Call[Any]], exc: psycopg.Error, wire: Wire[Any],
+    def _failed(self, calls: Sequence[Call[Any]], exc: psycopg.Error, wire: AnyWire,
                 timed_out: bool) -> Failure:
         """Translate a failure of one call, or of a batch of writes sent together."""
         first = calls[0]
@@ -124,7 +124,16 @@ class _StoreCore:
         return (failure.connection_lost and call.kind is not Kind.WRITE and attempt == 0
                 and time.monotonic() < deadline)
 
-    def _lost_here(self, event_id: UUID, wire: Wire[Any]) -> Lost | None:
+    @staticmethod
+    def _resend_forgotten(exc: psycopg.Error, wire: AnyWire, attempt: int,
+                          deadline: float) -> bool:
+        # The server forgot a statement psycopg prepared on this connection: it ran nothing,
+        # so any call, a write too, is sent once more. The connection's prepared-statement
+        # cache is wrong from now on, so the caller discards the connection first and the
+        # call goes out on a fresh one (the pool replaces a closed connection).
+        return forgotten(exc, wire) and attempt == 0 and time.monotonic() < deadline
+
+    def _lost_here(self, event_id: UUID, wire: AnyWire) -> Lost | None:
         """The backend to end before ``event_id`` is looked for, if this process knows it
         and it ran on the server ``wire`` talks to."""
         lost = IN_DOUBT.get(event_id)
@@ -194,20 +203,25 @@ class PostgresLeaseStore(_StoreCore):
             with self._source.checkout(deadline) as wire:
                 conn = wire.conn
                 watch = WATCHDOG.arm(conn, deadline, self._bound)
+                replication.watch(conn)
                 try:
                     try:
-                        with conn.lock:
-                            rows = conn.wait(wire.execute(call.statement.query, call.params))
+                        rows = wire.execute(call.statement.text, call.params)
                     finally:
                         WATCHDOG.disarm(watch)
                         if watch.fired:
                             conn.close()  # its reply may still be outstanding: never reuse
                 except psycopg.Error as exc:
+                    if self._resend_forgotten(exc, wire, attempt, deadline):
+                        conn.close()
+                        continue
                     failure = self._failed([call] if covers is None else covers(), exc, wire,
                                            watch.fired)
                     if self._resend(call, failure, attempt, deadline):
                         continue
                     raise failure.error from exc
+                # A commit answered with a warning may not be on the synchronous standby.
+                replication.confirm(conn, [call] if covers is None else covers())
             return call.parse(rows)
         raise AssertionError("unreachable")
 
@@ -218,23 +232,33 @@ class PostgresLeaseStore(_StoreCore):
         if not calls:
             return []
         deadline = self._deadline(None)
-        with self._source.checkout(deadline) as wire:
-            conn = wire.conn
-            watch = WATCHDOG.arm(conn, deadline, self._bound)
-            try:
+        for attempt in range(2):
+            with self._source.checkout(deadline) as wire:
+                conn = wire.conn
+                watch = WATCHDOG.arm(conn, deadline, self._bound)
+                replication.watch(conn)
                 try:
-                    with conn.pipeline():
-                        cursors = {i: conn.execute(calls[i].statement.text, calls[i].params,
-                                                   prepare=self.settings.prepare)
-                                   for i in statements.lock_order(calls)}
-                    rows = {i: cur.fetchall() for i, cur in cursors.items()}
-                finally:
-                    WATCHDOG.disarm(watch)
-                    if watch.fired:
+                    try:
+                        with conn.pipeline():
+                            cursors = {i: conn.execute(calls[i].statement.text,
+                                                       calls[i].params,
+                                                       prepare=self.settings.prepare)
+                                       for i in statements.lock_order(calls)}
+                        rows = {i: cur.fetchall() for i, cur in cursors.items()}
+                    finally:
+                        WATCHDOG.disarm(watch)
+                        if watch.fired:
+                            conn.close()
+                except psycopg.Error as exc:
+                    # A failed statement rolls the whole batch back (one transaction), so
+                    # a forgotten one leaves nothing applied: sent once more.
+                    if self._resend_forgotten(exc, wire, attempt, deadline):
                         conn.close()
-            except psycopg.Error as exc:
-                raise self._failed(calls, exc, wire, watch.fired).error from exc
-        return [call.parse(rows[i]) for i, call in enumerate(calls)]
+                        continue
+                    raise self._failed(calls, exc, wire, watch.fired).error from exc
+                replication.confirm(conn, calls)
+            return [call.parse(rows[i]) for i, call in enumerate(calls)]
+        raise AssertionError("unreachable")
 
     def _settle(self, event_id: UUID, deadline: float) -> None:
         """Make sure the write behind ``event_id`` can no longer commit (reconcile.py)."""
@@ -288,6 +312,10 @@ class PostgresLeaseStore(_StoreCore):
         self._settle(event_id, deadline)
         committed = self._run(statements.event_committed(event_id, schema=self._schema),
                               deadline=deadline)
+        if committed and self.settings.require_synchronous_replication:
+            # Found is not yet durable: only a write on the synchronous standby survives a
+            # failover (replication.py); the barrier raises if that cannot be confirmed.
+            self._run(replication.durability_barrier(), deadline=deadline)
         IN_DOUBT.forget(event_id)  # settled for good: its backend is gone
         return committed
 
@@ -347,21 +375,25 @@ class AsyncPostgresLeaseStore(_StoreCore):
             async with self._source.checkout(deadline) as wire:
                 conn = wire.conn
                 watch = AsyncWatch(conn, deadline, self._bound)
+                replication.watch(conn)
                 try:
                     try:
-                        async with conn.lock:
-                            rows = await conn.wait(
-                                wire.execute(call.statement.query, call.params))
+                        rows = await wire.execute(call.statement.text, call.params)
                     finally:
                         await watch.done()
                         if watch.fired:
                             await conn.close()  # its reply may still be outstanding
                 except psycopg.Error as exc:
+                    if self._resend_forgotten(exc, wire, attempt, deadline):
+                        await conn.close()
+                        continue
                     failure = self._failed([call] if covers is None else covers(), exc, wire,
                                            watch.fired)
                     if self._resend(call, failure, attempt, deadline):
                         continue
                     raise failure.error from exc
+                # A commit answered with a warning may not be on the synchronous standby.
+                replication.confirm(conn, [call] if covers is None else covers())
             return call.parse(rows)
         raise AssertionError("unreachable")
 
@@ -369,24 +401,31 @@ class AsyncPostgresLeaseStore(_StoreCore):
         if not calls:
             return []
         deadline = self._deadline(None)
-        async with self._source.checkout(deadline) as wire:
-            conn = wire.conn
-            watch = AsyncWatch(conn, deadline, self._bound)
-            try:
+        for attempt in range(2):
+            async with self._source.checkout(deadline) as wire:
+                conn = wire.conn
+                watch = AsyncWatch(conn, deadline, self._bound)
+                replication.watch(conn)
                 try:
-                    async with conn.pipeline():
-                        cursors = {i: await conn.execute(calls[i].statement.text,
-                                                         calls[i].params,
-                                                         prepare=self.settings.prepare)
-                                   for i in statements.lock_order(calls)}
-                    rows = {i: await cur.fetchall() for i, cur in cursors.items()}
-                finally:
-                    await watch.done()
-                    if watch.fired:
+                    try:
+                        async with conn.pipeline():
+                            cursors = {i: await conn.execute(calls[i].statement.text,
+                                                             calls[i].params,
+                                                             prepare=self.settings.prepare)
+                                       for i in statements.lock_order(calls)}
+                        rows = {i: await cur.fetchall() for i, cur in cursors.items()}
+                    finally:
+                        await watch.done()
+                        if watch.fired:
+                            await conn.close()
+                except psycopg.Error as exc:
+                    if self._resend_forgotten(exc, wire, attempt, deadline):  # see above
                         await conn.close()
-            except psycopg.Error as exc:
-                raise self._failed(calls, exc, wire, watch.fired).error from exc
-        return [call.parse(rows[i]) for i, call in enumerate(calls)]
+                        continue
+                    raise self._failed(calls, exc, wire, watch.fired).error from exc
+                replication.confirm(conn, calls)
+            return [call.parse(rows[i]) for i, call in enumerate(calls)]
+        raise AssertionError("unreachable")
 
     async def _settle(self, event_id: UUID, deadline: float) -> None:
         """As :meth:`PostgresLeaseStore._settle`."""
@@ -439,6 +478,8 @@ class AsyncPostgresLeaseStore(_StoreCore):
         await self._settle(event_id, deadline)
         committed = await self._run(
             statements.event_committed(event_id, schema=self._schema), deadline=deadline)
+        if committed and self.settings.require_synchronous_replication:
+            await self._run(replication.durability_barrier(), deadline=deadline)
         IN_DOUBT.forget(event_id)
         return committed
 

@@ -53,7 +53,6 @@ from tests.pg_support import with_params
 
 SCOPES = ("tool:run",)
 AUDIT = "mos_lease.connector_lease_audit_log"
-NOT_WIRED = "store hook not wired"
 # How late a bounded call may return: the watchdog's tick and the cancel's own round trip.
 SLACK = 1.0
 
@@ -127,7 +126,6 @@ def test_cancelled_sync_wait_reports_success_and_the_hook_makes_it_unknown(
             replication.confirm(conn, [replication.durability_barrier()])
 
 
-@pytest.mark.xfail(strict=True, reason=NOT_WIRED)
 def test_store_write_whose_sync_wait_is_cancelled_is_unknown(pair: ReplicatedPair) -> None:
     dsn = migrated(pair)
     identity = LeaseIdentity("t-cancel", "agent", "b")
@@ -195,7 +193,6 @@ def test_write_without_standby_ends_within_the_call_bound(pair: ReplicatedPair) 
     assert audited(pair.primary.dsn(_dbname(dsn)), entry.event_id)  # committed locally
 
 
-@pytest.mark.xfail(strict=True, reason=NOT_WIRED)
 def test_write_without_standby_is_unknown_and_never_reconciled_committed(
         pair: ReplicatedPair) -> None:
     dsn = migrated(pair)
