@@ -122,7 +122,8 @@ def running_before(since: datetime | None, *, schema: str) -> Call[tuple[datetim
 def record(entry: AuditEntry, offset: Any, *, schema: str) -> Call[int]:
     """``statements.record``, reading how many rows it inserted."""
     plain = statements.record(entry, offset, schema=schema)
-    return Call(plain.what, plain.statement, plain.params, _count, plain.kind)
+    return Call(plain.what, plain.statement, plain.params, _count, plain.kind,
+                plain.event_id, plain.identity)
 
 
 def record_matches(call: Call[int], *, schema: str) -> Call[bool]:

@@ -375,7 +375,7 @@ def lock_order(calls: Sequence[Call[Any]]) -> list[int]:
 def record(entry: AuditEntry, offset: timedelta, *,
            schema: str = DEFAULT_SCHEMA) -> Call[None]:
     return Call("audit record", RECORD.at(schema), {"offset": offset, **_entry_params(entry)},
-                _nothing, Kind.IDEMPOTENT_WRITE)
+                _nothing, Kind.IDEMPOTENT_WRITE, entry.event_id, entry.identity)
 
 
 def event_committed(event_id: UUID, *, schema: str = DEFAULT_SCHEMA) -> Call[bool]:

@@ -32,7 +32,13 @@ from uuid import UUID
 import psycopg
 import psycopg_pool
 
-from mos_lease.errors import ConfigurationError, InvalidInput
+from mos_lease.errors import (
+    CommitOutcomeUnknown,
+    ConfigurationError,
+    InvalidInput,
+    MosLeaseError,
+    StoreUnavailable,
+)
 from mos_lease.identity import LeaseIdentity, check_id, check_identity
 from mos_lease.machine import Write
 from mos_lease.records import AuditEntry, AuditRecord, LeaseRow, Snapshot, WriteOutcome
@@ -105,13 +111,15 @@ class _StoreCore:
         what = first.what if len(calls) == 1 else f"batch of {len(calls)} writes"
         if timed_out:
             what = f"{what} (no reply within the {self._bound:g} s call bound)"
+        # An idempotent write (an audit append) lost with its connection may have committed
+        # too: unless a resend settles it, its outcome is unknown, never "nothing changed".
         failure = statement_failure(
-            exc, what=what, write_event=first.event_id if first.kind is Kind.WRITE else None)
+            exc, what=what, write_event=first.event_id if first.kind is not Kind.READ else None)
         if failure.connection_lost:
             # The backend that ran these writes may still commit them: note it, so that
             # reconciling ends it first (reconcile.py).
             IN_DOUBT.note([call.event_id for call in calls
-                           if call.kind is Kind.WRITE and call.event_id is not None],
+                           if call.kind is not Kind.READ and call.event_id is not None],
                           Lost(wire.server, wire.backend_pid))
         return failure
 
@@ -199,29 +207,38 @@ class PostgresLeaseStore(_StoreCore):
         bound from now). ``covers`` names the writes a combined statement stands for, so
         that a lost connection leaves each of them in doubt, not only the first."""
         deadline = self._deadline(deadline)
+        lost: MosLeaseError | None = None  # a resent call's first failure
         for attempt in range(2):
-            with self._source.checkout(deadline) as wire:
-                conn = wire.conn
-                watch = WATCHDOG.arm(conn, deadline, self._bound)
-                replication.watch(conn)
-                try:
+            try:
+                with self._source.checkout(deadline) as wire:
+                    conn = wire.conn
+                    watch = WATCHDOG.arm(conn, deadline, self._bound)
+                    replication.watch(conn)
                     try:
-                        rows = wire.execute(call.statement.text, call.params)
-                    finally:
-                        WATCHDOG.disarm(watch)
-                        if watch.fired:
-                            conn.close()  # its reply may still be outstanding: never reuse
-                except psycopg.Error as exc:
-                    if self._resend_forgotten(exc, wire, attempt, deadline):
-                        conn.close()
-                        continue
-                    failure = self._failed([call] if covers is None else covers(), exc, wire,
-                                           watch.fired)
-                    if self._resend(call, failure, attempt, deadline):
-                        continue
-                    raise failure.error from exc
-                # A commit answered with a warning may not be on the synchronous standby.
-                replication.confirm(conn, [call] if covers is None else covers())
+                        try:
+                            rows = wire.execute(call.statement.text, call.params)
+                        finally:
+                            WATCHDOG.disarm(watch)
+                            if watch.fired:
+                                conn.close()  # its reply may still be outstanding: never reuse
+                    except psycopg.Error as exc:
+                        if self._resend_forgotten(exc, wire, attempt, deadline):
+                            conn.close()
+                            continue
+                        failure = self._failed([call] if covers is None else covers(), exc, wire,
+                                               watch.fired)
+                        if self._resend(call, failure, attempt, deadline):
+                            lost = failure.error
+                            continue
+                        raise failure.error from exc
+                    # A commit answered with a warning may not be on the synchronous standby.
+                    replication.confirm(conn, [call] if covers is None else covers())
+            except StoreUnavailable as down:
+                # The resend of an audit append failed too: the first attempt may
+                # have committed, so the outcome is unknown, not "nothing changed".
+                if isinstance(lost, CommitOutcomeUnknown):
+                    raise lost from down
+                raise
             return call.parse(rows)
         raise AssertionError("unreachable")
 
@@ -371,29 +388,38 @@ class AsyncPostgresLeaseStore(_StoreCore):
                    deadline: float | None = None) -> T:
         """Send one statement, as :meth:`PostgresLeaseStore._run`."""
         deadline = self._deadline(deadline)
+        lost: MosLeaseError | None = None  # a resent call's first failure
         for attempt in range(2):
-            async with self._source.checkout(deadline) as wire:
-                conn = wire.conn
-                watch = AsyncWatch(conn, deadline, self._bound)
-                replication.watch(conn)
-                try:
+            try:
+                async with self._source.checkout(deadline) as wire:
+                    conn = wire.conn
+                    watch = AsyncWatch(conn, deadline, self._bound)
+                    replication.watch(conn)
                     try:
-                        rows = await wire.execute(call.statement.text, call.params)
-                    finally:
-                        await watch.done()
-                        if watch.fired:
-                            await conn.close()  # its reply may still be outstanding
-                except psycopg.Error as exc:
-                    if self._resend_forgotten(exc, wire, attempt, deadline):
-                        await conn.close()
-                        continue
-                    failure = self._failed([call] if covers is None else covers(), exc, wire,
-                                           watch.fired)
-                    if self._resend(call, failure, attempt, deadline):
-                        continue
-                    raise failure.error from exc
-                # A commit answered with a warning may not be on the synchronous standby.
-                replication.confirm(conn, [call] if covers is None else covers())
+                        try:
+                            rows = await wire.execute(call.statement.text, call.params)
+                        finally:
+                            await watch.done()
+                            if watch.fired:
+                                await conn.close()  # its reply may still be outstanding
+                    except psycopg.Error as exc:
+                        if self._resend_forgotten(exc, wire, attempt, deadline):
+                            await conn.close()
+                            continue
+                        failure = self._failed([call] if covers is None else covers(), exc, wire,
+                                               watch.fired)
+                        if self._resend(call, failure, attempt, deadline):
+                            lost = failure.error
+                            continue
+                        raise failure.error from exc
+                    # A commit answered with a warning may not be on the synchronous standby.
+                    replication.confirm(conn, [call] if covers is None else covers())
+            except StoreUnavailable as down:
+                # The resend of an audit append failed too: the first attempt may
+                # have committed, so the outcome is unknown, not "nothing changed".
+                if isinstance(lost, CommitOutcomeUnknown):
+                    raise lost from down
+                raise
             return call.parse(rows)
         raise AssertionError("unreachable")
 

@@ -259,3 +259,26 @@ def test_a_lost_batch_is_reconciled_lease_by_lease(lose: str, proxy: FaultProxy,
     assert caplog.text.count(f"committed={lose == 'reply'}") == len(identities)
     for identity in identities:
         assert _audit(observer, identity).count(("heartbeat", "renewed", 1)) == 1
+
+
+def test_an_audit_append_lost_after_its_commit_is_unknown_when_it_cannot_be_resent(
+        proxy: FaultProxy, pg_stores: StoreFactory, pg_tenant: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # A denial's audit row commits, its reply is lost, and the one resend cannot connect:
+    # the row exists, so "nothing changed" (StoreUnavailable) would be false.
+    identity = LeaseIdentity(pg_tenant, "agent", "b1")
+    direct = pg_stores()
+    holder = ConnectorLeaseCoordinator(direct, AllowAllPolicy())
+    assert holder.acquire(identity, "c1", scopes=["tool:run"], ttl=30).ok
+    store = pg_stores(proxy.dsn, settings=UNPREPARED)
+    rival = ConnectorLeaseCoordinator(store, AllowAllPolicy())
+    assert rival.acquire(identity, "c2", scopes=["tool:run"], ttl=30).reason is Reason.LEASE_HELD
+    # Reconnecting from now on finds nothing listening.
+    monkeypatch.setattr(store._source, "_conninfo",
+                        "host=127.0.0.1 port=1 user=postgres dbname=postgres")
+    proxy.cut_reply_to(b"ON CONFLICT (event_id) DO NOTHING")
+    with pytest.raises(CommitOutcomeUnknown) as unknown:
+        rival.acquire(identity, "c2", scopes=["tool:run"], ttl=30)
+    assert holder.reconcile(identity, unknown.value.event_id) is True
+    denials = [row for row in _audit(direct, identity) if row[0] == "acquire"]
+    assert denials.count(("acquire", "denied", None)) == 2, denials

@@ -1,4 +1,4 @@
-"""Every store call returns or raises within its client-side bound (issue 10, hole 5a).
+"""Every store call returns or raises within its client-side bound.
 
 Through a proxy that goes silent (nothing forwarded, nothing closed: the kernel keeps
 acknowledging, so neither TCP nor the server notices), that delays the server's replies, or
@@ -70,7 +70,8 @@ def _writes(lease: LeaseHandle) -> dict[str, tuple[Write, AuditEntry]]:
 
 OPERATIONS = ["load", "leases", "audit", "now", "event_committed", "record", "acquire",
               "heartbeat", "release", "takeover", "apply_many"]
-WRITES = {"acquire", "heartbeat", "release", "takeover", "apply_many"}
+# An audit record is a write too: cut off, it may have committed.
+WRITES = {"acquire", "heartbeat", "release", "takeover", "apply_many", "record"}
 
 
 def _call(store: PostgresLeaseStore | AsyncPostgresLeaseStore, lease: LeaseHandle,

@@ -187,19 +187,10 @@ def test_takeover_storm_survives_failovers(pair: ReplicatedPair, tmp_path: Path,
     assert len(promoted) >= MIN_ROUNDS, f"only {len(promoted)} failovers fitted the run"
     assert not lost, [str(r) for r in lost[:5]]
     assert not reissued, reissued
-    # Known and out of this test's reach (the store's resend of an audit append): an append
-    # (a refusal's row, or a grant issue's) whose connection was lost after its commit, the
-    # primary dying, and whose one resend could not connect is reported StoreUnavailable
-    # ("nothing changed"), yet its row is there. No grant was handed out and no lease is lost
-    # or reissued; counted and shown, and everything else must be clean.
-    appends = [v for v in violations if v.kind is Kind.AUDIT_DUPLICATE
-               and v.detail.endswith("=error")
-               and ("/denied/" in v.detail or "grant_issue/grant_issued/" in v.detail)]
-    with capsys.disabled():
-        print(f"audit appends reported StoreUnavailable but committed: {len(appends)} "
-              f"{[str(v) for v in appends[:3]]}")
-    others = [v for v in violations if v not in appends]
-    assert not others, [str(v) for v in others[:10]]
+    # An audit append (a refusal's row, a grant issue's) lost with the primary after its
+    # commit, whose one resend could not connect, is reported CommitOutcomeUnknown: the
+    # checker accepts either outcome for it, and nothing else may be off.
+    assert not violations, [str(v) for v in violations[:10]]
     for op in (Op.TAKEOVER, Op.HEARTBEAT, Op.RELEASE, Op.ISSUE_GRANT):
         assert any(r.op is op for r in acknowledged), f"no acknowledged {op} was checked"
     # Every round's new primary served the gateways (they reconnected by themselves).
