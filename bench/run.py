@@ -34,6 +34,7 @@ import psycopg
 import purecore
 import scale
 import single
+import telemetry
 from common import BenchError, CorrectnessError, server, store_connection, throwaway_database
 from measure import Series, throughput_ratio
 from pinning import pin
@@ -128,6 +129,10 @@ def measure_all(srv: PgServer, mode: Mode, args: argparse.Namespace,
                 one = single.run(store, conn, tenant, mode.single, progress)
                 progress("pure core")
                 core = purecore.run(decisions=mode.core_decisions, repeats=mode.core_repeats)
+                progress("telemetry: validate with and without the hook check (memory store)")
+                hooked = telemetry.run(rounds=20 if mode is QUICK else 60,
+                                       per_round=2000 if mode is QUICK else 5000,
+                                       warmup=500 if mode is QUICK else 5000)
                 with throwaway_database(srv, "mos_lease_bench_scale", migrated=False) as sdsn:
                     scaled = scale.run(sdsn, small=mode.scale_small, large=mode.scale_large,
                                        rounds=mode.scale_rounds,
@@ -142,6 +147,7 @@ def measure_all(srv: PgServer, mode: Mode, args: argparse.Namespace,
     memory = grant_memory.run(small=mode.memory_small, large=mode.memory_large)
     _single_figures(report, one)
     _other_figures(report, raced, scaled, core, memory)
+    _telemetry_figures(report, hooked)
     report.environment.append(f"load average at end {os.getloadavg()[0]:.2f}")
     return report
 
@@ -225,6 +231,16 @@ def _other_figures(report: Report, raced: contention.ContentionResult,
         f"memory: RSS {memory.rss_small_mib:.1f} MiB after {memory.small:,} grants minted and "
         f"expired, {memory.rss_large_mib:.1f} MiB after {memory.large:,} "
         f"(growth {memory.growth_mib:+.2f} MiB); live grants left: {memory.live_after}")
+
+
+def _telemetry_figures(report: Report, hooked: telemetry.TelemetryResult) -> None:
+    report.figures["telemetry_overhead_validate"] = hooked.ratio
+    s = hooked.series
+    report.series("telemetry", "validate, check, no hook", s[telemetry.NONE_ATTACHED],
+                  "ops/s", _ratio_text(hooked.ratio, "no check"))
+    report.series("telemetry", "validate, no check (floor)", s[telemetry.NO_HOOK_PATH], "ops/s")
+    report.series("telemetry", "validate, no-op hook", s[telemetry.ATTACHED],
+                  "ops/s", _ratio_text(hooked.attached_ratio, "no check"))
 
 
 def _num(value: float, digits: int = 0) -> str:

@@ -23,6 +23,7 @@ JSON_KEYS = (
     "scale_p50_1m_vs_1k",
     "core_decisions_per_s",
     "grant_registry_rss_growth_mib",
+    "telemetry_overhead_validate",
 )
 
 
@@ -59,6 +60,7 @@ TARGETS = (
     Target("scale_p50_1m_vs_1k", "<=", 1.3),
     Target("core_decisions_per_s", ">=", 300_000),
     Target("grant_registry_rss_growth_mib", "<", 10.0),
+    Target("telemetry_overhead_validate", ">=", 0.97),
     # Wire shapes (from the libpq trace): 1 = as required.
     Target("validate_round_trips", "<=", 1),
     Target("validate_parses", "<=", 0),

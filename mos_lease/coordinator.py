@@ -28,6 +28,14 @@ from mos_lease.errors import (
     MosLeaseError,
     StoreUnavailable,
 )
+from mos_lease.events import (
+    Emitter,
+    EventHook,
+    OperationFinished,
+    StoreCall,
+    emitter,
+    store_system,
+)
 from mos_lease.grants import ExecutionGrant, GrantRegistry
 from mos_lease.identity import (
     GRANT_TTL_CAP,
@@ -513,7 +521,8 @@ class _Flows:
                  connector_id, reason)
         try:
             yield Record(entry)
-        except StoreUnavailable:
+        except (StoreUnavailable, CommitOutcomeUnknown):
+            # The refusal stands whether or not its audit row made it.
             log.warning("mos_lease: could not audit denied validation %s", entry.event_id)
         return ValidationResult(reason)
 
@@ -561,6 +570,59 @@ async def _acall(store: AsyncLeaseStore, op: Op) -> object:
     return await store.event_committed(op.event_id)
 
 
+_OP_NAMES: Final[dict[type, str]] = {Load: "load", Apply: "apply", ApplyMany: "apply_many",
+                                      Record: "record", Committed: "event_committed"}
+
+
+class _Observation:
+    """The telemetry of one operation, for whichever driver runs it with a hook attached.
+
+    Which lifecycle attempts an operation made, and how each ended, is read from the audit
+    entries its flow hands the store: an attempt's entries share its event id, and the last
+    one handed over is the one that stood (a write that lost a race is followed by the
+    retry's write or by the refusal). The flows themselves stay untouched, so an operation
+    without a hook runs exactly the code it ran before.
+    """
+
+    __slots__ = ("_began", "_clock", "_emit", "_entries", "_system")
+
+    def __init__(self, emit: Emitter, clock: MonotonicClock, system: str) -> None:
+        self._emit = emit
+        self._clock = clock
+        self._system = system
+        self._entries: dict[UUID, AuditEntry] = {}
+        self._began = clock()
+
+    def start(self, op: Op) -> tuple[int, float]:
+        """Note ``op``'s audit entries; return the wall and monotonic times it starts at."""
+        if isinstance(op, Apply | Record):
+            self._entries[op.entry.event_id] = op.entry
+        elif isinstance(op, ApplyMany):
+            for _write, entry in op.items:
+                self._entries[entry.event_id] = entry
+        return time.time_ns(), self._clock()
+
+    def called(self, op: Op, started: tuple[int, float], error: BaseException | None) -> None:
+        wall, began = started
+        self._emit(StoreCall(_OP_NAMES[type(op)], self._system, wall, self._clock() - began,
+                             None if error is None else type(error).__name__,
+                             len(op.items) if isinstance(op, ApplyMany) else 1))
+
+    def finish(self, result: object) -> None:
+        duration = self._clock() - self._began
+        for entry in self._entries.values():
+            self._emit(OperationFinished.of(entry, duration))
+        if isinstance(result, ValidationResult) and result.context is not None:
+            # A successful validation writes no audit row, but it is the hottest operation
+            # and its latency is what a dashboard most wants.
+            ctx = result.context
+            identity = ctx.identity
+            self._emit(OperationFinished(
+                LifecycleEvent.GRANT_VALIDATE, identity.tenant_id, identity.logical_agent_id,
+                identity.binding_id, ctx.connector_id, ctx.epoch, Outcome.VALIDATED, None,
+                duration, ctx.correlation_id))
+
+
 class _Coordinator(Generic[S]):
     """What both coordinators share: the flows, the options and the process they live in."""
 
@@ -574,12 +636,19 @@ class _Coordinator(Generic[S]):
         id_source: IdSource = uuid.uuid4,
         max_conflict_retries: int = DEFAULT_MAX_CONFLICT_RETRIES,
         monotonic_clock: MonotonicClock = default_clock,
+        on_event: EventHook | None = None,
     ) -> None:
         self.store = store
+        self._emit = emitter(on_event)
         self._flows = _Flows(policy, lease_ttl_cap=lease_ttl_cap, grant_ttl_cap=grant_ttl_cap,
                              id_source=id_source, max_conflict_retries=max_conflict_retries,
                              monotonic_clock=monotonic_clock)
+        self._system = store_system(store)
         self._pid = os.getpid()
+
+    def _observation(self) -> _Observation:
+        assert self._emit is not None
+        return _Observation(self._emit, self._flows._monotonic, self._system)
 
     @property
     def live_grants(self) -> int:
@@ -589,7 +658,11 @@ class _Coordinator(Generic[S]):
     def _foreign_process(self) -> bool:
         # Registries are wiped in a forked child; this also covers a coordinator object
         # that reached another process by any other route.
-        return os.getpid() != self._pid
+        if os.getpid() == self._pid:
+            return False
+        log.info("mos_lease: validation denied: coordinator used in another process than "
+                 "the one that built it (reason=%s)", Reason.GRANT_UNKNOWN)
+        return True
 
 
 class ConnectorLeaseCoordinator(_Coordinator[LeaseStore]):
@@ -597,7 +670,9 @@ class ConnectorLeaseCoordinator(_Coordinator[LeaseStore]):
 
     ``store`` defaults to a fresh in-memory store; ``policy`` defaults to deny-all. The TTL
     caps (5 minutes for leases, 30 seconds for grants) may only be lowered. Other keyword
-    options are those of :class:`AsyncConnectorLeaseCoordinator`.
+    options are those of :class:`AsyncConnectorLeaseCoordinator`. ``on_event`` (default
+    ``None``) is called with a :mod:`mos_lease.events` event for every store call and every
+    finished lifecycle attempt or validation (``docs/telemetry.md``).
     """
 
     def __init__(self, store: LeaseStore | None = None,
@@ -609,6 +684,8 @@ class ConnectorLeaseCoordinator(_Coordinator[LeaseStore]):
         super().__init__(store, policy, **options)
 
     def _run(self, flow: Flow[T]) -> T:
+        if self._emit is not None:  # the one check telemetry costs when nothing listens
+            return self._run_observed(flow)
         try:
             op = next(flow)
             while True:
@@ -619,6 +696,26 @@ class ConnectorLeaseCoordinator(_Coordinator[LeaseStore]):
                 else:
                     op = flow.send(result)
         except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+
+    def _run_observed(self, flow: Flow[T]) -> T:
+        seen = self._observation()
+        try:
+            op = next(flow)
+            while True:
+                started = seen.start(op)
+                try:
+                    result = _call(self.store, op)
+                except BaseException as failure:
+                    seen.called(op, started, failure)
+                    if not isinstance(failure, MosLeaseError):
+                        raise
+                    op = flow.throw(failure)
+                else:
+                    seen.called(op, started, None)
+                    op = flow.send(result)
+        except StopIteration as done:
+            seen.finish(done.value)
             return done.value  # type: ignore[no-any-return]
 
     def acquire(self, identity: LeaseIdentity, connector_id: str, *, scopes: object,
@@ -696,6 +793,8 @@ class AsyncConnectorLeaseCoordinator(_Coordinator[AsyncLeaseStore]):
         super().__init__(store, policy, **options)
 
     async def _run(self, flow: Flow[T]) -> T:
+        if self._emit is not None:  # as in the synchronous driver
+            return await self._run_observed(flow)
         try:
             op = next(flow)
             while True:
@@ -706,6 +805,26 @@ class AsyncConnectorLeaseCoordinator(_Coordinator[AsyncLeaseStore]):
                 else:
                     op = flow.send(result)
         except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+
+    async def _run_observed(self, flow: Flow[T]) -> T:
+        seen = self._observation()
+        try:
+            op = next(flow)
+            while True:
+                started = seen.start(op)
+                try:
+                    result = await _acall(self.store, op)
+                except BaseException as failure:
+                    seen.called(op, started, failure)
+                    if not isinstance(failure, MosLeaseError):
+                        raise
+                    op = flow.throw(failure)
+                else:
+                    seen.called(op, started, None)
+                    op = flow.send(result)
+        except StopIteration as done:
+            seen.finish(done.value)
             return done.value  # type: ignore[no-any-return]
 
     async def acquire(self, identity: LeaseIdentity, connector_id: str, *, scopes: object,

@@ -50,6 +50,7 @@ from mos_lease.coordinator import (
     default_clock,
 )
 from mos_lease.errors import InvalidInput, MosLeaseError
+from mos_lease.events import EventHook
 from mos_lease.identity import (
     LEASE_TTL_CAP,
     LeaseIdentity,
@@ -480,10 +481,12 @@ class Holder(_HolderBase):
     def __init__(self, coordinator: ConnectorLeaseCoordinator, options: HoldOptions,
                  callbacks: _Callbacks, *, clock: Callable[[], float],
                  random: Callable[[], float], sleep: Callable[[float], object] | None,
-                 heartbeat_coordinator: ConnectorLeaseCoordinator | None) -> None:
+                 heartbeat_coordinator: ConnectorLeaseCoordinator | None,
+                 on_event: EventHook | None = None) -> None:
         super().__init__(options, callbacks, clock, random)
         self.coordinator = coordinator
         self._heartbeat_coordinator = heartbeat_coordinator
+        self._on_event = on_event
         self._sleep = sleep
         self._wakeup = threading.Event()
         self._closing = threading.Event()
@@ -532,13 +535,16 @@ class Holder(_HolderBase):
         keeper = LeaseKeeper(self.coordinator, ttl=timing.ttl, min_backoff=timing.min_backoff,
                              max_backoff=timing.max_backoff, on_lost=self._keeper_lost,
                              clock=self._clock, random=self._random,
-                             heartbeat_coordinator=self._heartbeat_coordinator)
+                             heartbeat_coordinator=self._heartbeat_coordinator,
+                             on_event=self._on_event)
         self._keeper = keeper
         keeper.adopt(lease, obtained_at=acquired.started)
         self._callbacks("on_started", lease)
         if self._callbacks.has("on_expiring"):
+            # Named by identity only: a thread name can reach log records, a lease UUID
+            # and scopes must not.
             self._watcher = threading.Thread(target=self._watch, daemon=True,
-                                             name=f"mos-lease-holder {lease}")
+                                             name=f"mos-lease-holder {lease.identity}")
             self._watcher.start()
         return self
 
@@ -602,10 +608,11 @@ class AsyncHolder(_HolderBase):
                  callbacks: _Callbacks, *, clock: Callable[[], float],
                  random: Callable[[], float], sleep: Callable[[float], Awaitable[object]] | None,
                  heartbeat_coordinator: AsyncConnectorLeaseCoordinator | None,
-                 cancel_on_loss: bool) -> None:
+                 cancel_on_loss: bool, on_event: EventHook | None = None) -> None:
         super().__init__(options, callbacks, clock, random)
         self.coordinator = coordinator
         self._heartbeat_coordinator = heartbeat_coordinator
+        self._on_event = on_event
         self._sleep = sleep
         self._cancel_on_loss = cancel_on_loss
         self._wakeup = asyncio.Event()
@@ -667,7 +674,8 @@ class AsyncHolder(_HolderBase):
                                   min_backoff=timing.min_backoff,
                                   max_backoff=timing.max_backoff, on_lost=self._keeper_lost,
                                   clock=self._clock, random=self._random,
-                                  heartbeat_coordinator=self._heartbeat_coordinator)
+                                  heartbeat_coordinator=self._heartbeat_coordinator,
+                                  on_event=self._on_event)
         self._keeper = keeper
         await keeper.adopt(lease, obtained_at=acquired.started)
         self._task = asyncio.current_task()
@@ -677,7 +685,7 @@ class AsyncHolder(_HolderBase):
         self._callbacks("on_started", lease)
         if self._callbacks.has("on_expiring"):
             self._watcher = asyncio.get_running_loop().create_task(
-                self._watch(), name=f"mos-lease-holder {lease}")
+                self._watch(), name=f"mos-lease-holder {lease.identity}")
         return self
 
     async def _watch(self) -> None:
@@ -765,7 +773,8 @@ def hold(coordinator: ConnectorLeaseCoordinator, identity: LeaseIdentity, connec
          min_backoff: float | None = ..., max_backoff: float | None = ...,
          heartbeat_coordinator: ConnectorLeaseCoordinator | None = ...,
          clock: Callable[[], float] = ..., random: Callable[[], float] = ...,
-         sleep: Callable[[float], object] | None = ...) -> Holder: ...
+         sleep: Callable[[float], object] | None = ...,
+         on_event: EventHook | None = ...) -> Holder: ...
 
 
 @overload
@@ -782,7 +791,8 @@ def hold(coordinator: AsyncConnectorLeaseCoordinator, identity: LeaseIdentity,
          min_backoff: float | None = ..., max_backoff: float | None = ...,
          heartbeat_coordinator: AsyncConnectorLeaseCoordinator | None = ...,
          clock: Callable[[], float] = ..., random: Callable[[], float] = ...,
-         sleep: Callable[[float], Awaitable[object]] | None = ...) -> AsyncHolder: ...
+         sleep: Callable[[float], Awaitable[object]] | None = ...,
+         on_event: EventHook | None = ...) -> AsyncHolder: ...
 
 
 def hold(coordinator: ConnectorLeaseCoordinator | AsyncConnectorLeaseCoordinator,
@@ -798,6 +808,7 @@ def hold(coordinator: ConnectorLeaseCoordinator | AsyncConnectorLeaseCoordinator
          min_backoff: float | None = None, max_backoff: float | None = None,
          heartbeat_coordinator: Any = None, clock: Callable[[], float] = default_clock,
          random: Callable[[], float] = _random.random, sleep: Any = None,
+         on_event: EventHook | None = None,
          ) -> Holder | AsyncHolder:
     """Hold ``identity``'s lease as ``connector_id`` for the length of a ``with`` block
     (``async with`` for an :class:`~mos_lease.AsyncConnectorLeaseCoordinator`).
@@ -830,6 +841,9 @@ def hold(coordinator: ConnectorLeaseCoordinator | AsyncConnectorLeaseCoordinator
       the ``async with`` then raises :class:`LeaseLost`.
     * ``heartbeat_coordinator``: renew through another coordinator (a connection of its
       own), as for the keepers.
+    * ``on_event``: the keeper's telemetry hook (``Renewed``, ``RenewalRetry``, ``Lost``;
+      see :mod:`mos_lease.events`); the coordinator's own operations report to the
+      coordinator's ``on_event``.
     * ``clock``, ``random``, ``sleep``: monotonic seconds, uniform draws in [0, 1) and the
       pause, injectable for tests. Without ``sleep`` a pause ends early on ``_notice``.
 
@@ -847,7 +861,8 @@ def hold(coordinator: ConnectorLeaseCoordinator | AsyncConnectorLeaseCoordinator
     callbacks = _Callbacks(on_started=on_started, on_stopped=on_stopped,
                            on_new_holder=on_new_holder, on_lost=on_lost,
                            on_expiring=on_expiring)
-    for name, value in (("clock", clock), ("random", random), ("sleep", sleep)):
+    for name, value in (("clock", clock), ("random", random), ("sleep", sleep),
+                        ("on_event", on_event)):
         _check_callable(name, value)
     if not isinstance(cancel_on_loss, bool):
         raise InvalidInput("cancel_on_loss", "must be a bool")
@@ -859,7 +874,8 @@ def hold(coordinator: ConnectorLeaseCoordinator | AsyncConnectorLeaseCoordinator
             raise InvalidInput("cancel_on_loss", "only an asyncio holder can cancel its "
                                "block; use lost_event, wait_lost() or on_lost")
         return Holder(coordinator, options, callbacks, clock=clock, random=random,
-                      sleep=sleep, heartbeat_coordinator=heartbeat_coordinator)
+                      sleep=sleep, heartbeat_coordinator=heartbeat_coordinator,
+                      on_event=on_event)
     if isinstance(coordinator, AsyncConnectorLeaseCoordinator):
         if heartbeat_coordinator is not None \
                 and not isinstance(heartbeat_coordinator, AsyncConnectorLeaseCoordinator):
@@ -867,6 +883,6 @@ def hold(coordinator: ConnectorLeaseCoordinator | AsyncConnectorLeaseCoordinator
                                "must be an AsyncConnectorLeaseCoordinator")
         return AsyncHolder(coordinator, options, callbacks, clock=clock, random=random,
                            sleep=sleep, heartbeat_coordinator=heartbeat_coordinator,
-                           cancel_on_loss=cancel_on_loss)
+                           cancel_on_loss=cancel_on_loss, on_event=on_event)
     raise InvalidInput("coordinator", "must be a ConnectorLeaseCoordinator or an "
                        f"AsyncConnectorLeaseCoordinator, not {type(coordinator).__name__}")

@@ -51,6 +51,8 @@ from mos_lease.errors import (
     InvalidInput,
     StoreUnavailable,
 )
+from mos_lease.events import Emitter, EventHook, RenewalRetry, Renewed, emitter
+from mos_lease.events import Lost as LostEvent
 from mos_lease.identity import LeaseIdentity, check_correlation_id
 from mos_lease.records import LeaseHandle
 from mos_lease.results import GrantResult, LeaseResult
@@ -236,6 +238,8 @@ def grant_loss(result: GrantResult, now: float) -> LeaseLoss | None:
 
 
 def local_refusal(loss: LeaseLoss, correlation_id: str) -> GrantResult:
+    log.info("mos_lease: grant refused locally: lease lost (%s, reason=%s)", loss.cause,
+             loss.reason)
     return GrantResult(Outcome.DENIED, loss.reason, correlation_id)
 
 
@@ -252,11 +256,13 @@ class _Core:
     """State, timing and loss reporting shared by both keepers (not thread-safe itself)."""
 
     def __init__(self, timing: KeeperTiming, clock: Callable[[], float],
-                 draw: Callable[[], float], on_lost: Callable[[LeaseLoss], object] | None) -> None:
+                 draw: Callable[[], float], on_lost: Callable[[LeaseLoss], object] | None,
+                 on_event: EventHook | None) -> None:
         self.timing = timing
         self.clock = clock
         self.draw = draw
         self.on_lost = on_lost
+        self.emit: Emitter | None = emitter(on_event)
         self.state: KeeperState | None = None
         self.began = False
 
@@ -294,12 +300,40 @@ class _Core:
             return new.loss
         return None
 
+    def renewed(self, new: KeeperState, finished: float, duration: float,
+                outcome: LeaseResult | BaseException) -> None:
+        """Report a heartbeat that neither lost the lease nor failed for good: a success
+        (DEBUG) or a transient failure to be retried (WARNING, with its cause)."""
+        if new.loss is not None:
+            return  # reported by ``report``
+        lease = new.lease
+        who = (lease.identity.tenant_id, lease.identity.logical_agent_id,
+               lease.identity.binding_id, lease.connector_id, lease.epoch)
+        if isinstance(outcome, LeaseResult):
+            log.debug("mos_lease: renewed %s connector=%s epoch=%d in %.3f s", lease.identity,
+                      lease.connector_id, lease.epoch, duration)
+            if self.emit is not None:
+                self.emit(Renewed(*who, duration))
+            return
+        delay = max(0.0, new.renew_at - finished)
+        log.warning("mos_lease: renewal of %s connector=%s epoch=%d failed (attempt %d): "
+                    "%s; retrying in %.3f s, %.3f s before the local deadline",
+                    lease.identity, lease.connector_id, lease.epoch, new.failures,
+                    new.last_error, delay, new.deadline - finished)
+        if self.emit is not None:
+            self.emit(RenewalRetry(*who, type(outcome).__name__, new.failures, delay))
+
     def report(self, loss: LeaseLoss) -> None:
         level = logging.INFO if loss.cause is LossCause.STOPPED else logging.WARNING
         state = self.state
         log.log(level, "mos_lease: lease %s lost: %s (%s)%s",
                 None if state is None else state.lease.identity, loss.cause, loss.reason,
                 f" last error: {loss.error}" if loss.error else "")
+        if self.emit is not None and state is not None:
+            lease = state.lease
+            self.emit(LostEvent(lease.identity.tenant_id, lease.identity.logical_agent_id,
+                                lease.identity.binding_id, lease.connector_id, lease.epoch,
+                                str(loss.cause), loss.reason))
         if self.on_lost is not None:
             try:
                 self.on_lost(loss)
@@ -354,7 +388,9 @@ class LeaseKeeper:
     Each heartbeat runs on its own short-lived daemon thread, so a store call that hangs
     (a half-open TCP connection) cannot delay the loss past the deadline; such a call is
     abandoned, and the coordinator's store must tolerate a call still running on it.
-    ``on_lost`` is called once, from whichever thread noticed the loss.
+    ``on_lost`` is called once, from whichever thread noticed the loss. ``on_event``
+    receives :class:`~mos_lease.events.Renewed`, :class:`~mos_lease.events.RenewalRetry`
+    and :class:`~mos_lease.events.Lost` events (the coordinator has a hook of its own).
 
     ``heartbeat_coordinator`` (default: ``coordinator``) is the coordinator heartbeats go
     through. Give it one on a store (a connection) of its own, with the same policy, so a
@@ -371,7 +407,8 @@ class LeaseKeeper:
                  sleep: Callable[[float], object] | None = None,
                  random: Callable[[], float] = _random.random,
                  background: bool = True,
-                 heartbeat_coordinator: ConnectorLeaseCoordinator | None = None) -> None:
+                 heartbeat_coordinator: ConnectorLeaseCoordinator | None = None,
+                 on_event: EventHook | None = None) -> None:
         self.coordinator = coordinator
         self.heartbeat_coordinator = _renewer(coordinator, heartbeat_coordinator,
                                               ConnectorLeaseCoordinator)
@@ -379,7 +416,7 @@ class LeaseKeeper:
                                safety_margin=safety_margin, min_backoff=min_backoff,
                                max_backoff=max_backoff)
         self.ttl = timing.ttl
-        self._core = _Core(timing, clock, random, on_lost)
+        self._core = _Core(timing, clock, random, on_lost, on_event)
         self._lock = threading.RLock()
         self._wakeup = threading.Event()
         self._sleep = sleep if sleep is not None else self._interruptible_sleep
@@ -445,8 +482,11 @@ class LeaseKeeper:
                 return result
             self._core.began = True
         if self._background:
-            self._thread = threading.Thread(target=self._run, daemon=True,
-                                            name=f"mos-lease-keeper {result.lease}")
+            # Named by identity only: a thread name reaches log records, and a handle's
+            # repr carries the lease UUID and the scopes.
+            self._thread = threading.Thread(
+                target=self._run, daemon=True,
+                name=f"mos-lease-keeper {self._core.require_state().lease.identity}")
             self._thread.start()
         return result
 
@@ -478,8 +518,9 @@ class LeaseKeeper:
             outcome = error
         finished = self._core.clock()
         draw = self._core.draw()
-        self._update(lambda current: after_renewal(current, self._core.timing, started,
-                                                   finished, outcome, draw))
+        new = self._update(lambda current: after_renewal(current, self._core.timing, started,
+                                                         finished, outcome, draw))
+        self._core.renewed(new, finished, finished - started, outcome)
         return action
 
     @staticmethod
@@ -629,7 +670,8 @@ class AsyncLeaseKeeper:
                  sleep: Callable[[float], Awaitable[object]] | None = None,
                  random: Callable[[], float] = _random.random,
                  background: bool = True,
-                 heartbeat_coordinator: AsyncConnectorLeaseCoordinator | None = None) -> None:
+                 heartbeat_coordinator: AsyncConnectorLeaseCoordinator | None = None,
+                 on_event: EventHook | None = None) -> None:
         self.coordinator = coordinator
         self.heartbeat_coordinator = _renewer(coordinator, heartbeat_coordinator,
                                               AsyncConnectorLeaseCoordinator)
@@ -637,7 +679,7 @@ class AsyncLeaseKeeper:
                                safety_margin=safety_margin, min_backoff=min_backoff,
                                max_backoff=max_backoff)
         self.ttl = timing.ttl
-        self._core = _Core(timing, clock, random, on_lost)
+        self._core = _Core(timing, clock, random, on_lost, on_event)
         self._sleep = sleep if sleep is not None else asyncio.sleep
         self._background = background
         self._task: asyncio.Task[None] | None = None
@@ -699,7 +741,8 @@ class AsyncLeaseKeeper:
             self._core.began = True
             if self._background:
                 self._task = asyncio.get_running_loop().create_task(
-                    self._run(), name=f"mos-lease-keeper {result.lease}")
+                    self._run(),
+                    name=f"mos-lease-keeper {self._core.require_state().lease.identity}")
         return result
 
     async def step(self) -> Action:
@@ -736,8 +779,10 @@ class AsyncLeaseKeeper:
         except Exception as error:
             outcome = error
         finished = self._core.clock()
-        self._record(after_renewal(self._core.require_state(), self._core.timing, started,
-                                   finished, outcome, self._core.draw()))
+        new = after_renewal(self._core.require_state(), self._core.timing, started,
+                            finished, outcome, self._core.draw())
+        self._record(new)
+        self._core.renewed(new, finished, finished - started, outcome)
         return action
 
     def _abandon(self, call: asyncio.Future[LeaseResult]) -> None:
