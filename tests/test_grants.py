@@ -423,7 +423,7 @@ def test_the_registry_survives_threads_sharing_one_coordinator() -> None:
     assert coordinator.live_grants == 1
 
 
-# --- look-alike field types and hostile field values (hole 7) --------------------------------
+# --- look-alike field types and hostile field values ---------------------------------------
 
 
 class _Str(str):

@@ -71,7 +71,7 @@ def test_correct_model_verifies_exhaustively() -> None:
         ("blind_retry", "ev_committed"),
         # No refusal at the maximum epoch: the epoch wraps and goes backwards.
         ("epoch_wrap", "hi_epoch"),
-        # The clock read before the row lock (guarded_write.sql before issue 10): a heartbeat
+        # The clock read before the row lock (guarded_write.sql's old order): a heartbeat
         # that waited for the lock renews a lease another gateway had already seen expire
         # (A5). The correct model, run above, reads the clock after the lock and passes.
         ("clock_before_lock", "exp_seen"),

@@ -1,8 +1,8 @@
-"""The effect boundary checks everything gateway validation checks (issue 10, hole 3).
+"""The effect boundary checks everything gateway validation checks.
 
 A fenced effect (``mos_lease_pg.effects``) and the PostgreSQL resource guard
 (``mos_lease_pg.fencing``) judge the fence's own expiry, the effect's scopes and the
-identity by the database clock read after they hold the row: the repros of hole 3, each
+identity by the database clock read after they hold the row: the repros, each
 refusal reason of the effect helper (sync and async), and the guard's default expiry.
 """
 

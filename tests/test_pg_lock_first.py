@@ -1,7 +1,7 @@
 """Time is read after the lock: a write that waited for the lease row is judged by a clock
 read once it holds the row, never by one read before the wait.
 
-The repro of issue 10, hole 1, on the real clock: a lease with a 2 s TTL; a second session
+The expired-lease renewal, reproduced on the real clock: a lease with a 2 s TTL; a second session
 holds the row (``FOR SHARE``, as a fenced effect transaction does); the holder's write is sent
 at ~0.6 s and blocks; after the expiry another gateway observes the lease expired (its
 acquire is refused ``takeover_required``); then the blocker commits. Judged by the time it

@@ -1,4 +1,4 @@
-"""Reconciliation is truthful (issue 10, hole 2).
+"""Reconciliation is truthful.
 
 A write whose connection is lost while it waits behind a lock on the audit table has not
 reached its row yet. If reconcile looks for its audit event before that session is over,

@@ -141,7 +141,7 @@ def _tables_in(conn: psycopg.Connection[Any], schema: str) -> list[str]:
 @pytest.mark.pg
 def test_migrate_as_postgres_builds_nothing_in_public(pg_dsn: str,
                                                       pg_admin: psycopg.Connection[Any]) -> None:
-    # The repro of hole 6: postgres's search_path is "$user", public.
+    # Found only through search_path: postgres's search_path is "$user", public.
     assert migrate(pg_dsn) == []
     assert migrate(in_schema(pg_dsn, "public")) == []
     assert [t for t in _tables_in(pg_admin, "public") if t in LIBRARY_TABLES] == []

@@ -42,7 +42,7 @@
  *   -DBUG_EPOCH_WRAP       takeover omits the `row.epoch < MAX_EPOCH` refusal and guard;
  *                          the epoch counter wraps like a fixed-width integer
  *   -DBUG_CLOCK_BEFORE_LOCK a write reads the clock before it waits for the row lock (the
- *                          order guarded_write.sql had before issue 10)
+ *                          order guarded_write.sql had before the lock came first)
  */
 
 /* ---- coverage ------------------------------------------------------------------------

@@ -301,9 +301,10 @@ def test_records_round_trip_and_unfinished_calls_become_unknown() -> None:
 
 
 def seen_expired_history(renewed: bool) -> tuple[list[OpRecord], list[AuditRow]]:
-    """Hole 1 of issue 10: c1's heartbeat is sent at 0.6 s and waits for the row lock; at
-    2.1 s another gateway's grant issue on the same lease is refused ``lease_expired``; the
-    heartbeat then commits (``renewed=True``, the planted violation) or is refused."""
+    """A renewal judged by a clock read before its lock wait: c1's heartbeat is sent at
+    0.6 s and waits for the row lock; at 2.1 s another gateway's grant issue on the same
+    lease is refused ``lease_expired``; the heartbeat then commits (``renewed=True``, the
+    planted violation) or is refused."""
     acquire = op(Op.ACQUIRE, Status.OK, 0, 0.1, epoch=1, lease=L1, expires=2)
     observer = op(Op.ISSUE_GRANT, Status.DENIED, 2.1, 2.2, epoch=1, reason="lease_expired",
                   conn="c1")

@@ -11,10 +11,11 @@ vocabulary), the resource epochs (lowering, identity, DELETE, an upsert that low
 settings row, and the schema itself (ALTER TABLE, DISABLE / DROP TRIGGER, CREATE OR REPLACE
 FUNCTION of the checking function, COPY FROM, TRUNCATE, SET ROLE to the owner,
 session_replication_role, creating tables, functions, triggers and rules, granting oneself
-more). None may succeed, and every table must read the same before and after. The repro of
-hole 4 closes the run: a stale token (epoch 1) is presented to the resource guard and must
-be refused. Positive control: the same connection's legal writes (a heartbeat through the
-library, raising the resource mark) succeed, which shows a success would be seen.
+more). None may succeed, and every table must read the same before and after. The
+rewritten resource mark's repro closes the run: a stale token (epoch 1) is presented to the
+resource guard and must be refused. Positive control: the same connection's legal writes
+(a heartbeat through the library, raising the resource mark) succeed, which shows a success
+would be seen.
 """
 
 from __future__ import annotations
@@ -105,7 +106,7 @@ ATTACKS: list[tuple[str, str]] = [
      " connector_id, epoch, correlation_id, recorded_at) VALUES (gen_random_uuid(), 'acquire',"
      " 'acquired', 'lease_held', 'abuse', 'a', 'active', 'c', 1, 'x', now())"),
     # --- resource high-water marks ------------------------------------------------------------
-    ("resource mark lowered (hole 4's repro)",
+    ("resource mark lowered (a stale token admitted)",
      "UPDATE connector_resource_epochs SET highest_epoch = 1"),
     ("resource mark lowered by an upsert", "INSERT INTO connector_resource_epochs VALUES"
      " ('res', 'abuse', 'a', 'active', 1, now()) ON CONFLICT (resource_id) DO UPDATE"
