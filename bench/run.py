@@ -30,6 +30,7 @@ import _path  # noqa: F401  (the repository's own mos_lease, before anything imp
 import attrs
 import contention
 import grant_memory
+import notices
 import psycopg
 import purecore
 import scale
@@ -59,15 +60,17 @@ class Mode:
     core_repeats: int
     memory_small: int
     memory_large: int
+    notice_trials: int
 
 
 FULL = Mode("full", single.FULL, contention_rounds=800, contention_blocks=8,
             scale_small=1_000, scale_large=1_000_000, scale_rounds=20, scale_per_round=1000,
             core_decisions=200_000, core_repeats=7, memory_small=10_000,
-            memory_large=1_000_000)
+            memory_large=1_000_000, notice_trials=20)
 QUICK = Mode("quick", single.QUICK, contention_rounds=40, contention_blocks=4,
              scale_small=1_000, scale_large=20_000, scale_rounds=4, scale_per_round=200,
-             core_decisions=20_000, core_repeats=3, memory_small=1_000, memory_large=20_000)
+             core_decisions=20_000, core_repeats=3, memory_small=1_000, memory_large=20_000,
+             notice_trials=5)
 
 
 @attrs.frozen
@@ -143,11 +146,14 @@ def measure_all(srv: PgServer, mode: Mode, args: argparse.Namespace,
         progress(f"contention: {contention.PROCESSES} processes racing takeover (unpinned)")
         raced = contention.run(dsn, tenant, rounds=mode.contention_rounds,
                                blocks=mode.contention_blocks)
+        progress(f"notices: takeover to on_lost, {mode.notice_trials} trials with and without")
+        pushed = notices.run(dsn, tenant, trials=mode.notice_trials)
     progress(f"grant registry memory ({mode.memory_large:,} grants, fresh interpreter)")
     memory = grant_memory.run(small=mode.memory_small, large=mode.memory_large)
     _single_figures(report, one)
     _other_figures(report, raced, scaled, core, memory)
     _telemetry_figures(report, hooked)
+    _notice_figures(report, pushed)
     report.environment.append(f"load average at end {os.getloadavg()[0]:.2f}")
     return report
 
@@ -241,6 +247,17 @@ def _telemetry_figures(report: Report, hooked: telemetry.TelemetryResult) -> Non
     report.series("telemetry", "validate, no check (floor)", s[telemetry.NO_HOOK_PATH], "ops/s")
     report.series("telemetry", "validate, no-op hook", s[telemetry.ATTACHED],
                   "ops/s", _ratio_text(hooked.attached_ratio, "no check"))
+
+
+def _notice_figures(report: Report, pushed: notices.NoticeResult) -> None:
+    report.figures["notice_to_lost_p50_ms"] = pushed.with_p50_ms
+    report.figures["notice_to_lost_without_p50_ms"] = pushed.without_p50_ms
+    report.notes.append(
+        f"notices: takeover commit to the old holder's on_lost, p50 over "
+        f"{len(pushed.with_ms)} trials: {pushed.with_p50_ms:.2f} ms with notices "
+        f"(max {max(pushed.with_ms):.2f}), {pushed.without_p50_ms:.0f} ms without (TTL "
+        f"{notices.TTL:g} s); SELECT 1 round trip p50 {pushed.floor_ms:.3f} ms, so with "
+        f"notices {pushed.with_p50_ms / pushed.floor_ms:.1f}x the floor")
 
 
 def _num(value: float, digits: int = 0) -> str:

@@ -24,6 +24,8 @@ JSON_KEYS = (
     "core_decisions_per_s",
     "grant_registry_rss_growth_mib",
     "telemetry_overhead_validate",
+    "notice_to_lost_p50_ms",
+    "notice_to_lost_without_p50_ms",
 )
 
 
@@ -61,6 +63,7 @@ TARGETS = (
     Target("core_decisions_per_s", ">=", 300_000),
     Target("grant_registry_rss_growth_mib", "<", 10.0),
     Target("telemetry_overhead_validate", ">=", 0.97),
+    Target("notice_to_lost_p50_ms", "<=", 50.0),
     # Wire shapes (from the libpq trace): 1 = as required.
     Target("validate_round_trips", "<=", 1),
     Target("validate_parses", "<=", 0),

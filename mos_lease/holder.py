@@ -23,9 +23,11 @@ try is an acquire, which wins at once on a free identity. A takeover always name
 just observed, so of several waiters exactly one wins, and an active holder is preempted
 only under ``takeover="preempt"`` (which the coordinator's policy may still refuse).
 
-``_notice(identity, epoch)`` is the hook for a push source of lease changes: it wakes a
-waiter at once and reports loss early to a holder whose epoch was superseded. Nothing calls
-it yet; without it, waiters poll and holders learn of loss at their next heartbeat.
+A push source of lease changes (``notices=``, a :class:`NoticeSource` such as
+``mos_lease_pg.notices.LeaseNotices``) feeds ``_notice(identity, epoch)``: it wakes a waiter
+at once and reports loss early to a holder whose epoch was superseded. Without one, waiters
+poll and holders learn of loss at their next heartbeat. A notice is only a hint: it never
+grants anything, and fencing never waits for one.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ import threading
 from collections.abc import Awaitable, Callable, Generator
 from datetime import timedelta
 from types import TracebackType
-from typing import Any, Final, overload
+from typing import Any, Final, Protocol, overload
 
 import attrs
 
@@ -171,6 +173,28 @@ def _check_takeover(value: object) -> TakeoverPolicy:
 def _check_callable(field: str, value: object) -> None:
     if value is not None and not callable(value):
         raise InvalidInput(field, f"must be callable or None, not {type(value).__name__}")
+
+
+NoticeCallback = Callable[[int, str], object]
+
+
+class NoticeSource(Protocol):
+    """A push source of lease changes: calls ``callback(epoch, kind)`` from any thread when
+    ``identity``'s lease changed hands or was released (``mos_lease_pg.notices``)."""
+
+    def subscribe(self, identity: LeaseIdentity, callback: NoticeCallback) -> None: ...
+
+    def unsubscribe(self, identity: LeaseIdentity, callback: NoticeCallback) -> None: ...
+
+
+def _check_notices(value: object) -> NoticeSource | None:
+    if value is None:
+        return None
+    if not (callable(getattr(value, "subscribe", None))
+            and callable(getattr(value, "unsubscribe", None))):
+        raise InvalidInput("notices", "must have subscribe() and unsubscribe() (a "
+                           f"LeaseNotices) or be None, not {type(value).__name__}")
+    return value  # type: ignore[return-value]
 
 
 def latest_healthy_gap(timing: KeeperTiming) -> float:
@@ -368,8 +392,10 @@ class _HolderBase:
     _keeper: LeaseKeeper | AsyncLeaseKeeper | None
 
     def __init__(self, options: HoldOptions, callbacks: _Callbacks,
-                 clock: Callable[[], float], random: Callable[[], float]) -> None:
+                 clock: Callable[[], float], random: Callable[[], float],
+                 notices: NoticeSource | None = None) -> None:
         self.options = options
+        self._notices = notices
         self._callbacks = callbacks
         self._clock = clock
         self._random = random
@@ -450,13 +476,37 @@ class _HolderBase:
         lease = None if keeper is None else keeper.lease
         if keeper is not None and lease is not None:
             if epoch > lease.epoch:
-                keeper.mark_lost(LeaseLoss(LossCause.DENIED, Reason.STALE_EPOCH,
-                                           self._clock(), f"notice of epoch {epoch}"))
+                # Anyone who can log in may send NOTIFY: a notice alone must not end a
+                # holding, so one read confirms the newer epoch first.
+                self._confirm_superseded(lease.epoch)
             return
         self._wake()
 
+    def _lose_to(self, held_epoch: int, view: HolderView | None) -> None:
+        """Report loss if the store's current epoch ``view`` supersedes ``held_epoch``."""
+        keeper = self._keeper
+        if keeper is None or view is None or view.epoch <= held_epoch:
+            return
+        keeper.mark_lost(LeaseLoss(LossCause.DENIED, Reason.STALE_EPOCH, self._clock(),
+                                   f"notice of epoch {view.epoch}, confirmed by a read"))
+
+    def _confirm_superseded(self, held_epoch: int) -> None:
+        raise NotImplementedError
+
     def _wake(self) -> None:
         raise NotImplementedError
+
+    def _on_notice(self, epoch: int, kind: str) -> None:
+        """The callback given to the notice source; runs on its thread (see ``_notice``)."""
+        self._notice(self.options.identity, epoch)
+
+    def _subscribe(self) -> None:
+        if self._notices is not None:
+            self._notices.subscribe(self.options.identity, self._on_notice)
+
+    def _unsubscribe(self) -> None:
+        if self._notices is not None:
+            self._notices.unsubscribe(self.options.identity, self._on_notice)
 
     def _released(self, result: LeaseResult | None) -> None:
         if result is not None and not result.ok:
@@ -482,8 +532,9 @@ class Holder(_HolderBase):
                  callbacks: _Callbacks, *, clock: Callable[[], float],
                  random: Callable[[], float], sleep: Callable[[float], object] | None,
                  heartbeat_coordinator: ConnectorLeaseCoordinator | None,
-                 on_event: EventHook | None = None) -> None:
-        super().__init__(options, callbacks, clock, random)
+                 on_event: EventHook | None = None,
+                 notices: NoticeSource | None = None) -> None:
+        super().__init__(options, callbacks, clock, random, notices)
         self.coordinator = coordinator
         self._heartbeat_coordinator = heartbeat_coordinator
         self._on_event = on_event
@@ -528,7 +579,14 @@ class Holder(_HolderBase):
     def __enter__(self) -> Holder:
         if self._keeper is not None:
             raise InvalidInput("holder", "a holder holds once; call hold() again")
-        acquired = self._wait()
+        # Subscribed before the first read, so a change between that read and the pause
+        # still ends the pause.
+        self._subscribe()
+        try:
+            acquired = self._wait()
+        except BaseException:
+            self._unsubscribe()
+            raise
         lease = acquired.result.lease
         assert lease is not None
         timing = self.options.timing
@@ -558,6 +616,13 @@ class Holder(_HolderBase):
     def _after_loss(self, loss: LeaseLoss) -> None:
         self.lost_event.set()
 
+    def _confirm_superseded(self, held_epoch: int) -> None:
+        try:
+            view = self.coordinator.current_holder(self.options.identity)
+        except MosLeaseError:
+            return  # unconfirmed: the keeper's next renewal decides
+        self._lose_to(held_epoch, view)
+
     def _wake(self) -> None:
         self._wakeup.set()
 
@@ -583,6 +648,7 @@ class Holder(_HolderBase):
         keeper = self._keeper
         if keeper is None:
             return
+        self._unsubscribe()
         self._closing.set()
         try:
             self._released(keeper.stop(release=True))
@@ -608,9 +674,12 @@ class AsyncHolder(_HolderBase):
                  callbacks: _Callbacks, *, clock: Callable[[], float],
                  random: Callable[[], float], sleep: Callable[[float], Awaitable[object]] | None,
                  heartbeat_coordinator: AsyncConnectorLeaseCoordinator | None,
-                 cancel_on_loss: bool, on_event: EventHook | None = None) -> None:
-        super().__init__(options, callbacks, clock, random)
+                 cancel_on_loss: bool, on_event: EventHook | None = None,
+                 notices: NoticeSource | None = None) -> None:
+        super().__init__(options, callbacks, clock, random, notices)
+        self._loop: asyncio.AbstractEventLoop | None = None
         self.coordinator = coordinator
+        self._confirming: set[asyncio.Task[None]] = set()
         self._heartbeat_coordinator = heartbeat_coordinator
         self._on_event = on_event
         self._sleep = sleep
@@ -666,7 +735,13 @@ class AsyncHolder(_HolderBase):
     async def __aenter__(self) -> AsyncHolder:
         if self._keeper is not None:
             raise InvalidInput("holder", "a holder holds once; call hold() again")
-        acquired = await self._wait()
+        self._loop = asyncio.get_running_loop()
+        self._subscribe()
+        try:
+            acquired = await self._wait()
+        except BaseException:
+            self._unsubscribe()
+            raise
         lease = acquired.result.lease
         assert lease is not None
         timing = self.options.timing
@@ -705,6 +780,25 @@ class AsyncHolder(_HolderBase):
     def _wake(self) -> None:
         self._wakeup.set()
 
+    def _confirm_superseded(self, held_epoch: int) -> None:
+        async def confirm() -> None:
+            try:
+                view = await self.coordinator.current_holder(self.options.identity)
+            except MosLeaseError:
+                return  # unconfirmed: the keeper's next renewal decides
+            self._lose_to(held_epoch, view)
+
+        task = asyncio.get_running_loop().create_task(confirm())
+        self._confirming.add(task)  # keep a reference until it is done
+        task.add_done_callback(self._confirming.discard)
+
+    def _on_notice(self, epoch: int, kind: str) -> None:
+        # The notice source calls from its own thread; the holder's state lives on the loop.
+        loop = self._loop
+        if loop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop has closed: nothing to tell
+                loop.call_soon_threadsafe(self._notice, self.options.identity, epoch)
+
     async def wait_lost(self) -> LeaseLoss:
         """Wait until the lease is lost; the loss."""
         await self.lost_event.wait()
@@ -727,6 +821,7 @@ class AsyncHolder(_HolderBase):
         keeper = self._keeper
         if keeper is None:
             return
+        self._unsubscribe()
         self._inside = False
         if self._watcher is not None:
             self._watcher.cancel()
@@ -774,7 +869,8 @@ def hold(coordinator: ConnectorLeaseCoordinator, identity: LeaseIdentity, connec
          heartbeat_coordinator: ConnectorLeaseCoordinator | None = ...,
          clock: Callable[[], float] = ..., random: Callable[[], float] = ...,
          sleep: Callable[[float], object] | None = ...,
-         on_event: EventHook | None = ...) -> Holder: ...
+         on_event: EventHook | None = ...,
+         notices: NoticeSource | None = ...) -> Holder: ...
 
 
 @overload
@@ -792,7 +888,8 @@ def hold(coordinator: AsyncConnectorLeaseCoordinator, identity: LeaseIdentity,
          heartbeat_coordinator: AsyncConnectorLeaseCoordinator | None = ...,
          clock: Callable[[], float] = ..., random: Callable[[], float] = ...,
          sleep: Callable[[float], Awaitable[object]] | None = ...,
-         on_event: EventHook | None = ...) -> AsyncHolder: ...
+         on_event: EventHook | None = ...,
+         notices: NoticeSource | None = ...) -> AsyncHolder: ...
 
 
 def hold(coordinator: ConnectorLeaseCoordinator | AsyncConnectorLeaseCoordinator,
@@ -808,7 +905,7 @@ def hold(coordinator: ConnectorLeaseCoordinator | AsyncConnectorLeaseCoordinator
          min_backoff: float | None = None, max_backoff: float | None = None,
          heartbeat_coordinator: Any = None, clock: Callable[[], float] = default_clock,
          random: Callable[[], float] = _random.random, sleep: Any = None,
-         on_event: EventHook | None = None,
+         on_event: EventHook | None = None, notices: NoticeSource | None = None,
          ) -> Holder | AsyncHolder:
     """Hold ``identity``'s lease as ``connector_id`` for the length of a ``with`` block
     (``async with`` for an :class:`~mos_lease.AsyncConnectorLeaseCoordinator`).
@@ -835,8 +932,9 @@ def hold(coordinator: ConnectorLeaseCoordinator | AsyncConnectorLeaseCoordinator
       lease was lost while held (never for the release on leaving).
       ``on_expiring(seconds_left)``: once per stretch of failed renewals, when the keeper's
       local deadline is within ``expiring_within`` seconds (default: half the closest a
-      healthy lease comes to it). Callbacks run on the keeper's thread or the loop; one
-      that raises is logged and ignored.
+      healthy lease comes to it). Callbacks run on the keeper's thread or the loop (a
+      thread holder's ``on_lost`` after a notice: on the notice source's thread, so keep it
+      short); one that raises is logged and ignored.
     * ``cancel_on_loss`` (asyncio only): cancel the block's task when the lease is lost;
       the ``async with`` then raises :class:`LeaseLost`.
     * ``heartbeat_coordinator``: renew through another coordinator (a connection of its
@@ -845,7 +943,13 @@ def hold(coordinator: ConnectorLeaseCoordinator | AsyncConnectorLeaseCoordinator
       see :mod:`mos_lease.events`); the coordinator's own operations report to the
       coordinator's ``on_event``.
     * ``clock``, ``random``, ``sleep``: monotonic seconds, uniform draws in [0, 1) and the
-      pause, injectable for tests. Without ``sleep`` a pause ends early on ``_notice``.
+      pause, injectable for tests. Without ``sleep`` a pause ends early on a notice.
+    * ``notices``: a push source of takeovers and releases (``mos_lease_pg.notices.
+      LeaseNotices``): a waiter looks again as soon as the lease is released or taken over,
+      and a holder whose lease was taken over reports the loss at once instead of at its
+      next heartbeat. Only a hint: without it (or when it cannot listen) waiters poll and
+      holders find loss at their next heartbeat. asyncio holders take the same thread-based
+      source; each notice is handed to the loop.
 
     Inside the block, ``.lease`` and ``.issue_grant(...)`` raise :class:`LeaseLost` once the
     lease is lost (nothing reaches the store); ``.lost`` is the loss or ``None``;
@@ -866,6 +970,7 @@ def hold(coordinator: ConnectorLeaseCoordinator | AsyncConnectorLeaseCoordinator
         _check_callable(name, value)
     if not isinstance(cancel_on_loss, bool):
         raise InvalidInput("cancel_on_loss", "must be a bool")
+    source = _check_notices(notices)
     if isinstance(coordinator, ConnectorLeaseCoordinator):
         if heartbeat_coordinator is not None \
                 and not isinstance(heartbeat_coordinator, ConnectorLeaseCoordinator):
@@ -875,7 +980,7 @@ def hold(coordinator: ConnectorLeaseCoordinator | AsyncConnectorLeaseCoordinator
                                "block; use lost_event, wait_lost() or on_lost")
         return Holder(coordinator, options, callbacks, clock=clock, random=random,
                       sleep=sleep, heartbeat_coordinator=heartbeat_coordinator,
-                      on_event=on_event)
+                      on_event=on_event, notices=source)
     if isinstance(coordinator, AsyncConnectorLeaseCoordinator):
         if heartbeat_coordinator is not None \
                 and not isinstance(heartbeat_coordinator, AsyncConnectorLeaseCoordinator):
@@ -883,6 +988,7 @@ def hold(coordinator: ConnectorLeaseCoordinator | AsyncConnectorLeaseCoordinator
                                "must be an AsyncConnectorLeaseCoordinator")
         return AsyncHolder(coordinator, options, callbacks, clock=clock, random=random,
                            sleep=sleep, heartbeat_coordinator=heartbeat_coordinator,
-                           cancel_on_loss=cancel_on_loss, on_event=on_event)
+                           cancel_on_loss=cancel_on_loss, on_event=on_event,
+                           notices=source)
     raise InvalidInput("coordinator", "must be a ConnectorLeaseCoordinator or an "
                        f"AsyncConnectorLeaseCoordinator, not {type(coordinator).__name__}")

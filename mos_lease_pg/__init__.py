@@ -13,6 +13,7 @@ from mos_lease_pg.migrations import (
     available_migrations,
     migrate,
 )
+from mos_lease_pg.notices import LeaseNotices
 from mos_lease_pg.preflight import SchemaCheck
 from mos_lease_pg.roles import apply_roles, role_script
 from mos_lease_pg.schema import describe_schema
@@ -23,6 +24,7 @@ __all__ = [
     "DEFAULT_SCHEMA",
     "AsyncPostgresLeaseStore",
     "ConnectionSettings",
+    "LeaseNotices",
     "Migration",
     "MigrationError",
     "PostgresLeaseStore",

@@ -9,6 +9,8 @@ Every lease write is the envelope ``guarded_write.sql`` around one of ``insert.s
 ``renew.sql``, ``close.sql`` or ``rotate.sql``: a single data-modifying statement that reads
 the database clock, applies the write if its guard holds and appends the audit row from the
 write's ``RETURNING``. Those guards are :func:`mos_lease.machine.guard_holds` written in SQL.
+A takeover or a release also sends a ``NOTIFY`` on :func:`notice_channel` (``notify.sql``) in
+the same statement: a hint for :mod:`mos_lease_pg.notices`, never part of fencing.
 
 Every statement names its schema; nothing depends on the session's ``search_path`` (a role
 whose search_path finds another copy of the tables, or none, must neither write to that copy
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import enum
 import functools
+import hashlib
 import re
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
@@ -141,13 +144,37 @@ def _statement(name: str) -> Template:
     return Template(name, _statement_text(name))
 
 
-def _guarded(name: str, lock: str = "lock_row.sql") -> Template:
+def _guarded(name: str, lock: str = "lock_row.sql", *, notify: bool = False) -> Template:
     # Heartbeat and release share their guard, kept once in active_holder.sql. ``lock`` is
-    # the step that takes the row lock before the clock is read (see guarded_write.sql).
+    # the step that takes the row lock before the clock is read; ``notify``: the write sends
+    # a push notice (see guarded_write.sql).
     write = _statement_text(name).replace(
         "    {active_holder}\n", _statement_text("active_holder.sql"))
-    return Template(name, _statement_text("guarded_write.sql").replace(
-        "{lock}", _statement_text(lock).rstrip()).replace("{write}", write.rstrip()))
+    text = _statement_text("guarded_write.sql")
+    for mark, piece in (("{lock}", _statement_text(lock)), ("{write}", write),
+                        ("{notify}", _statement_text("notify.sql" if notify
+                                                     else "notify_none.sql"))):
+        text = text.replace(mark, piece.rstrip())
+    return Template(name, text)
+
+
+NOTICE_CHANNEL_PREFIX: Final = "mos_lease_"
+# PostgreSQL refuses a channel name of NAMEDATALEN (64) bytes or more.
+_MAX_CHANNEL: Final = 63
+# The writes that change who may hold a lease send a notice, with this kind in its payload.
+# Acquire and heartbeat do not: nobody waits for them.
+NOTICE_KINDS: Final[Mapping[type[Write], str]] = {Close: "release", Rotate: "takeover"}
+
+
+def notice_channel(schema: str = DEFAULT_SCHEMA) -> str:
+    """The ``LISTEN`` channel of the lease notices of ``schema``: ``mos_lease_<schema>``, or,
+    for a schema name too long for that, ``mos_lease_`` and a digest of it (one channel per
+    schema either way, so stores on different schemas never hear each other)."""
+    channel = NOTICE_CHANNEL_PREFIX + check_schema(schema)
+    if len(channel) <= _MAX_CHANNEL:
+        return channel
+    digest = hashlib.sha256(schema.encode("ascii")).hexdigest()
+    return NOTICE_CHANNEL_PREFIX + digest[:_MAX_CHANNEL - len(NOTICE_CHANNEL_PREFIX)]
 
 
 LOAD: Final = _statement("load.sql")
@@ -161,8 +188,8 @@ RENEW_MANY: Final = _statement("renew_many.sql")
 WRITES: Final[Mapping[type[Write], Template]] = {
     Insert: _guarded("insert.sql", lock="lock_none.sql"),
     Renew: _guarded("renew.sql"),
-    Close: _guarded("close.sql"),
-    Rotate: _guarded("rotate.sql"),
+    Close: _guarded("close.sql", notify=True),
+    Rotate: _guarded("rotate.sql", notify=True),
 }
 
 
@@ -313,6 +340,9 @@ def apply(write: Write, entry: AuditEntry, offset: timedelta, *,
           schema: str = DEFAULT_SCHEMA) -> Call[WriteOutcome]:
     params = {"offset": offset, **_identity_params(write.identity), **_write_params(write),
               **_entry_params(entry)}
+    notice = NOTICE_KINDS.get(type(write))
+    if notice is not None:
+        params |= {"channel": notice_channel(schema), "notice": notice}
     return Call(f"{entry.event} write", WRITES[type(write)].at(schema), params,
                 functools.partial(_write_outcome, write.identity), Kind.WRITE,
                 event_id=entry.event_id, identity=write.identity)

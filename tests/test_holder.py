@@ -627,7 +627,17 @@ def test_a_notice_wakes_a_waiter_and_ends_a_superseded_holder(live: Live) -> Non
     holder._notice(IDENT, 2)  # its own epoch: nothing new
     time.sleep(0.05)
     assert holder.lost is None
-    holder._notice(IDENT, 3)  # a newer epoch: lost at once, before any heartbeat says so
+    holder._notice(IDENT, 3)  # a forged notice: the read it triggers still finds epoch 2
+    time.sleep(0.05)
+    assert holder.lost is None
+    read = holder.coordinator.current_holder
+
+    def superseded(identity: LeaseIdentity) -> HolderView | None:
+        view = read(identity)
+        return None if view is None else attrs.evolve(view, epoch=3)
+
+    holder.coordinator.current_holder = superseded  # type: ignore[method-assign]
+    holder._notice(IDENT, 3)  # confirmed by the read: lost at once, before any heartbeat
     thread.join(2)
     loss = outcome[1]
     assert isinstance(loss, LeaseLoss) and loss.reason is Reason.STALE_EPOCH
@@ -674,7 +684,9 @@ def test_async_loss_in_a_block_that_never_awaits_leaves_no_stray_cancellation() 
         with pytest.raises(LeaseLost):
             async with hold(coordinator, IDENT, "conn-b", scopes=SCOPES, ttl=TTL,
                             cancel_on_loss=True) as held:
-                held._notice(IDENT, held.lease.epoch + 1)  # loss, and the cancel, now
+                # A newer epoch confirmed by a read: loss, and the cancel, now.
+                held._lose_to(held.lease.epoch,
+                              view(LeaseState.ACTIVE, epoch=held.lease.epoch + 1))
         await asyncio.sleep(0.01)  # would raise CancelledError if the cancel were left
 
     asyncio.run(scenario())

@@ -22,6 +22,10 @@
 -- the lease table as `l`. The audit epoch is cast to bigint only in a row actually inserted
 -- (the CASE keeps the planner from folding the cast of a constant): a refused takeover at
 -- the bigint maximum names epoch max + 1, which must not fail the statement.
+--
+-- {notify} is notify.sql for a takeover or a release and notify_none.sql otherwise. A CTE
+-- that only reads runs only when referenced: the final SELECT counts its rows, so the
+-- pg_notify calls in it really happen (within this statement, so within its transaction).
 WITH locked AS MATERIALIZED (
 {lock}
 ),
@@ -43,7 +47,10 @@ audited AS (
            CASE WHEN w.epoch IS NOT NULL THEN %(entry_epoch)s::numeric END,
            %(correlation_id)s, t.now
     FROM written AS w, t
+),
+notified AS MATERIALIZED (
+{notify}
 )
 SELECT t.now, w.lease_id, w.connector_id, w.allowed_scopes, w.epoch, w.acquired_at,
        w.heartbeat_at, w.expires_at, w.released_at, w.updated_at
-FROM t LEFT JOIN written AS w ON true
+FROM t LEFT JOIN written AS w ON true CROSS JOIN (SELECT count(*) FROM notified) AS sent

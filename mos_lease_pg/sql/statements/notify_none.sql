@@ -1,0 +1,2 @@
+-- No notice: acquire and heartbeat change nobody's view of who holds the lease.
+    SELECT WHERE false
