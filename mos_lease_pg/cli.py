@@ -44,6 +44,12 @@ def _add_dsn(parser: argparse.ArgumentParser, *, required: bool = True) -> None:
         help=f"schema of the mos-lease tables (default: ${SCHEMA_ENV}, else {DEFAULT_SCHEMA})")
 
 
+def _add_second_copy(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--allow-second-copy", action="store_true",
+        help="build the tables even though another schema of this database holds them")
+
+
 def _schema(value: str) -> str:
     try:
         return check_schema(value)
@@ -102,9 +108,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     setup_parser.add_argument("--owner-dsn",
                               help="connect as the owner for the migrations instead of "
                                    "SET ROLE on --dsn")
-    setup_parser.add_argument(
-        "--allow-second-copy", action="store_true",
-        help="build the tables even though another schema of this database holds them")
+    _add_second_copy(setup_parser)
     setup_parser.set_defaults(func=run_setup)
 
     roles_parser = subparsers.add_parser(
@@ -128,9 +132,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                     "Refuses to build the tables when another schema of the database "
                     "already holds them.")
     _add_dsn(migrate_parser)
-    migrate_parser.add_argument(
-        "--allow-second-copy", action="store_true",
-        help="build the tables even though another schema of this database holds them")
+    _add_second_copy(migrate_parser)
     migrate_parser.set_defaults(func=run_migrate)
 
     check_parser = subparsers.add_parser(
