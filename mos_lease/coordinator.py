@@ -60,17 +60,21 @@ from mos_lease.machine import (
     Renew,
     Rotate,
     Takeover,
+    Validate,
     Write,
     audit_entry,
+    context_expiry,
     decide,
     event_of,
     grant_expiry,
-    grant_refusal,
-    identity_refusal,
     plan,
+    preempts,
     presented_epoch,
     success_epoch,
     success_outcome,
+    validation_audit,
+    validation_refusal,
+    validation_refusal_unread,
 )
 from mos_lease.policy import ConnectorLeaseService, DenyAllPolicy, PolicyRequest
 from mos_lease.ports import AsyncLeaseStore, IdSource, LeaseStore
@@ -82,7 +86,7 @@ from mos_lease.results import (
     LeaseResult,
     ValidationResult,
 )
-from mos_lease.vocabulary import LeaseState, LifecycleEvent, Outcome, Reason
+from mos_lease.vocabulary import LifecycleEvent, Outcome, Reason
 
 log = logging.getLogger("mos_lease")
 
@@ -269,13 +273,13 @@ class _Flows:
         # The policy is told the current row's state, so takeover reads before it writes.
         snapshot: Snapshot = yield Load(identity)
         row = snapshot.row
-        state = None if row is None else row.state(snapshot.now)
         verdict = self._verdict(PolicyRequest(
             LifecycleEvent.TAKEOVER, identity, connector_id, norm_scopes, norm_ttl,
-            current_state=state, current_connector_id=None if row is None else row.connector_id,
+            current_state=None if row is None else row.state(snapshot.now),
+            current_connector_id=None if row is None else row.connector_id,
         ))
         command = Takeover(identity, connector_id, norm_scopes, norm_ttl, expected_epoch,
-                           preempt_active=verdict.allowed and state is LeaseState.ACTIVE,
+                           preempt_active=preempts(verdict, row, snapshot.now),
                            new_lease_id=self._ids(), event_id=event_id,
                            correlation_id=correlation)
         return (yield from self._lifecycle(command, verdict, snapshot))
@@ -473,7 +477,10 @@ class _Flows:
                 Reason.GRANT_UNKNOWN, identity, "unrecognized", None,
                 fallback_correlation or self._ids().hex))
         assert isinstance(grant, ExecutionGrant)
-        reason = identity_refusal(grant.identity, identity) or registry_reason
+        command = Validate(identity, requested, grant.identity, grant.connector_id,
+                           grant.lease_id, grant.epoch, grant.scopes, grant.expires_at,
+                           registry_reason, grant.correlation_id)
+        reason = validation_refusal_unread(command)
         if reason is None:
             sent = self._monotonic()
             try:
@@ -483,40 +490,29 @@ class _Flows:
                 # not be read may not take a write either, and then the log line is the record.
                 log.warning("mos_lease: validation denied for %s: store unavailable", identity)
                 reason = Reason.STORE_UNAVAILABLE
-                return (yield from self._deny_validation(reason, identity, grant.connector_id,
-                                                         grant.epoch, grant.correlation_id))
-            self._grants.prune(snapshot.now)
-            row = snapshot.row
-            reason = grant_refusal(
-                row, snapshot.now, connector_id=grant.connector_id, lease_id=grant.lease_id,
-                epoch=grant.epoch, granted_scopes=grant.scopes,
-                grant_expires_at=grant.expires_at, requested=requested)
-            if reason is None:
-                assert row is not None
-                # The reply says the context is valid for ``expires_at - snapshot.now`` from
-                # the instant the store read its clock, which lies somewhere between sending
-                # the read and receiving the reply. If at least that long passed in flight
-                # (a slow network, a stalled process), the validity may have run out before
-                # the caller could act on it: refuse, naming whichever expiry it was.
-                elapsed = self._monotonic() - sent
-                grant_first = grant.expires_at <= row.expires_at
-                expires_at = grant.expires_at if grant_first else row.expires_at
-                if elapsed < (expires_at - snapshot.now).total_seconds():
-                    # Positional, in field order: keywords cost a third more on the hottest
-                    # path.
+            else:
+                self._grants.prune(snapshot.now)
+                row, in_flight = snapshot.row, self._monotonic() - sent
+                reason = validation_refusal(command, row, snapshot.now, in_flight)
+                if reason is None:
+                    assert row is not None
                     return ValidationResult(None, ConnectorExecutionContext(
-                        grant.identity, grant.connector_id, grant.lease_id, grant.epoch,
-                        requested, expires_at, grant.correlation_id))
-                log.warning("mos_lease: validation reply for %s took %.3f s, past the "
-                            "validity it reported", identity, elapsed)
-                reason = Reason.GRANT_EXPIRED if grant_first else Reason.LEASE_EXPIRED
+                        identity=grant.identity, connector_id=grant.connector_id,
+                        lease_id=grant.lease_id, epoch=grant.epoch, scopes=requested,
+                        expires_at=context_expiry(command, row),
+                        correlation_id=grant.correlation_id))
+                if row is not None and context_expiry(command, row) > snapshot.now \
+                        and reason in (Reason.GRANT_EXPIRED, Reason.LEASE_EXPIRED):
+                    # Valid when read: the reply took longer than the validity it reported.
+                    log.warning("mos_lease: validation reply for %s took %.3f s, past the "
+                                "validity it reported", identity, in_flight)
         return (yield from self._deny_validation(reason, identity, grant.connector_id,
                                                  grant.epoch, grant.correlation_id))
 
     def _deny_validation(self, reason: Reason, identity: LeaseIdentity, connector_id: str,
                          epoch: int | None, correlation_id: str) -> Flow[ValidationResult]:
-        entry = AuditEntry(self._ids(), LifecycleEvent.GRANT_VALIDATE, Outcome.DENIED, reason,
-                           identity, connector_id, epoch, correlation_id)
+        entry = validation_audit(self._ids(), reason, identity, connector_id, epoch,
+                                 correlation_id)
         log.info("mos_lease: validation denied for %s connector=%s reason=%s", identity,
                  connector_id, reason)
         try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 from uuid import UUID, uuid4
 
 import attrs
@@ -24,9 +25,10 @@ from mos_lease.machine import (
     Renew,
     Rotate,
     Takeover,
+    Validate,
     decide,
-    grant_refusal,
-    identity_refusal,
+    validation_refusal,
+    validation_refusal_unread,
 )
 from mos_lease.records import LeaseRow
 from mos_lease.vocabulary import Outcome, Reason
@@ -138,36 +140,61 @@ def test_policy_refusal_wins_in_every_state(command_name: str, state: str, condi
 
 
 def test_validation_table_matches_the_pure_checks() -> None:
-    table = {(r[0], r[1]): Reason(r[2]) for r in _table("Validation") if r[2] != "validated"}
+    rows = [r for r in _table("Validation") if r[2] != "validated"]
+    table = {(r[0], r[1]): Reason(r[2]) for r in rows}
     other = {"tenant_mismatch": attrs.evolve(IDENTITY, tenant_id="x"),
              "agent_mismatch": attrs.evolve(IDENTITY, logical_agent_id="x"),
              "binding_mismatch": attrs.evolve(IDENTITY, binding_id="x")}
-    identity_rows = [reason for (check, _), reason in table.items() if check == "identity"]
-    assert [identity_refusal(IDENTITY, other[r.value]) for r in identity_rows] == identity_rows
 
-    def refusal(state: str, condition: str, *, expires: datetime = NOW + timedelta(10),
-                requested: tuple[str, ...] = ("a",)) -> Reason | None:
-        command = _command("heartbeat", condition)
-        assert isinstance(command, Heartbeat)
-        return grant_refusal(_row(state, condition), NOW, connector_id=command.connector_id,
-                             lease_id=command.lease_id, epoch=command.epoch,
-                             granted_scopes=("a", "b"), grant_expires_at=expires,
-                             requested=requested)
+    def command(condition: str = "match", *, target: LeaseIdentity = IDENTITY,
+                registry: Reason | None = None, expires: datetime = NOW + timedelta(10),
+                requested: tuple[str, ...] = ("a",)) -> Validate:
+        held = _command("heartbeat", condition)
+        assert isinstance(held, Heartbeat)
+        return Validate(target, requested, IDENTITY, held.connector_id, held.lease_id,
+                        held.epoch, ("a", "b"), expires, registry, "spec")
+
+    identity_rows = [reason for (check, _), reason in table.items() if check == "identity"]
+    assert [validation_refusal_unread(command(target=other[r.value]))
+            for r in identity_rows] == identity_rows
+    # The identity is checked before what the registry says, and both before the row is read.
+    dropped = table[("registry", "minted here but already dropped (only expired grants are "
+                                 "dropped)")]
+    assert validation_refusal_unread(command(registry=dropped)) is dropped
+    assert validation_refusal_unread(
+        command(target=other["tenant_mismatch"], registry=dropped)) is Reason.TENANT_MISMATCH
+
+    def refusal(state: str, condition: str = "match", *, in_flight: float = 0.0,
+                **fields: Any) -> Reason | None:
+        return validation_refusal(command(condition, **fields), _row(state, condition), NOW,
+                                  in_flight)
 
     lease_rows = {cond: reason for (check, cond), reason in table.items() if check == "lease"}
     for condition, reason in lease_rows.items():
         if condition == "no row":
-            assert refusal("absent", "match") is reason
+            assert refusal("absent") is reason
         elif condition in ("released", "expired"):
-            assert refusal(condition, "match") is reason
+            assert refusal(condition) is reason
         else:
             assert refusal("active", condition) is reason
-    assert refusal("active", "match", expires=NOW) is table[
+    assert refusal("active", expires=NOW) is table[
         ("time", "grant expiry at or before store time")]
     scope_reason = table[("scopes", "requested not within both the grant's and the lease's "
                                     "scopes")]
-    assert refusal("active", "match", requested=("b", "z")) is scope_reason
-    assert refusal("active", "match") is None
+    assert refusal("active", requested=("b", "z")) is scope_reason
+    assert refusal("active") is None
+    # In flight: by default the grant (10 days) expires before the lease (30 days).
+    flight = {cond: reason for (check, cond), reason in table.items() if check == "in flight"}
+    grant_first, lease_first = flight.values()
+    day = 86400.0
+    assert refusal("active", in_flight=10 * day - 0.001) is None
+    assert refusal("active", in_flight=10 * day) is grant_first
+    assert refusal("active", in_flight=10 * day, expires=NOW + timedelta(days=31)) is None
+    assert refusal("active", in_flight=30 * day,
+                   expires=NOW + timedelta(days=31)) is lease_first
+    # The first rows need no lease: the ones a row would decide come after them.
+    order = [r[0] for r in rows]
+    assert order.index("store") < order.index("time") < order.index("lease")
     covered = set(table.values())
     assert covered >= {Reason.GRANT_UNKNOWN, Reason.STORE_UNAVAILABLE}
     assert re.search(r"\| - \| otherwise \| validated \|", SPEC.read_text())
