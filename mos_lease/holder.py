@@ -419,7 +419,7 @@ class _HolderBase:
         """Why the lease was lost while held (``None`` while held, and after a clean exit:
         giving the lease back is not a loss). The local deadline is checked on the spot."""
         if self._keeper is not None and self._keeper.lease is not None:
-            self._keeper.check()  # a passed deadline is recorded (and reported) now
+            self._keeper.enforce_deadline()  # a passed deadline is recorded (and reported) now
         return self._loss
 
     def _require_keeper(self) -> LeaseKeeper | AsyncLeaseKeeper:
@@ -430,7 +430,7 @@ class _HolderBase:
     def _raise_if_lost(self) -> None:
         keeper = self._require_keeper()
         if keeper.lease is not None:
-            keeper.check()
+            keeper.enforce_deadline()
         loss = keeper.loss
         if loss is not None:
             raise LeaseLost(self._loss if self._loss is not None else loss)

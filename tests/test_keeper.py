@@ -31,13 +31,13 @@ from mos_lease import (
 )
 from mos_lease.keeper import (
     AsyncLeaseKeeper,
+    HeartbeatDue,
     KeeperState,
     KeeperTiming,
     LeaseKeeper,
     LeaseLoss,
     LossCause,
     Lost,
-    Renew,
     Wait,
     after_renewal,
     grant_loss,
@@ -85,7 +85,7 @@ def test_timing_refuses_unsafe_options(options: dict[str, float]) -> None:
 def test_schedule_wait_renew_lose() -> None:
     state = held(TIMING, HANDLE, 100.0, 0.5)
     assert next_action(state, 100.0) == Wait(103.0)
-    assert next_action(state, 103.0) == Renew(state.deadline)
+    assert next_action(state, 103.0) == HeartbeatDue(state.deadline)
     lost = next_action(state, 108.1)
     assert isinstance(lost, Lost)
     assert lost.loss.cause is LossCause.DEADLINE
@@ -161,7 +161,7 @@ def test_transient_errors_retry_until_exactly_the_deadline(
         if now >= state.deadline:
             assert isinstance(action, Lost)
             return
-        assert isinstance(action, Renew | Wait)
+        assert isinstance(action, HeartbeatDue | Wait)
         if isinstance(action, Wait):
             assert action.until <= state.deadline
             now = action.until
@@ -331,7 +331,7 @@ def test_keeper_renews_on_schedule() -> None:
     assert result.ok and keeper.lease == result.lease
     assert keeper.deadline == pytest.approx(1000.0 + TTL - 0.9)
     assert keeper.step() == Wait(1003.0)
-    assert isinstance(keeper.step(), Renew)
+    assert isinstance(keeper.step(), HeartbeatDue)
     assert rig.events(LifecycleEvent.HEARTBEAT) == 1
     assert keeper.deadline == pytest.approx(1003.0 + TTL - 0.9)
     lease = keeper.lease
@@ -355,7 +355,7 @@ def test_outage_is_loss_exactly_at_the_deadline(mode: str) -> None:
     attempts = 0
     while not keeper.lost.is_set():
         action = keeper.step()
-        if isinstance(action, Renew):
+        if isinstance(action, HeartbeatDue):
             attempts += 1
         # Never reported lost while the deadline is still ahead (and the next step after
         # reaching it reports it, as the final time check below shows).
@@ -481,7 +481,7 @@ def test_stop_after_loss_does_not_release() -> None:
     keeper = rig.keeper()
     assert keeper.acquire(IDENT, "conn-a", scopes=SCOPES).ok
     rig.time.advance(20)
-    assert keeper.check() is not None
+    assert keeper.enforce_deadline() is not None
     assert keeper.stop() is None
     assert rig.events(LifecycleEvent.RELEASE) == 0
     assert [loss.cause for loss in rig.losses] == [LossCause.DEADLINE]
@@ -525,7 +525,7 @@ def test_a_failing_callback_is_logged_not_fatal(caplog: pytest.LogCaptureFixture
     assert keeper.acquire(IDENT, "conn-a", scopes=SCOPES).ok
     rig.time.advance(20)
     with caplog.at_level(logging.WARNING, logger="mos_lease.keeper"):
-        assert keeper.check() is not None
+        assert keeper.enforce_deadline() is not None
     assert keeper.lost.is_set()
     assert "on_lost callback failed" in caplog.text
 
@@ -598,7 +598,7 @@ def test_async_keeper_schedule_and_outage() -> None:
                                   background=False, on_lost=losses.append)
         assert (await keeper.acquire(IDENT, "conn-a", scopes=SCOPES)).ok
         assert await keeper.step() == Wait(1003.0)
-        assert isinstance(await keeper.step(), Renew)
+        assert isinstance(await keeper.step(), HeartbeatDue)
         assert keeper.deadline == pytest.approx(1003.0 + TTL - 0.9)
         assert (await keeper.issue_grant(scopes=SCOPES, ttl=5)).ok
         faulty.mode = "down"
@@ -677,3 +677,16 @@ def test_async_stop_cancels_the_renewal_task() -> None:
 
     asyncio.run(scenario())
 
+
+
+def test_check_is_the_deprecated_name_of_enforce_deadline() -> None:
+    rig = make_rig()
+    keeper = rig.keeper()
+    assert keeper.acquire(IDENT, "conn-a", scopes=SCOPES).ok
+    with pytest.warns(DeprecationWarning, match="enforce_deadline"):
+        assert keeper.check() is None
+    rig.time.advance(20)
+    with pytest.warns(DeprecationWarning):
+        loss = keeper.check()
+    assert loss is not None and loss.cause is LossCause.DEADLINE
+    assert keeper.loss == loss  # recorded, not merely looked at

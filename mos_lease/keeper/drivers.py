@@ -1,0 +1,460 @@
+"""The two keepers: :class:`LeaseKeeper` runs the flows of ``flow.py`` on a thread,
+:class:`AsyncLeaseKeeper` as an asyncio task. Each only performs the calls a flow yields.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random as _random
+import threading
+import warnings
+from collections.abc import Awaitable, Callable
+from datetime import timedelta
+from typing import Any, TypeVar
+
+from mos_lease.coordinator import (
+    AsyncConnectorLeaseCoordinator,
+    ConnectorLeaseCoordinator,
+    default_clock,  # CLOCK_BOOTTIME: a resumed process finds its deadline already passed
+)
+from mos_lease.errors import ConfigurationError, InvalidInput
+from mos_lease.events import EventHook
+from mos_lease.identity import LeaseIdentity
+from mos_lease.keeper import flow
+from mos_lease.keeper.flow import OVERDUE, Call, Flow, Heartbeat, KeeperCore, Sleep
+from mos_lease.keeper.schedule import Action, KeeperTiming, LeaseLoss
+from mos_lease.records import LeaseHandle
+from mos_lease.results import GrantResult, LeaseResult
+from mos_lease.vocabulary import Outcome
+
+log = logging.getLogger("mos_lease.keeper")
+
+C = TypeVar("C", ConnectorLeaseCoordinator, AsyncConnectorLeaseCoordinator)
+
+
+def _renewer(coordinator: C, heartbeat_coordinator: C | None, kind: type[C]) -> C:
+    """The coordinator the keeper heartbeats through: by default its own; given another
+    (on a store of its own), a heartbeat stuck on its connection cannot hold up the grant
+    issues and validations going through ``coordinator``'s store."""
+    if heartbeat_coordinator is None:
+        return coordinator
+    if not isinstance(heartbeat_coordinator, kind):
+        raise ConfigurationError(f"heartbeat_coordinator must be a {kind.__name__}, not "
+                                 f"{type(heartbeat_coordinator).__name__}")
+    return heartbeat_coordinator
+
+
+def _timing(ttl: float | timedelta, **options: float | None) -> KeeperTiming:
+    seconds = ttl.total_seconds() if isinstance(ttl, timedelta) else ttl
+    return KeeperTiming(seconds, **{k: v for k, v in options.items() if v is not None})
+
+
+def _adopted(lease: object) -> LeaseResult:
+    if not isinstance(lease, LeaseHandle):
+        raise InvalidInput("lease", f"must be a LeaseHandle, not {type(lease).__name__}")
+    return LeaseResult(Outcome.ACQUIRED, None, "adopted", lease=lease)
+
+
+class _Keeper:
+    """What both keepers share: construction and the read-only view of the core."""
+
+    def __init__(self, coordinator: Any, heartbeat_coordinator: Any, kind: type[Any], *,
+                 ttl: float | timedelta, timing: dict[str, float | None],
+                 on_lost: Callable[[LeaseLoss], object] | None, clock: Callable[[], float],
+                 random: Callable[[], float], background: bool,
+                 on_event: EventHook | None, signal: Callable[[], object]) -> None:
+        self.coordinator = coordinator
+        self.heartbeat_coordinator = _renewer(coordinator, heartbeat_coordinator, kind)
+        self._core = KeeperCore(_timing(ttl, **timing), clock, random, on_lost, on_event,
+                                signal)
+        self.ttl = self._core.timing.ttl
+        self._background = background
+
+    @property
+    def timing(self) -> KeeperTiming:
+        return self._core.timing
+
+    @property
+    def lease(self) -> LeaseHandle | None:
+        """The current handle, or ``None`` before a lease is held and after it is lost."""
+        return self._core.lease
+
+    @property
+    def loss(self) -> LeaseLoss | None:
+        return self._core.loss
+
+    @property
+    def deadline(self) -> float | None:
+        """The local deadline on the keeper's clock (``None`` before a lease is held)."""
+        return self._core.deadline
+
+    def enforce_deadline(self) -> LeaseLoss | None:
+        """Record the loss if the local deadline has passed by now (reported like any
+        loss, once); return the loss, if the lease is lost."""
+        return self._core.enforce_deadline()
+
+    def check(self) -> LeaseLoss | None:
+        """Deprecated name of :meth:`enforce_deadline` (it records a loss, so it is not a
+        mere check)."""
+        warnings.warn("LeaseKeeper.check() is deprecated: use enforce_deadline(), which "
+                      "records a passed deadline as loss", DeprecationWarning, stacklevel=2)
+        return self.enforce_deadline()
+
+    def mark_lost(self, loss: LeaseLoss) -> None:
+        """Record a loss learned elsewhere (say, news of a newer epoch) without waiting for
+        the next heartbeat to find it; reported like any other loss, once. (On the
+        asyncio keeper, call it on the loop.)"""
+        self._core.lose(loss)
+
+    def _name(self) -> str:
+        # Named by identity only: a thread or task name reaches log records, and a
+        # handle's repr carries the lease UUID and the scopes.
+        return f"mos-lease-keeper {self._core.require_state().lease.identity}"
+
+
+class LeaseKeeper(_Keeper):
+    """Holds one lease for a :class:`ConnectorLeaseCoordinator`, renewing it on a thread.
+
+    Typical use::
+
+        keeper = LeaseKeeper(coordinator, ttl=30, on_lost=stop_working)
+        result = keeper.acquire(identity, "claude-1", scopes=["tool:run"])
+        if result.ok:
+            grant = keeper.issue_grant(scopes=["tool:run"], ttl=10)
+            ...
+        keeper.stop()  # stops renewing and releases the lease
+
+    A keeper keeps one lease: once lost or stopped it stays so; make a new one to try again.
+    ``clock`` (monotonic seconds), ``sleep`` and ``random`` are injectable for tests; with
+    ``background=False`` no thread is started and :meth:`step` drives the keeper by hand.
+    Each heartbeat runs on its own short-lived daemon thread, so a store call that hangs
+    (a half-open TCP connection) cannot delay the loss past the deadline; such a call is
+    abandoned, and the coordinator's store must tolerate a call still running on it.
+    ``on_lost`` is called once, from whichever thread noticed the loss. ``on_event``
+    receives :class:`~mos_lease.events.Renewed`, :class:`~mos_lease.events.RenewalRetry`
+    and :class:`~mos_lease.events.Lost` events (the coordinator has a hook of its own).
+
+    ``heartbeat_coordinator`` (default: ``coordinator``) is the coordinator heartbeats go
+    through. Give it one on a store (a connection) of its own, with the same policy, so a
+    heartbeat stuck on its connection never holds up the grants issued and validated
+    through ``coordinator``; acquire, takeover, grants and release use ``coordinator``.
+    The timing options are :class:`KeeperTiming`'s; ``docs/keeper.md`` explains them.
+    """
+
+    coordinator: ConnectorLeaseCoordinator
+    heartbeat_coordinator: ConnectorLeaseCoordinator
+
+    def __init__(self, coordinator: ConnectorLeaseCoordinator, *, ttl: float | timedelta,
+                 renew_fraction: float | None = None, jitter: float | None = None,
+                 safety_margin: float | None = None, min_backoff: float | None = None,
+                 max_backoff: float | None = None,
+                 on_lost: Callable[[LeaseLoss], object] | None = None,
+                 clock: Callable[[], float] = default_clock,
+                 sleep: Callable[[float], object] | None = None,
+                 random: Callable[[], float] = _random.random,
+                 background: bool = True,
+                 heartbeat_coordinator: ConnectorLeaseCoordinator | None = None,
+                 on_event: EventHook | None = None) -> None:
+        self.lost = threading.Event()
+        """Set once the lease is lost (or the keeper stopped); never cleared."""
+        self._wakeup = threading.Event()
+        super().__init__(
+            coordinator, heartbeat_coordinator, ConnectorLeaseCoordinator, ttl=ttl,
+            timing={"renew_fraction": renew_fraction, "jitter": jitter,
+                    "safety_margin": safety_margin, "min_backoff": min_backoff,
+                    "max_backoff": max_backoff},
+            on_lost=on_lost, clock=clock, random=random, background=background,
+            on_event=on_event, signal=self._signal)
+        self._sleep = sleep if sleep is not None else self._wakeup.wait
+        self._thread: threading.Thread | None = None
+
+    def _signal(self) -> None:
+        self.lost.set()
+        self._wakeup.set()
+
+    def _drive(self, running: Flow) -> Any:
+        """Run ``running`` to its end, performing each call it yields."""
+        answer: Any = None
+        while True:
+            try:
+                call: Call = running.send(answer)
+            except StopIteration as done:
+                return done.value
+            answer = self._perform(call)
+
+    def _perform(self, call: Call) -> Any:
+        if isinstance(call, Sleep):
+            return self._sleep(call.seconds)
+        if isinstance(call, Heartbeat):
+            return _bounded(lambda: self.heartbeat_coordinator.heartbeat(call.lease,
+                                                                         ttl=self.ttl),
+                            call.timeout)
+        if isinstance(call, flow.IssueGrant):
+            return self.coordinator.issue_grant(call.lease, scopes=call.scopes, ttl=call.ttl,
+                                                correlation_id=call.correlation_id)
+        return self.coordinator.release(call.lease)
+
+    # -- getting a lease -----------------------------------------------------------------
+
+    def acquire(self, identity: LeaseIdentity, connector_id: str, *, scopes: object,
+                correlation_id: str | None = None) -> LeaseResult:
+        """:meth:`ConnectorLeaseCoordinator.acquire` with the keeper's ttl; on success the
+        keeper holds the lease and starts renewing it. A refusal leaves the keeper unused."""
+        return self._start(lambda: self.coordinator.acquire(
+            identity, connector_id, scopes=scopes, ttl=self.ttl,
+            correlation_id=correlation_id))
+
+    def takeover(self, identity: LeaseIdentity, connector_id: str, *, scopes: object,
+                 expected_epoch: int, correlation_id: str | None = None) -> LeaseResult:
+        return self._start(lambda: self.coordinator.takeover(
+            identity, connector_id, scopes=scopes, ttl=self.ttl, expected_epoch=expected_epoch,
+            correlation_id=correlation_id))
+
+    def adopt(self, lease: LeaseHandle, *, obtained_at: float) -> None:
+        """Keep a lease obtained elsewhere with this keeper's ttl. ``obtained_at`` must be
+        the keeper clock's reading taken *before* the call that produced ``lease``."""
+        adopted = _adopted(lease)
+        self._start(lambda: adopted, started=obtained_at)
+
+    def _start(self, call: Callable[[], LeaseResult], started: float | None = None) -> LeaseResult:
+        self._core.claim_start()
+        result = None
+        started = self._core.clock() if started is None else started
+        try:
+            result = call()
+        finally:
+            holding = self._core.started(result, started)
+        if holding and self._background:
+            self._thread = threading.Thread(target=self._run, daemon=True, name=self._name())
+            self._thread.start()
+        return result
+
+    # -- the heartbeat loop --------------------------------------------------------------
+
+    def step(self) -> Action:
+        """Run one decision: renew, wait, or report loss. Returns what was decided."""
+        action: Action = self._drive(flow.step(self._core))
+        return action
+
+    def _run(self) -> None:
+        while not self._wakeup.is_set() and not self.lost.is_set():
+            try:
+                self.step()
+            except Exception as error:
+                flow.run_failed(self._core, error)
+
+    # -- using the lease -----------------------------------------------------------------
+
+    def issue_grant(self, *, scopes: object, ttl: float | timedelta,
+                    correlation_id: str | None = None) -> GrantResult:
+        """Mint a grant for the kept lease, or refuse locally once it is lost (the deadline
+        is checked before and after the store call)."""
+        result: GrantResult = self._drive(flow.issue_grant(self._core, scopes, ttl,
+                                                           correlation_id))
+        return result
+
+    # -- stopping ------------------------------------------------------------------------
+
+    def stop(self, *, release: bool = True, timeout: float | None = 10.0) -> LeaseResult | None:
+        """Stop renewing and, if the lease is still held and ``release``, release it.
+
+        Returns the release result, or ``None`` if nothing was released. Marks the keeper
+        lost with cause ``STOPPED`` (so ``lost`` waiters wake up) unless it already was.
+        """
+        self._wakeup.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+        result: LeaseResult | None = self._drive(flow.stop(self._core, release))
+        return result
+
+    def __enter__(self) -> LeaseKeeper:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stop()
+
+
+T = TypeVar("T")
+
+
+def _bounded(call: Callable[[], T], timeout: float) -> T | BaseException:
+    """Run ``call`` on a daemon thread: its result, the exception it raised, or
+    :data:`OVERDUE` if it is still running after ``timeout`` seconds (then abandoned)."""
+    box: list[T | BaseException] = []
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            box.append(call())
+        except BaseException as error:
+            box.append(error)
+        finally:
+            done.set()
+
+    threading.Thread(target=run, daemon=True, name="mos-lease-heartbeat").start()
+    if not done.wait(max(timeout, 0.0)):
+        overdue: T | BaseException = OVERDUE
+        return overdue
+    return box[0]
+
+
+class AsyncLeaseKeeper(_Keeper):
+    """The asyncio keeper, for an :class:`AsyncConnectorLeaseCoordinator`.
+
+    Renewal runs as a task on the running loop. ``lost`` is an :class:`asyncio.Event`
+    (``await keeper.lost.wait()``); ``on_lost`` is called once, on the loop. Loss is
+    reported at the deadline even if a heartbeat is still running then: that heartbeat is
+    cancelled and abandoned without waiting for it to end (a driver may take long to give
+    up a cancelled call), and nothing it returns later can change the reported loss.
+    The options are :class:`LeaseKeeper`'s.
+    """
+
+    coordinator: AsyncConnectorLeaseCoordinator
+    heartbeat_coordinator: AsyncConnectorLeaseCoordinator
+
+    def __init__(self, coordinator: AsyncConnectorLeaseCoordinator, *, ttl: float | timedelta,
+                 renew_fraction: float | None = None, jitter: float | None = None,
+                 safety_margin: float | None = None, min_backoff: float | None = None,
+                 max_backoff: float | None = None,
+                 on_lost: Callable[[LeaseLoss], object] | None = None,
+                 clock: Callable[[], float] = default_clock,
+                 sleep: Callable[[float], Awaitable[object]] | None = None,
+                 random: Callable[[], float] = _random.random,
+                 background: bool = True,
+                 heartbeat_coordinator: AsyncConnectorLeaseCoordinator | None = None,
+                 on_event: EventHook | None = None) -> None:
+        self.lost = asyncio.Event()
+        """Set once the lease is lost (or the keeper stopped); never cleared."""
+        super().__init__(
+            coordinator, heartbeat_coordinator, AsyncConnectorLeaseCoordinator, ttl=ttl,
+            timing={"renew_fraction": renew_fraction, "jitter": jitter,
+                    "safety_margin": safety_margin, "min_backoff": min_backoff,
+                    "max_backoff": max_backoff},
+            on_lost=on_lost, clock=clock, random=random, background=background,
+            on_event=on_event, signal=self.lost.set)
+        self._sleep = sleep if sleep is not None else asyncio.sleep
+        self._task: asyncio.Task[None] | None = None
+        self._abandoned: set[asyncio.Future[LeaseResult]] = set()
+
+    async def _drive(self, running: Flow) -> Any:
+        answer: Any = None
+        while True:
+            try:
+                call: Call = running.send(answer)
+            except StopIteration as done:
+                return done.value
+            answer = await self._perform(call)
+
+    async def _perform(self, call: Call) -> Any:
+        if isinstance(call, Sleep):
+            return await self._sleep(call.seconds)
+        if isinstance(call, Heartbeat):
+            return await self._bounded_heartbeat(call)
+        if isinstance(call, flow.IssueGrant):
+            return await self.coordinator.issue_grant(
+                call.lease, scopes=call.scopes, ttl=call.ttl, correlation_id=call.correlation_id)
+        return await self.coordinator.release(call.lease)
+
+    async def _bounded_heartbeat(self, call: Heartbeat) -> object:
+        # The heartbeat runs as a task of its own and is waited for, not awaited under a
+        # timeout: cancelling a call only ends it once the call lets go, and a driver may
+        # hold on to a cancelled call for as long as it waits for the server (psycopg sends
+        # a cancel request and then waits for the reply).
+        running = asyncio.ensure_future(
+            self.heartbeat_coordinator.heartbeat(call.lease, ttl=self.ttl))
+        try:
+            done, _ = await asyncio.wait((running,), timeout=max(call.timeout, 0.0))
+        except asyncio.CancelledError:
+            self._abandon(running)  # the keeper is stopping: the call is not waited for
+            raise
+        if not done:
+            self._abandon(running)
+            return OVERDUE
+        try:
+            return running.result()
+        except Exception as error:
+            return error
+
+    def _abandon(self, call: asyncio.Future[LeaseResult]) -> None:
+        """Cancel a heartbeat left running at the deadline and let it end on its own.
+
+        Its result is never looked at, so it cannot bring a lost lease back; it is kept
+        referenced until it ends (a task nobody references may be collected mid-run), and
+        its outcome is retrieved so asyncio does not log it as never retrieved.
+        """
+        self._abandoned.add(call)
+        call.add_done_callback(self._forget_abandoned)
+        call.cancel()
+
+    def _forget_abandoned(self, call: asyncio.Future[LeaseResult]) -> None:
+        self._abandoned.discard(call)
+        if not call.cancelled() and call.exception() is not None:
+            log.info("mos_lease: abandoned heartbeat ended with %r", call.exception())
+
+    async def acquire(self, identity: LeaseIdentity, connector_id: str, *, scopes: object,
+                      correlation_id: str | None = None) -> LeaseResult:
+        return await self._start(lambda: self.coordinator.acquire(
+            identity, connector_id, scopes=scopes, ttl=self.ttl,
+            correlation_id=correlation_id))
+
+    async def takeover(self, identity: LeaseIdentity, connector_id: str, *, scopes: object,
+                       expected_epoch: int, correlation_id: str | None = None) -> LeaseResult:
+        return await self._start(lambda: self.coordinator.takeover(
+            identity, connector_id, scopes=scopes, ttl=self.ttl, expected_epoch=expected_epoch,
+            correlation_id=correlation_id))
+
+    async def adopt(self, lease: LeaseHandle, *, obtained_at: float) -> None:
+        adopted = _adopted(lease)
+
+        async def call() -> LeaseResult:
+            return adopted
+
+        await self._start(call, started=obtained_at)
+
+    async def _start(self, call: Callable[[], Awaitable[LeaseResult]],
+                     started: float | None = None) -> LeaseResult:
+        self._core.claim_start()
+        result = None
+        started = self._core.clock() if started is None else started
+        try:
+            result = await call()
+        finally:
+            holding = self._core.started(result, started)
+        if holding and self._background:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name=self._name())
+        return result
+
+    async def step(self) -> Action:
+        action: Action = await self._drive(flow.step(self._core))
+        return action
+
+    async def _run(self) -> None:
+        while not self.lost.is_set():
+            try:
+                await self.step()
+            except Exception as error:
+                flow.run_failed(self._core, error)
+
+    async def issue_grant(self, *, scopes: object, ttl: float | timedelta,
+                          correlation_id: str | None = None) -> GrantResult:
+        result: GrantResult = await self._drive(flow.issue_grant(self._core, scopes, ttl,
+                                                                 correlation_id))
+        return result
+
+    async def stop(self, *, release: bool = True) -> LeaseResult | None:
+        task = self._task
+        if task is not None and task is not asyncio.current_task():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        result: LeaseResult | None = await self._drive(flow.stop(self._core, release))
+        return result
+
+    async def __aenter__(self) -> AsyncLeaseKeeper:
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        await self.stop()

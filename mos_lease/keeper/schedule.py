@@ -1,0 +1,195 @@
+"""The keeper's schedule: when to heartbeat, when to retry, when the lease counts as lost.
+
+Pure functions of (state, monotonic now, outcome, a random draw): :func:`next_action` and
+:func:`after_renewal`. The deadline rule and why it is safe are in ``docs/keeper.md``.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from typing import Final
+
+import attrs
+
+from mos_lease.errors import CommitOutcomeUnknown, ConfigurationError, StoreUnavailable
+from mos_lease.records import LeaseHandle
+from mos_lease.results import GrantResult, LeaseResult
+from mos_lease.vocabulary import Outcome, Reason
+
+TRANSIENT_ERRORS: Final = (StoreUnavailable, CommitOutcomeUnknown)
+
+LEASE_GONE_REASONS: Final = frozenset({
+    Reason.LEASE_MISSING, Reason.LEASE_EXPIRED, Reason.LEASE_RELEASED, Reason.LEASE_REPLACED,
+    Reason.STALE_EPOCH, Reason.EPOCH_MISMATCH,
+})
+"""Refusals of a grant that mean the lease itself is gone (others, such as a scope the
+policy refuses, leave the lease as it was)."""
+
+
+class LossCause(enum.StrEnum):
+    DENIED = "denied"  # the store refused a renewal or a grant: definite
+    DEADLINE = "deadline"  # no renewal succeeded before the local deadline
+    ERROR = "error"  # an unexpected exception while renewing: fail closed
+    STOPPED = "stopped"  # the keeper was stopped (and released the lease if asked)
+
+
+@attrs.frozen(slots=True)
+class LeaseLoss:
+    """Why and when (on the keeper's clock) the keeper stopped holding its lease.
+
+    ``reason`` is the store's reason for a ``DENIED`` loss; :attr:`Reason.LEASE_EXPIRED`
+    for ``DEADLINE`` and ``ERROR`` (the lease may still exist in the store, but this
+    process can no longer show it is live); :attr:`Reason.LEASE_RELEASED` for ``STOPPED``.
+    ``error`` describes the last exception seen, if any.
+    """
+
+    cause: LossCause
+    reason: Reason
+    at: float
+    error: str | None = None
+
+
+@attrs.frozen(slots=True)
+class KeeperTiming:
+    """Renewal timing. All values in seconds.
+
+    A renewal is due ``ttl * renew_fraction`` after the start of the last success, spread by
+    ``± jitter`` (so keepers started together do not renew in lockstep). After a transient
+    failure the retry waits an exponential backoff between ``min_backoff`` and
+    ``max_backoff``, never more than half the time left, so several tries fit before the
+    deadline.
+    """
+
+    ttl: float
+    renew_fraction: float = 1 / 3
+    jitter: float = 0.2
+    safety_margin: float | None = None  # None: ttl / 10
+    min_backoff: float = 0.05
+    max_backoff: float = 2.0
+
+    def __attrs_post_init__(self) -> None:
+        for name in ("ttl", "renew_fraction", "jitter", "min_backoff", "max_backoff"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) \
+                    or not math.isfinite(value):
+                raise ConfigurationError(f"{name} must be a finite number")
+        if self.ttl <= 0:
+            raise ConfigurationError("ttl must be positive")
+        if not 0 < self.renew_fraction < 1 or not 0 <= self.jitter < 1:
+            raise ConfigurationError("need 0 < renew_fraction < 1 and 0 <= jitter < 1")
+        if not 0 < self.min_backoff <= self.max_backoff:
+            raise ConfigurationError("need 0 < min_backoff <= max_backoff")
+        margin = self.margin
+        if not 0 <= margin < self.ttl:
+            raise ConfigurationError("safety_margin must be in [0, ttl)")
+        if self.ttl * self.renew_fraction * (1 + self.jitter) >= self.ttl - margin:
+            # The latest first renewal must come before the deadline, with room to retry.
+            raise ConfigurationError(
+                "renew_fraction * (1 + jitter) must leave time before ttl - safety_margin")
+
+    @property
+    def margin(self) -> float:
+        return self.ttl / 10 if self.safety_margin is None else self.safety_margin
+
+    def deadline(self, started: float) -> float:
+        return started + self.ttl - self.margin
+
+    def renew_delay(self, draw: float) -> float:
+        """``draw`` is uniform in [0, 1)."""
+        return self.ttl * self.renew_fraction * (1 + self.jitter * (2 * draw - 1))
+
+    def backoff(self, failures: int, draw: float, remaining: float) -> float:
+        base = min(self.max_backoff, self.min_backoff * 2.0 ** min(max(failures - 1, 0), 32))
+        delay = base * (0.5 + draw / 2)  # "equal jitter": never less than half the base
+        return max(0.0, min(delay, max(remaining / 2, min(self.min_backoff, remaining))))
+
+
+@attrs.frozen(slots=True)
+class KeeperState:
+    lease: LeaseHandle
+    deadline: float
+    renew_at: float
+    failures: int = 0
+    last_error: str | None = None
+    loss: LeaseLoss | None = None
+
+
+@attrs.frozen(slots=True)
+class HeartbeatDue:
+    """Send a heartbeat now; it must finish before ``deadline``."""
+
+    deadline: float
+
+
+@attrs.frozen(slots=True)
+class Wait:
+    until: float
+
+
+@attrs.frozen(slots=True)
+class Lost:
+    loss: LeaseLoss
+
+
+Action = HeartbeatDue | Wait | Lost
+
+
+def held(timing: KeeperTiming, lease: LeaseHandle, started: float, draw: float) -> KeeperState:
+    """The state after a success (acquire, takeover or heartbeat) that started at ``started``."""
+    return KeeperState(lease, timing.deadline(started), started + timing.renew_delay(draw))
+
+
+def next_action(state: KeeperState, now: float) -> Action:
+    """What to do at monotonic time ``now``: the whole heartbeat schedule."""
+    if state.loss is not None:
+        return Lost(state.loss)
+    if now >= state.deadline:
+        return Lost(LeaseLoss(LossCause.DEADLINE, Reason.LEASE_EXPIRED, now, state.last_error))
+    if now >= state.renew_at:
+        return HeartbeatDue(state.deadline)
+    return Wait(min(state.renew_at, state.deadline))
+
+
+def lose(state: KeeperState, loss: LeaseLoss) -> KeeperState:
+    """Record ``loss`` unless one is recorded already: loss is final."""
+    return state if state.loss is not None else attrs.evolve(state, loss=loss)
+
+
+def after_renewal(state: KeeperState, timing: KeeperTiming, started: float, finished: float,
+                  outcome: LeaseResult | BaseException, draw: float) -> KeeperState:
+    """The state after a heartbeat that started at ``started`` and returned at ``finished``
+    with ``outcome`` (its result, or the exception it raised)."""
+    if state.loss is not None:
+        return state
+    if isinstance(outcome, LeaseResult):
+        if outcome.ok and outcome.lease is not None:
+            if finished >= state.deadline:
+                # The renewal worked, but the deadline passed while it was in flight and
+                # loss is reported the moment the deadline passes; it cannot be undone.
+                return lose(state, LeaseLoss(LossCause.DEADLINE, Reason.LEASE_EXPIRED,
+                                             finished, state.last_error))
+            return held(timing, outcome.lease, started, draw)
+        reason = outcome.reason if outcome.reason is not None else Reason.LEASE_MISSING
+        return lose(state, LeaseLoss(LossCause.DENIED, reason, finished))
+    error = f"{type(outcome).__name__}: {outcome}"
+    if isinstance(outcome, TRANSIENT_ERRORS):
+        failures = state.failures + 1
+        delay = timing.backoff(failures, draw, state.deadline - finished)
+        return attrs.evolve(state, failures=failures, last_error=error,
+                            renew_at=finished + delay)
+    return lose(state, LeaseLoss(LossCause.ERROR, Reason.LEASE_EXPIRED, finished, error))
+
+
+def grant_loss(result: GrantResult, now: float) -> LeaseLoss | None:
+    """The loss a refused grant reveals, if the refusal says the lease itself is gone."""
+    if result.reason in LEASE_GONE_REASONS:
+        assert result.reason is not None
+        return LeaseLoss(LossCause.DENIED, result.reason, now)
+    return None
+
+
+def local_refusal(loss: LeaseLoss, correlation_id: str) -> GrantResult:
+    """A grant the keeper refuses itself, naming the loss's reason (no store call, so no
+    audit row)."""
+    return GrantResult(Outcome.DENIED, loss.reason, correlation_id)
