@@ -310,15 +310,15 @@ class _Flows:
             return (yield from self._deny(command, verdict.reason, None))
         if snapshot is None:
             # Optimistic: the store re-checks the guard, so on the success path the write is
-            # the only round trip. A refusal is named from a fresh read in ``_settle``.
+            # the only round trip. A refusal is named from a fresh read in ``_read_decide_write``.
             write = plan(command)
             assert write is not None
             outcome = yield from self._apply(command, write)
             if outcome.row is not None:
                 return self._success(command, outcome)
-        return (yield from self._settle(command, verdict, snapshot))
+        return (yield from self._read_decide_write(command, verdict, snapshot))
 
-    def _settle(self, command: Acquire | Takeover | Heartbeat | Release,
+    def _read_decide_write(self, command: Acquire | Takeover | Heartbeat | Release,
                 verdict: PolicyVerdict, snapshot: Snapshot | None) -> Flow[LeaseResult]:
         """Read, decide, write; on losing a race between read and write, read again."""
         for _ in range(self.max_conflict_retries + 1):
@@ -430,7 +430,7 @@ class _Flows:
             outcome = (outcomes[k] if outcomes is not None else
                        (yield from self._reconcile_write(commands[i], write, entry.event_id)))
             results[i] = (self._success(commands[i], outcome) if outcome.row is not None
-                          else (yield from self._settle(commands[i], verdicts[i], None)))
+                          else (yield from self._read_decide_write(commands[i], verdicts[i], None)))
         return [r for r in results if r is not None]
 
     # -- grants -----------------------------------------------------------------------------

@@ -107,7 +107,8 @@ def _since_and_count(rows: Any) -> tuple[datetime, int]:
 
 
 def terminate(pid: int, *, schema: str) -> Call[int]:
-    return Call("end of the lost backend", statements.SETTLE.at(schema), {"pid": pid}, _count)
+    return Call("end of the lost backend", statements.END_LOST_BACKEND.at(schema), {"pid": pid},
+                _count)
 
 
 def backend_alive(pid: int, *, schema: str) -> Call[bool]:

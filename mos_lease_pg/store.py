@@ -277,7 +277,7 @@ class PostgresLeaseStore(_StoreCore):
             return [call.parse(rows[i]) for i, call in enumerate(calls)]
         raise AssertionError("unreachable")
 
-    def _settle(self, event_id: UUID, deadline: float) -> None:
+    def _end_lost_backend(self, event_id: UUID, deadline: float) -> None:
         """Make sure the write behind ``event_id`` can no longer commit (reconcile.py)."""
         with self._source.checkout(deadline) as wire:
             lost = self._lost_here(event_id, wire)
@@ -326,7 +326,7 @@ class PostgresLeaseStore(_StoreCore):
 
     def event_committed(self, event_id: UUID) -> bool:
         deadline = self._deadline(None)
-        self._settle(event_id, deadline)
+        self._end_lost_backend(event_id, deadline)
         committed = self._run(statements.event_committed(event_id, schema=self._schema),
                               deadline=deadline)
         if committed and self.settings.require_synchronous_replication:
@@ -453,8 +453,8 @@ class AsyncPostgresLeaseStore(_StoreCore):
             return [call.parse(rows[i]) for i, call in enumerate(calls)]
         raise AssertionError("unreachable")
 
-    async def _settle(self, event_id: UUID, deadline: float) -> None:
-        """As :meth:`PostgresLeaseStore._settle`."""
+    async def _end_lost_backend(self, event_id: UUID, deadline: float) -> None:
+        """As :meth:`PostgresLeaseStore._end_lost_backend`."""
         async with self._source.checkout(deadline) as wire:
             lost = self._lost_here(event_id, wire)
         if lost is not None:
@@ -501,7 +501,7 @@ class AsyncPostgresLeaseStore(_StoreCore):
 
     async def event_committed(self, event_id: UUID) -> bool:
         deadline = self._deadline(None)
-        await self._settle(event_id, deadline)
+        await self._end_lost_backend(event_id, deadline)
         committed = await self._run(
             statements.event_committed(event_id, schema=self._schema), deadline=deadline)
         if committed and self.settings.require_synchronous_replication:
