@@ -157,8 +157,7 @@ def _check_cap(name: str, value: object, hard_cap: timedelta) -> timedelta:
 
 def _check_handle(lease: object) -> LeaseHandle:
     """Check every field of a (possibly hand-built) handle and return it rebuilt from plain,
-    normalized values, so nothing a caller subclassed takes part in a fencing comparison.
-    A plain handle whose every field came through its check unchanged is returned as is."""
+    normalized values, so nothing a caller subclassed takes part in a fencing comparison."""
     if not isinstance(lease, LeaseHandle):
         raise InvalidInput("lease", f"must be a LeaseHandle, not {type(lease).__name__}")
     lease_id = lease.lease_id
@@ -170,12 +169,6 @@ def _check_handle(lease: object) -> LeaseHandle:
         lease_id = UUID(int=int.__index__(lease_id.int))
     epoch = check_epoch("lease.epoch", lease.epoch)
     scopes = normalize_scopes("lease.scopes", lease.scopes)
-    if (type(lease) is LeaseHandle and identity is lease.identity
-            and connector_id is lease.connector_id and lease_id is lease.lease_id
-            and epoch is lease.epoch and scopes is lease.scopes):
-        # The common case, a handle this library returned: the checks hand back the very
-        # objects they were given (scopes too, once normalize_scopes has seen them).
-        return lease
     return LeaseHandle(identity=identity, connector_id=connector_id, lease_id=lease_id,
                        epoch=epoch, scopes=scopes, expires_at=lease.expires_at)
 

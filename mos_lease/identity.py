@@ -7,7 +7,6 @@ nothing is read or written.
 
 from __future__ import annotations
 
-import functools
 import math
 import re
 import unicodedata
@@ -107,50 +106,11 @@ def check_identity(field: str, value: object) -> LeaseIdentity:
         binding = check_id("binding_id", value.binding_id)
     except InvalidInput as bad:
         raise InvalidInput(f"{field}.{bad.field}", bad.message) from None
-    if (type(value) is LeaseIdentity and tenant is value.tenant_id
-            and agent is value.logical_agent_id and binding is value.binding_id):
-        return value  # the common case: nothing to rebuild
     return LeaseIdentity(tenant, agent, binding)
-
-
-# Scope tuples the full check below has already produced. Only tuples of plain ``str`` are
-# remembered or looked up: a str subclass could compare equal to a remembered scope without
-# being one. (Plain strings also mean a lookup runs no Python code: it is atomic under the
-# GIL.) Cleared when full, so caller-chosen scopes cannot grow it without bound.
-_NORMALIZED_SCOPES: set[Scopes] = set()
-_MAX_NORMALIZED_SCOPES: Final = 128
-
-
-def _plain_scopes(value: object) -> Scopes | None:
-    """``value`` as a tuple if it is a plain tuple or list of at most ``MAX_SCOPES`` plain
-    ``str`` (subclasses of either could lie about their items), else ``None``."""
-    if type(value) is not tuple and type(value) is not list:
-        return None
-    if len(value) > MAX_SCOPES:  # longer than any normalized tuple: not worth copying
-        return None
-    candidate = tuple(value)  # an exact tuple is returned as is, not copied
-    for item in candidate:
-        if type(item) is not str:
-            return None
-    return candidate
 
 
 def normalize_scopes(field: str, value: object) -> Scopes:
     """Deduplicate and sort scopes, refusing anything outside the grammar."""
-    plain = _plain_scopes(value)
-    if plain is not None and plain in _NORMALIZED_SCOPES:
-        # The common case: scopes handed back as they were returned before. Plain strings
-        # compare exactly, so ``plain`` equals, item for item, a tuple that was normalized.
-        return plain
-    scopes = _normalize_scopes(field, value)
-    if _plain_scopes(scopes) is not None:
-        if len(_NORMALIZED_SCOPES) >= _MAX_NORMALIZED_SCOPES:
-            _NORMALIZED_SCOPES.clear()
-        _NORMALIZED_SCOPES.add(scopes)
-    return scopes
-
-
-def _normalize_scopes(field: str, value: object) -> Scopes:
     if isinstance(value, str | bytes):
         # A bare string is iterable; treating "tool:run" as eight one-letter scopes would
         # be a silent privilege bug.
@@ -179,14 +139,6 @@ def _normalize_scopes(field: str, value: object) -> Scopes:
 _NO_TIME: Final = timedelta(0)
 
 
-# Converting seconds to a timedelta is the dearest step of a TTL check, and callers pass the
-# same few TTLs over and over. The key is always a plain float (``float()`` never returns a
-# subclass), so a cached answer is exactly the one a new conversion would give.
-@functools.lru_cache(maxsize=64)
-def _seconds(value: float) -> timedelta:
-    return timedelta(seconds=value)
-
-
 def normalize_ttl(field: str, value: object, cap: timedelta) -> timedelta:
     """Turn seconds (int/float) or a ``timedelta`` into a positive ``timedelta`` <= ``cap``."""
     if isinstance(value, bool):
@@ -202,7 +154,7 @@ def normalize_ttl(field: str, value: object, cap: timedelta) -> timedelta:
             raise InvalidInput(field, "must be positive")
         if value > cap.total_seconds():
             raise InvalidInput(field, f"must be at most {cap.total_seconds():g} s")
-        ttl = _seconds(float(value))
+        ttl = timedelta(seconds=value)
     else:
         raise InvalidInput(field, f"must be seconds or a timedelta, not {type(value).__name__}")
     if ttl <= _NO_TIME:

@@ -282,11 +282,11 @@ def presented_epoch(command: Command) -> int | None:
 
 def audit_entry(command: Command, reason: Reason | None, epoch: int | None) -> AuditEntry:
     event, success = _SUCCESS[type(command)]
-    return AuditEntry(event_id=command.event_id, event=event,
-                      outcome=Outcome.DENIED if reason is not None else success,
-                      reason=reason, identity=command.identity,
-                      connector_id=command.connector_id, epoch=epoch,
-                      correlation_id=command.correlation_id)
+    outcome = Outcome.DENIED if reason is not None else success
+    # Positional, in field order: with keywords, core_decisions_per_s fell by 11% (measured
+    # interleaved, 6 runs each). The one place such a shortcut is kept.
+    return AuditEntry(command.event_id, event, outcome, reason, command.identity,
+                      command.connector_id, epoch, command.correlation_id)
 
 
 def plan(command: Command) -> Write | None:
