@@ -47,6 +47,7 @@ from mos_lease import (
     LeaseIdentity,
 )
 from mos_lease.machine import Close, Insert, Renew, Rotate
+from mos_lease.results import HolderView
 from mos_lease.vocabulary import LifecycleEvent, Outcome, Reason
 from mos_lease_pg import PostgresLeaseStore
 
@@ -286,7 +287,58 @@ def takeover_cases(bench: Bench) -> list[Case]:
         naive_epoch.value += 1
 
     return [Case("library", library), *_raw_cases(bench, builder, "takeover"),
-            Case("naive", naive)]
+            Case("naive", naive), _raw_read_cas(bench), _observed_takeover(bench)]
+
+
+def _raw_read_cas(bench: Bench) -> Case:
+    """The honest floor of a takeover that tells its policy the current state: the raw
+    read of the row, then the raw compare-and-set, plain psycopg."""
+    conn, store = bench.conn, bench.store
+    lease = bench.acquire("takeover-read-cas")
+    epoch = _Epoch(lease.epoch)
+    load = raw_load(store, lease.identity)
+    prepared: list[Raw] = []
+
+    def setup(n: int) -> None:
+        first = epoch.value
+        epoch.value += n
+        prepared[:] = [raw_write(store, Rotate(lease.identity, e, True, uuid4(), CONNECTOR,
+                                               SCOPES, TTL),
+                                 entry(LifecycleEvent.TAKEOVER, Outcome.TAKEN_OVER,
+                                       lease.identity, CONNECTOR, e + 1))
+                       for e in range(first, first + n)]
+
+    def call(i: int) -> None:
+        run_raw(conn, load)
+        if not written(run_raw(conn, prepared[i])):
+            raise CorrectnessError("raw read + takeover refused")
+
+    return Case("raw_read_cas", call, setup=setup)
+
+
+def _observed_takeover(bench: Bench) -> Case:
+    """The library takeover given the holder view the coordinator returned (untimed, in
+    setup): the policy is told that view's state, and the write is the one round trip."""
+    coord = bench.coord
+    targets: list[tuple[LeaseIdentity, HolderView]] = []
+
+    def setup(n: int) -> None:
+        views = []
+        for lease in bench.acquire_many("takeover-observed", n):
+            view = coord.current_holder(lease.identity)
+            _check(view is not None, "setup current_holder")
+            assert view is not None
+            views.append((lease.identity, view))
+        targets[:] = views
+
+    def call(i: int) -> None:
+        identity, view = targets[i]
+        result = coord.takeover(identity, CONNECTOR, scopes=SCOPES, ttl=LEASE_TTL,
+                                expected_epoch=view.epoch, observed=view)
+        if result.lease is None:
+            raise CorrectnessError(f"observed takeover refused: {result.reason}")
+
+    return Case("observed", call, setup=setup)
 
 
 def release_cases(bench: Bench) -> list[Case]:
@@ -363,12 +415,24 @@ def shapes(bench: Bench) -> tuple[dict[str, Shape], list[str]]:
         _check(coord.validate(holder.grant, identity=lease.identity, scopes=SCOPES).ok,
                "validate")
 
-    def takeover() -> None:
+    def takeover_unobserved() -> None:
         result = coord.takeover(taken.identity, CONNECTOR, scopes=SCOPES, ttl=LEASE_TTL,
                                 expected_epoch=epoch.value)
         _check(result.lease is not None, "takeover")
         assert result.lease is not None
         epoch.value = result.lease.epoch
+
+    observed = [(lease.identity, coord.current_holder(lease.identity))
+                for lease in bench.acquire_many("shape-observed", 2)]
+
+    def observed_takeover(k: int) -> Callable[[], None]:
+        def take() -> None:
+            identity, view = observed[k]
+            assert view is not None
+            _check(coord.takeover(identity, CONNECTOR, scopes=SCOPES, ttl=LEASE_TTL,
+                                  expected_epoch=view.epoch, observed=view).ok,
+                   "observed takeover")
+        return take
 
     def naive_heartbeat() -> None:
         h = naive_lease
@@ -381,7 +445,10 @@ def shapes(bench: Bench) -> tuple[dict[str, Shape], list[str]]:
                                                  ttl=LEASE_TTL).ok, "acquire"),
                     lambda: _check(coord.acquire(fresh[1], CONNECTOR, scopes=SCOPES,
                                                  ttl=LEASE_TTL).ok, "acquire")],
-        "takeover": [takeover, takeover],
+        # A takeover given the view its coordinator returned: the one round trip of the
+        # target. Without a view it reads the row for the policy first (two).
+        "takeover": [observed_takeover(0), observed_takeover(1)],
+        "takeover_unobserved": [takeover_unobserved, takeover_unobserved],
         "release": [lambda: _check(coord.release(to_release[0]).ok, "release"),
                     lambda: _check(coord.release(to_release[1]).ok, "release")],
         "heartbeat_many_100": [lambda: _check(all(

@@ -86,6 +86,7 @@ from mos_lease.results import (
     LeaseResult,
     ValidationResult,
 )
+from mos_lease.views import ViewRegistry
 from mos_lease.vocabulary import LifecycleEvent, Outcome, Reason
 
 log = logging.getLogger("mos_lease")
@@ -173,6 +174,11 @@ def _check_handle(lease: object) -> LeaseHandle:
                        epoch=epoch, scopes=scopes, expires_at=lease.expires_at)
 
 
+def _holder_view(row: LeaseRow, now: datetime) -> HolderView:
+    return HolderView(connector_id=row.connector_id, epoch=row.epoch, state=row.state(now),
+                      expires_at=row.expires_at, now=now)
+
+
 def _is_own_write(command: Command, row: LeaseRow | None) -> bool:
     return (row is not None and isinstance(command, Acquire | Takeover)
             and row.lease_id == command.new_lease_id)
@@ -219,6 +225,7 @@ class _Flows:
         self._ids = id_source
         self._monotonic = monotonic_clock
         self._grants = GrantRegistry()
+        self._views = ViewRegistry()
 
     @property
     def live_grants(self) -> int:
@@ -254,25 +261,32 @@ class _Flows:
         return (yield from self._lifecycle(command, verdict, None))
 
     def takeover(self, identity: LeaseIdentity, connector_id: str, scopes: object,
-                 ttl: timedelta | float, expected_epoch: int,
-                 correlation_id: str | None) -> Flow[LeaseResult]:
+                 ttl: timedelta | float, expected_epoch: int, correlation_id: str | None,
+                 observed: object = None) -> Flow[LeaseResult]:
         identity = check_identity("identity", identity)
         connector_id = check_id("connector_id", connector_id)
         norm_scopes = normalize_scopes("scopes", scopes)
         norm_ttl = normalize_ttl("ttl", ttl, self.lease_ttl_cap)
         expected_epoch = check_epoch("expected_epoch", expected_epoch)
+        view = self._views.check(observed, identity, expected_epoch)
         event_id = self._ids()
         correlation = self._correlation(correlation_id, event_id)
-        # The policy is told the current row's state, so takeover reads before it writes.
-        snapshot: Snapshot = yield Load(identity)
-        row = snapshot.row
+        # The policy is told the lease's state and holder, so a takeover reads before it
+        # writes, unless the caller passes what this coordinator just showed it at this
+        # epoch. Either is safe to act on: at one epoch the holder never changes and the
+        # state only moves from active to expired or released, and the write's guard
+        # re-checks both the epoch and (without preemption) that the lease is not active.
+        snapshot: Snapshot | None = None
+        if view is None:
+            snapshot = yield Load(identity)
+            view = None if snapshot.row is None else _holder_view(snapshot.row, snapshot.now)
         verdict = self._verdict(PolicyRequest(
             LifecycleEvent.TAKEOVER, identity, connector_id, norm_scopes, norm_ttl,
-            current_state=None if row is None else row.state(snapshot.now),
-            current_connector_id=None if row is None else row.connector_id,
+            current_state=None if view is None else view.state,
+            current_connector_id=None if view is None else view.connector_id,
         ))
         command = Takeover(identity, connector_id, norm_scopes, norm_ttl, expected_epoch,
-                           preempt_active=preempts(verdict, row, snapshot.now),
+                           preempt_active=preempts(verdict, None if view is None else view.state),
                            new_lease_id=self._ids(), event_id=event_id,
                            correlation_id=correlation)
         return (yield from self._lifecycle(command, verdict, snapshot))
@@ -324,7 +338,7 @@ class _Flows:
                                                            reconciled=True))
             decision = decide(snapshot.row, snapshot.now, command, verdict)
             if decision.reason is not None:
-                return (yield from self._deny(command, decision.reason, snapshot.row))
+                return (yield from self._deny(command, decision.reason, snapshot))
             assert decision.write is not None
             outcome = yield from self._apply(command, decision.write)
             if outcome.row is not None:
@@ -379,13 +393,21 @@ class _Flows:
                            current_epoch=outcome.row.epoch, reconciled=outcome.reconciled)
 
     def _deny(self, command: Command, reason: Reason | None,
-              row: LeaseRow | None) -> Flow[LeaseResult]:
+              snapshot: Snapshot | None) -> Flow[LeaseResult]:
+        """A denial; ``snapshot`` is the read that named a state-based one (``None`` for the
+        policy's refusals, which reveal nothing about the lease)."""
         assert reason is not None
         yield Record(audit_entry(command, reason, presented_epoch(command)))
         log.info("mos_lease: %s denied for %s connector=%s reason=%s", event_of(command),
                  command.identity, command.connector_id, reason)
+        row = None if snapshot is None else snapshot.row
+        if row is None:
+            return LeaseResult(Outcome.DENIED, reason, command.correlation_id)
+        assert snapshot is not None
         return LeaseResult(Outcome.DENIED, reason, command.correlation_id,
-                           current_epoch=None if row is None else row.epoch)
+                           current_epoch=row.epoch,
+                           holder=self._views.issue(_holder_view(row, snapshot.now),
+                                                    command.identity))
 
     def heartbeat_many(self, leases: object, ttl: timedelta | float,
                        correlation_id: str | None) -> Flow[list[LeaseResult]]:
@@ -521,10 +543,8 @@ class _Flows:
         identity = check_identity("identity", identity)
         snapshot: Snapshot = yield Load(identity)
         row = snapshot.row
-        if row is None:
-            return None
-        return HolderView(row.connector_id, row.epoch, row.state(snapshot.now),
-                          row.expires_at, snapshot.now)
+        return None if row is None else self._views.issue(_holder_view(row, snapshot.now),
+                                                           identity)
 
     def reconcile(self, identity: LeaseIdentity, event_id: UUID) -> Flow[bool]:
         check_identity("identity", identity)
@@ -716,10 +736,16 @@ class ConnectorLeaseCoordinator(_Coordinator[LeaseStore]):
 
     def takeover(self, identity: LeaseIdentity, connector_id: str, *, scopes: object,
                  ttl: timedelta | float, expected_epoch: int,
-                 correlation_id: str | None = None) -> LeaseResult:
-        """Compare-and-set on ``expected_epoch``: rotates the lease id, epoch + 1."""
+                 correlation_id: str | None = None,
+                 observed: HolderView | None = None) -> LeaseResult:
+        """Compare-and-set on ``expected_epoch``: rotates the lease id, epoch + 1.
+
+        The policy is told the lease's current state and holder, which costs a read before
+        the write, unless ``observed`` is the :class:`HolderView` this coordinator just
+        returned for the identity at ``expected_epoch`` (``current_holder()``, or a refused
+        acquire's ``result.holder``): then the takeover is one round trip."""
         return self._run(self._flows.takeover(identity, connector_id, scopes, ttl,
-                                              expected_epoch, correlation_id))
+                                              expected_epoch, correlation_id, observed))
 
     def heartbeat(self, lease: LeaseHandle, *, ttl: timedelta | float,
                   correlation_id: str | None = None) -> LeaseResult:
@@ -823,9 +849,10 @@ class AsyncConnectorLeaseCoordinator(_Coordinator[AsyncLeaseStore]):
 
     async def takeover(self, identity: LeaseIdentity, connector_id: str, *, scopes: object,
                        ttl: timedelta | float, expected_epoch: int,
-                       correlation_id: str | None = None) -> LeaseResult:
+                       correlation_id: str | None = None,
+                       observed: HolderView | None = None) -> LeaseResult:
         return await self._run(self._flows.takeover(identity, connector_id, scopes, ttl,
-                                                    expected_epoch, correlation_id))
+                                                    expected_epoch, correlation_id, observed))
 
     async def heartbeat(self, lease: LeaseHandle, *, ttl: timedelta | float,
                         correlation_id: str | None = None) -> LeaseResult:

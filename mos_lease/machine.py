@@ -348,10 +348,12 @@ def refusal(command: Command, row: LeaseRow | None, now: datetime) -> Reason | N
     return write_refusal(write, row, now)
 
 
-def preempts(verdict: PolicyVerdict, row: LeaseRow | None, now: datetime) -> bool:
-    """Whether a takeover replaces an *active* lease: only when the policy, told that the
-    lease is active, still allowed it. An expired or released lease needs no preemption."""
-    return verdict.allowed and row is not None and row.state(now) is LeaseState.ACTIVE
+def preempts(verdict: PolicyVerdict, state: LeaseState | None) -> bool:
+    """Whether a takeover may replace an *active* lease: only when the policy, told that the
+    lease is active (``state``, as the policy was told it), still allowed it. An expired or
+    released lease needs no preemption, and the write's guard holds the takeover to that:
+    without preemption it succeeds only on a lease that is not active."""
+    return verdict.allowed and state is LeaseState.ACTIVE
 
 
 def decide(

@@ -23,7 +23,9 @@ class LeaseResult:
     the epoch of the current row (what a takeover must name as its expected epoch), or
     ``None`` if no row exists or the policy refused before the lease was looked at.
     ``reconciled`` is true when the write's commit outcome was lost and established by
-    rereading the store.
+    rereading the store. ``holder`` is the lease as a state-based denial found it (``None``
+    when ``current_epoch`` is): pass it as ``observed=`` to a takeover at that epoch, which
+    then needs no read of its own.
     """
 
     outcome: Outcome
@@ -32,6 +34,7 @@ class LeaseResult:
     lease: LeaseHandle | None = None
     current_epoch: int | None = None
     reconciled: bool = False
+    holder: HolderView | None = None
 
     @property
     def ok(self) -> bool:
