@@ -317,16 +317,19 @@ class _Flows:
             return (yield from self._deny(command, verdict.reason, None))
         if snapshot is None:
             # Optimistic: the store re-checks the guard, so on the success path the write is
-            # the only round trip. A refusal is named from a fresh read in ``_read_decide_write``.
+            # the only round trip. A refusal is named from the row the write found, or from
+            # a fresh read if the store cannot tell it.
             write = plan(command)
             assert write is not None
             outcome = yield from self._apply(command, write)
             if outcome.row is not None:
                 return self._success(command, outcome)
+            snapshot = outcome.found  # the row the refused write found, if the store says
         return (yield from self._read_decide_write(command, verdict, snapshot))
 
     def _read_decide_write(self, command: Acquire | Takeover | Heartbeat | Release,
-                verdict: PolicyVerdict, snapshot: Snapshot | None) -> Flow[LeaseResult]:
+                           verdict: PolicyVerdict,
+                           snapshot: Snapshot | None) -> Flow[LeaseResult]:
         """Read, decide, write; on losing a race between read and write, read again."""
         for _ in range(self.max_conflict_retries + 1):
             if snapshot is None:
@@ -343,7 +346,7 @@ class _Flows:
             outcome = yield from self._apply(command, decision.write)
             if outcome.row is not None:
                 return self._success(command, outcome)
-            snapshot = None
+            snapshot = outcome.found
         raise InternalInconsistency(
             f"{event_of(command)} kept conflicting after {self.max_conflict_retries} retries")
 

@@ -94,10 +94,14 @@ class Snapshot:
 class WriteOutcome:
     """Result of a guarded write: the new row if the guard held, else ``None``.
 
-    ``reconciled`` is set by the coordinator when the outcome was lost in transit and
-    established afterwards by rereading; stores leave it false.
+    ``found``: when the guard did not hold, the row the write found (or none) at ``now``, if
+    the store can tell it from the same atomic step; ``None`` if it cannot (the coordinator
+    then reads the row to name the refusal). ``reconciled`` is set by the coordinator when
+    the outcome was lost in transit and established afterwards by rereading; stores leave
+    it false.
     """
 
     row: LeaseRow | None
     now: datetime
     reconciled: bool = False
+    found: Snapshot | None = None

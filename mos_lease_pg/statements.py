@@ -257,9 +257,19 @@ def _snapshot(identity: LeaseIdentity, rows: Sequence[Row]) -> Snapshot:
     return Snapshot(row, now)
 
 
-def _write_outcome(identity: LeaseIdentity, rows: Sequence[Row]) -> WriteOutcome:
-    now, row = _time_and_row(identity, rows)
-    return WriteOutcome(row, now)
+def _write_outcome(identity: LeaseIdentity, rows: Sequence[Row], *,
+                   finds_row: bool = False) -> WriteOutcome:
+    """A guarded write's row: the time, its new lease columns, and (``finds_row``: for the
+    writes that lock an existing row) the row it found, which names a refusal."""
+    now, *cols = _single(rows)
+    written = cols[:9]
+    if written[0] is not None:  # lease_id is NOT NULL: a NULL means the guard did not hold
+        return WriteOutcome(lease_row(identity, written), _utc(now))
+    found = cols[9:18]
+    if not finds_row or len(found) != 9:
+        return WriteOutcome(None, _utc(now))
+    row = None if found[0] is None else lease_row(identity, found)
+    return WriteOutcome(None, _utc(now), found=Snapshot(row, _utc(now)))
 
 
 def _nothing(rows: Sequence[Row]) -> None:
@@ -344,7 +354,8 @@ def apply(write: Write, entry: AuditEntry, offset: timedelta, *,
     if notice is not None:
         params |= {"channel": notice_channel(schema), "notice": notice}
     return Call(f"{entry.event} write", WRITES[type(write)].at(schema), params,
-                functools.partial(_write_outcome, write.identity), Kind.WRITE,
+                functools.partial(_write_outcome, write.identity,
+                                  finds_row=not isinstance(write, Insert)), Kind.WRITE,
                 event_id=entry.event_id, identity=write.identity)
 
 

@@ -15,8 +15,9 @@
 --
 -- The write is judged and stamped with that time, and so is its audit row. The audit row is
 -- inserted from the write's RETURNING, so it exists exactly when the write changed the row.
--- The final SELECT always returns one row: the time, plus the new lease columns if the guard
--- held (NULLs if it did not).
+-- The final SELECT always returns one row: the time, the new lease columns if the guard held
+-- (NULLs if it did not), and the locked row as the write found it (NULLs if there was none),
+-- from which a refused write's reason is named.
 --
 -- {write} is one of insert.sql, renew.sql, close.sql, rotate.sql; it refers to `t` and to
 -- the lease table as `l`. The audit epoch is cast to bigint only in a row actually inserted
@@ -52,5 +53,8 @@ notified AS MATERIALIZED (
 {notify}
 )
 SELECT t.now, w.lease_id, w.connector_id, w.allowed_scopes, w.epoch, w.acquired_at,
-       w.heartbeat_at, w.expires_at, w.released_at, w.updated_at
-FROM t LEFT JOIN written AS w ON true CROSS JOIN (SELECT count(*) FROM notified) AS sent
+       w.heartbeat_at, w.expires_at, w.released_at, w.updated_at,
+       k.lease_id, k.connector_id, k.allowed_scopes, k.epoch, k.acquired_at,
+       k.heartbeat_at, k.expires_at, k.released_at, k.updated_at
+FROM t LEFT JOIN written AS w ON true LEFT JOIN locked AS k ON true
+CROSS JOIN (SELECT count(*) FROM notified) AS sent
