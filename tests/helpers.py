@@ -20,6 +20,7 @@ from mos_lease import (
     CommitOutcomeUnknown,
     ConnectorLeaseCoordinator,
     ConnectorLeaseService,
+    ExecutionGrant,
     LeaseHandle,
     LeaseIdentity,
     LeaseRow,
@@ -86,6 +87,12 @@ class Env:
         assert result.ok, result
         assert result.lease is not None
         return result.lease
+
+    def grant(self, lease: LeaseHandle, scopes: Sequence[str] | None = None,
+              ttl: float = 10) -> ExecutionGrant:
+        issued = self.coordinator.issue_grant(lease, scopes=scopes or ["tool:run"], ttl=ttl)
+        assert issued.grant is not None, issued
+        return issued.grant
 
     def audit(self) -> list[AuditRecord]:
         return list(self.store.audit(limit=1_000_000))
