@@ -15,7 +15,7 @@ from mos_lease import (
     Outcome,
     Reason,
 )
-from mos_lease_memory import InMemoryLeaseStore
+from mos_lease.memory import InMemoryLeaseStore
 from tests.helpers import (
     IDENT,
     OTHER_IDENT,

@@ -15,7 +15,8 @@ from mos_lease import (
     LeaseHandle,
     Outcome,
 )
-from mos_lease_memory import InMemoryLeaseStore, ManualClock
+from mos_lease.clock import ManualClock
+from mos_lease.memory import InMemoryLeaseStore
 from tests.helpers import (
     IDENT,
     OTHER_IDENT,
