@@ -23,12 +23,7 @@ from mos_lease import (
     LeaseHandle,
     LeaseIdentity,
 )
-from tests.helpers import (
-    IDENT,
-    SCOPES,
-    Env,
-    make_env,
-)
+from tests.helpers import IDENT, SCOPES, Env, make_env
 
 BAD_IDS: list[object] = ["", "x" * 129, " pad", "pad ", "n\x00", "d\x7f", "b\u202e", "z\u200b",
                          "\ud800", None, 5, b"conn"]

@@ -16,15 +16,7 @@ from mos_lease import (
     Reason,
 )
 from mos_lease.memory import InMemoryLeaseStore
-from tests.helpers import (
-    IDENT,
-    OTHER_IDENT,
-    SCOPES,
-    CountingIds,
-    expire,
-    make_env,
-    row_of,
-)
+from tests.helpers import IDENT, OTHER_IDENT, SCOPES, CountingIds, expire, make_env, row_of
 
 
 def test_acquire_gives_epoch_one_and_store_time_expiry() -> None:

@@ -8,24 +8,10 @@ from uuid import UUID
 
 import pytest
 
-from mos_lease import (
-    AllowAllPolicy,
-    ConnectorLeaseCoordinator,
-    InvalidInput,
-    LeaseHandle,
-    Outcome,
-)
+from mos_lease import AllowAllPolicy, ConnectorLeaseCoordinator, InvalidInput, LeaseHandle, Outcome
 from mos_lease.clock import ManualClock
 from mos_lease.memory import InMemoryLeaseStore
-from tests.helpers import (
-    IDENT,
-    OTHER_IDENT,
-    SCOPES,
-    Env,
-    FaultyStore,
-    make_env,
-    row_of,
-)
+from tests.helpers import IDENT, OTHER_IDENT, SCOPES, Env, FaultyStore, make_env, row_of
 
 
 def _faulty_env() -> tuple[Env, FaultyStore, ConnectorLeaseCoordinator]:

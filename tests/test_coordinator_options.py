@@ -20,11 +20,7 @@ from mos_lease import (
 )
 from mos_lease.clock import ManualClock
 from mos_lease.memory import InMemoryLeaseStore
-from tests.helpers import (
-    IDENT,
-    SCOPES,
-    make_env,
-)
+from tests.helpers import IDENT, SCOPES, make_env
 
 
 def test_lowered_lease_cap_is_enforced_everywhere() -> None:

@@ -10,20 +10,8 @@ from typing import Any
 
 import pytest
 
-from mos_lease import (
-    AllowAllPolicy,
-    ConnectorLeaseCoordinator,
-    Outcome,
-    Reason,
-)
-from tests.helpers import (
-    IDENT,
-    SCOPES,
-    CountingIds,
-    Env,
-    make_env,
-    row_of,
-)
+from mos_lease import AllowAllPolicy, ConnectorLeaseCoordinator, Outcome, Reason
+from tests.helpers import IDENT, SCOPES, CountingIds, Env, make_env, row_of
 
 THREADS = 8
 

@@ -9,15 +9,8 @@ from collections.abc import Callable
 from mos_lease.errors import InvalidInput
 from mos_lease.holder.options import HoldOptions, LeaseLost, NoticeSource, _check_callable
 from mos_lease.holder.waiting import expiring_check
-from mos_lease.identity import (
-    LeaseIdentity,
-)
-from mos_lease.keeper import (
-    AsyncLeaseKeeper,
-    LeaseKeeper,
-    LeaseLoss,
-    LossCause,
-)
+from mos_lease.identity import LeaseIdentity
+from mos_lease.keeper import AsyncLeaseKeeper, LeaseKeeper, LeaseLoss, LossCause
 from mos_lease.records import LeaseHandle
 from mos_lease.results import HolderView, LeaseResult
 from mos_lease.vocabulary import Reason

@@ -22,10 +22,7 @@ from mos_lease.identity import (
     normalize_scopes,
     normalize_ttl,
 )
-from mos_lease.keeper import (
-    KeeperTiming,
-    LeaseLoss,
-)
+from mos_lease.keeper import KeeperTiming, LeaseLoss
 from mos_lease.results import HolderView
 from mos_lease.vocabulary import Reason
 

@@ -9,18 +9,13 @@ from collections.abc import Callable
 from datetime import timedelta
 from types import TracebackType
 
-from mos_lease.coordinator import (
-    ConnectorLeaseCoordinator,
-)
+from mos_lease.coordinator import ConnectorLeaseCoordinator
 from mos_lease.errors import InvalidInput, MosLeaseError
 from mos_lease.events import EventHook
 from mos_lease.holder.base import _Callbacks, _HolderBase, _log_release_failure
 from mos_lease.holder.options import HoldOptions, NoticeSource
 from mos_lease.holder.waiting import Acquired, ReadHolder, Step, TryAcquire, TryTakeover, waiting
-from mos_lease.keeper import (
-    LeaseKeeper,
-    LeaseLoss,
-)
+from mos_lease.keeper import LeaseKeeper, LeaseLoss
 from mos_lease.results import GrantResult
 
 

@@ -13,10 +13,7 @@ from typing import Any, Final
 import attrs
 
 from mos_lease.holder.options import HoldOptions, LeaseNotAcquired, TakeoverPolicy
-from mos_lease.keeper import (
-    TRANSIENT_ERRORS,
-    KeeperTiming,
-)
+from mos_lease.keeper import TRANSIENT_ERRORS, KeeperTiming
 from mos_lease.results import HolderView, LeaseResult
 from mos_lease.vocabulary import LeaseState, Reason
 

@@ -9,9 +9,7 @@ from typing import Any
 
 import psycopg
 
-from mos_lease import (
-    StoreUnavailable,
-)
+from mos_lease import StoreUnavailable
 from tests.faults import clockskew
 
 

@@ -14,13 +14,7 @@ from collections import deque
 from collections.abc import Callable
 from datetime import UTC, datetime
 
-from mos_lease import (
-    ExecutionGrant,
-    LeaseHandle,
-    LeaseIdentity,
-    MosLeaseError,
-    StoreUnavailable,
-)
+from mos_lease import ExecutionGrant, LeaseHandle, LeaseIdentity, MosLeaseError, StoreUnavailable
 from tests.faults import clockskew
 from tests.faults.gateway import Config, Gateway, identities, say, stop_requested, wait_go
 from tests.faults.history import Status
