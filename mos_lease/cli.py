@@ -13,6 +13,9 @@ from mos_lease import demo
 # equal). Without the pg extra each still answers, with the install hint.
 PG_COMMANDS = ("setup", "roles", "migrate", "check", "status", "audit")
 PG_MISSING_EXIT = 2
+# The modules the pg extra installs. Only their absence means "PostgreSQL support is not
+# installed"; any other ImportError from mos_lease_pg is a fault and must be seen as one.
+PG_EXTRA_MODULES = frozenset({"psycopg", "psycopg_pool"})
 
 
 def version() -> str:
@@ -37,7 +40,9 @@ def _parser() -> argparse.ArgumentParser:
     demo_parser.set_defaults(func=lambda _args: demo.run())
     try:
         from mos_lease_pg.cli import register
-    except ImportError as missing:
+    except ModuleNotFoundError as missing:
+        if missing.name not in PG_EXTRA_MODULES:
+            raise
         reason = f"PostgreSQL support is not installed ({missing}); pip install 'mos-lease[pg]'"
         # Stand-ins without their own options: any arguments at all (``--dsn x --json``,
         # ``--help``) reach the install hint instead of an argparse error about them.

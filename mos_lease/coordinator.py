@@ -690,7 +690,7 @@ class ConnectorLeaseCoordinator(_Coordinator[LeaseStore]):
     def __init__(self, store: LeaseStore | None = None,
                  policy: ConnectorLeaseService | None = None, **options: Any) -> None:
         if store is None:
-            from mos_lease_memory import InMemoryLeaseStore  # the embedded default
+            from mos_lease.memory import InMemoryLeaseStore  # the embedded default
 
             store = InMemoryLeaseStore()
         super().__init__(store, policy, **options)
@@ -805,7 +805,7 @@ class AsyncConnectorLeaseCoordinator(_Coordinator[AsyncLeaseStore]):
     def __init__(self, store: AsyncLeaseStore | None = None,
                  policy: ConnectorLeaseService | None = None, **options: Any) -> None:
         if store is None:
-            from mos_lease_memory import AsyncInMemoryLeaseStore
+            from mos_lease.memory import AsyncInMemoryLeaseStore
 
             store = AsyncInMemoryLeaseStore()
         super().__init__(store, policy, **options)

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from mos_lease.clock import ManualClock
 from mos_lease.context import ConnectorExecutionContext
 from mos_lease.coordinator import ConnectorLeaseCoordinator
 from mos_lease.identity import LeaseIdentity
+from mos_lease.memory import InMemoryLeaseStore
 from mos_lease.policy import StaticConnectorPolicy
 from mos_lease.results import GrantResult, InvocationResult, LeaseResult, ValidationResult
-from mos_lease_memory import InMemoryLeaseStore, ManualClock
 
 POLICY = {"rules": [
     {"tenant_id": "acme", "logical_agent_id": "*", "binding_id": "*", "connector_id": name,

@@ -20,14 +20,16 @@ from mos_lease import (
     CommitOutcomeUnknown,
     ConnectorLeaseCoordinator,
     ConnectorLeaseService,
+    ExecutionGrant,
     LeaseHandle,
     LeaseIdentity,
     LeaseRow,
     StoreUnavailable,
 )
+from mos_lease.clock import ManualClock
 from mos_lease.machine import Write
+from mos_lease.memory import InMemoryLeaseStore
 from mos_lease.records import AuditEntry, Snapshot, WriteOutcome
-from mos_lease_memory import InMemoryLeaseStore, ManualClock
 
 START = datetime(2030, 1, 1, tzinfo=UTC)
 IDENT = LeaseIdentity("acme", "agent-1", "binding-1")
@@ -86,6 +88,12 @@ class Env:
         assert result.ok, result
         assert result.lease is not None
         return result.lease
+
+    def grant(self, lease: LeaseHandle, scopes: Sequence[str] | None = None,
+              ttl: float = 10) -> ExecutionGrant:
+        issued = self.coordinator.issue_grant(lease, scopes=scopes or ["tool:run"], ttl=ttl)
+        assert issued.grant is not None, issued
+        return issued.grant
 
     def audit(self) -> list[AuditRecord]:
         return list(self.store.audit(limit=1_000_000))

@@ -1,11 +1,16 @@
-"""The demo tells the failover story the README promises, through the console script."""
+"""The ``mos-lease`` command: the demo tells the failover story the README promises, the
+PostgreSQL commands answer with an install hint when the pg extra is missing (and only
+then), and a coordinator on the deny-all default says so."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import subprocess
 import sys
+import types
+from collections.abc import Sequence
 from importlib import metadata
 
 import pytest
@@ -79,26 +84,79 @@ ARGUMENT_SHAPES = [
 ]
 
 
+# Run in a fresh interpreter: there the pg extra's modules can be made missing (None in
+# sys.modules fails their import as an absent module would) before anything loads them.
+_CLI_WITHOUT = """
+import contextlib, io, json, sys
+for name in json.loads(sys.argv[1]):
+    sys.modules[name] = None
+from mos_lease import cli
+results = []
+for argv in json.loads(sys.argv[2]):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = cli.main(argv)
+        except SystemExit as exit_:
+            code = exit_.code
+    results.append([code, out.getvalue(), err.getvalue()])
+print(json.dumps(results))
+"""
+
+
+def _run_without(missing: Sequence[str], *argvs: Sequence[str]
+                 ) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", _CLI_WITHOUT, json.dumps(list(missing)),
+                           json.dumps([list(argv) for argv in argvs])],
+                          capture_output=True, text=True, timeout=60, check=False)
+
+
+def _cli_without(missing: Sequence[str], *argvs: Sequence[str]) -> list[tuple[int, str, str]]:
+    """``cli.main(argv)`` for each argv, where the modules ``missing`` cannot be imported:
+    (exit code, stdout, stderr) of each."""
+    done = _run_without(missing, *argvs)
+    assert done.returncode == 0, done.stderr
+    return [(code, out, err) for code, out, err in json.loads(done.stdout)]
+
+
 @pytest.mark.parametrize("command", cli.PG_COMMANDS)
-def test_without_the_pg_extra_every_command_prints_the_install_hint(
-        command: str, monkeypatch: pytest.MonkeyPatch,
-        capsys: pytest.CaptureFixture[str]) -> None:
-    # None in sys.modules makes the import fail as a missing module would.
-    monkeypatch.setitem(sys.modules, "mos_lease_pg.cli", None)
-    for shape in ARGUMENT_SHAPES:
-        assert cli.main([command, *shape]) == 2, shape
-        captured = capsys.readouterr()
-        assert "pip install 'mos-lease[pg]'" in captured.err, shape
-        assert "unrecognized" not in captured.err and captured.out == "", shape
+def test_without_the_pg_extra_every_command_prints_the_install_hint(command: str) -> None:
+    results = _cli_without(["psycopg"], *[(command, *shape) for shape in ARGUMENT_SHAPES])
+    for shape, (code, out, err) in zip(ARGUMENT_SHAPES, results, strict=True):
+        assert code == 2, shape
+        assert "pip install 'mos-lease[pg]'" in err, shape
+        assert "unrecognized" not in err and out == "", shape
 
 
-def test_without_the_pg_extra_other_commands_still_check_their_arguments(
-        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize("missing", sorted(cli.PG_EXTRA_MODULES))
+def test_each_module_of_the_pg_extra_missing_gives_the_install_hint(missing: str) -> None:
+    ((code, out, err),) = _cli_without([missing], ("status", "--dsn", "x"))
+    assert code == 2 and out == ""
+    assert "PostgreSQL support is not installed" in err and missing in err
+
+
+def test_without_the_pg_extra_other_commands_still_check_their_arguments() -> None:
+    ((code, _, err),) = _cli_without(["psycopg"], ("demo", "--dsn", "x"))
+    assert code == 2
+    assert "unrecognized arguments: --dsn x" in err
+
+
+def test_a_fault_inside_mos_lease_pg_is_not_reported_as_a_missing_extra(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """With psycopg installed, an ImportError from mos_lease_pg itself is a bug there and
+    propagates: a missing module of the package, a name it no longer defines, or a module
+    deep inside it that fails to load."""
     monkeypatch.setitem(sys.modules, "mos_lease_pg.cli", None)
-    with pytest.raises(SystemExit) as exit_info:
-        cli.main(["demo", "--dsn", "x"])
-    assert exit_info.value.code == 2
-    assert "unrecognized arguments: --dsn x" in capsys.readouterr().err
+    with pytest.raises(ModuleNotFoundError) as missing_module:
+        cli.main(["status", "--dsn", "x"])
+    assert missing_module.value.name == "mos_lease_pg.cli"
+    monkeypatch.setitem(sys.modules, "mos_lease_pg.cli", types.ModuleType("mos_lease_pg.cli"))
+    with pytest.raises(ImportError, match="cannot import name 'register'"):
+        cli.main(["demo"])
+    done = _run_without(["mos_lease_pg.statements"], ("status", "--dsn", "x"))
+    assert done.returncode == 1
+    assert "ModuleNotFoundError" in done.stderr and "mos_lease_pg.statements" in done.stderr
+    assert "pip install" not in done.stdout + done.stderr
 
 
 def test_with_the_pg_extra_unknown_arguments_are_still_refused(

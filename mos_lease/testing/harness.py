@@ -5,8 +5,9 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Protocol
 
+from mos_lease.clock import ManualClock
+from mos_lease.memory import InMemoryLeaseStore
 from mos_lease.ports import LeaseInspector, LeaseStore
-from mos_lease_memory import InMemoryLeaseStore, ManualClock
 
 
 class InspectableStore(LeaseStore, LeaseInspector, Protocol):

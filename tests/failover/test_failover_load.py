@@ -24,6 +24,7 @@ from psycopg.conninfo import conninfo_to_dict
 from mos_lease import LeaseIdentity
 from tests.failover.cluster import ReplicatedPair
 from tests.failover.support import migrated
+from tests.faults.gateway import Gateway
 from tests.faults.history import (
     Kind,
     Op,
@@ -41,7 +42,6 @@ from tests.faults.support import (
     start_together,
     workers_cleanup,
 )
-from tests.faults.workers import Gateway
 
 GATEWAYS = 3  # in the takeover storm; one more runs steady work (``load``)
 IDENTITIES = 2

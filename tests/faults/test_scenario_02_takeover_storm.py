@@ -10,6 +10,7 @@ import psycopg
 import pytest
 
 from mos_lease import LeaseIdentity
+from tests.faults.gateway import Gateway
 from tests.faults.history import Kind, Op, Status
 from tests.faults.support import (
     Table,
@@ -20,7 +21,6 @@ from tests.faults.support import (
     start_together,
     workers_cleanup,
 )
-from tests.faults.workers import Gateway
 
 pytestmark = [pytest.mark.faults, pytest.mark.pg]
 

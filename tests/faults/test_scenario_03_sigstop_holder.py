@@ -16,6 +16,7 @@ import psycopg
 import pytest
 
 from mos_lease import LeaseIdentity
+from tests.faults.gateway import Gateway
 from tests.faults.history import Ident, Op, OpRecord, Status, check_history, read_records
 from tests.faults.support import (
     Table,
@@ -26,7 +27,6 @@ from tests.faults.support import (
     scaled,
     workers_cleanup,
 )
-from tests.faults.workers import Gateway
 
 pytestmark = [pytest.mark.faults, pytest.mark.pg]
 

@@ -45,9 +45,9 @@ from mos_lease import (
     ValidationResult,
 )
 from mos_lease_pg import AsyncPostgresLeaseStore
+from tests.faults.gateway import SCOPES, Gateway
 from tests.faults.history import OpRecord, Status, check_history, read_records
 from tests.faults.support import Table, audit_rows, final_rows, run_prefix, scaled
-from tests.faults.workers import SCOPES, Gateway
 from tests.pg_support import LoopbackRelay
 
 pytestmark = [pytest.mark.faults, pytest.mark.pg]

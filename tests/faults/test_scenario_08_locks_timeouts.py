@@ -27,9 +27,9 @@ import psycopg
 import pytest
 
 from mos_lease import LeaseHandle, LeaseIdentity
+from tests.faults.gateway import Gateway
 from tests.faults.history import OpRecord, Status, check_history, read_records
 from tests.faults.support import Table, audit_rows, final_rows, percentile, run_prefix, scaled
-from tests.faults.workers import Gateway
 
 pytestmark = [pytest.mark.faults, pytest.mark.pg]
 

@@ -36,6 +36,7 @@ from mos_lease_pg import (
     make_pool,
     open_async_pool,
 )
+from tests.faults.gateway import SCOPES, Gateway
 from tests.faults.history import OpRecord, Status, check_history, read_records
 from tests.faults.support import (
     Table,
@@ -45,7 +46,6 @@ from tests.faults.support import (
     run_prefix,
     scaled,
 )
-from tests.faults.workers import SCOPES, Gateway
 
 pytestmark = [pytest.mark.faults, pytest.mark.pg]
 

@@ -38,9 +38,11 @@ from mos_lease import (
     LeaseIdentity,
 )
 from mos_lease_memory import InMemoryLeaseStore
+from tests.faults.gateway import SCOPES, Gateway
 from tests.faults.history import Op, check_history, read_records
+from tests.faults.replicas import grant_fields as _grant_fields
+from tests.faults.replicas import replica
 from tests.faults.support import Table, Worker, audit_rows, final_rows, run_prefix
-from tests.faults.workers import SCOPES, Gateway, _grant_fields, replica
 
 pytestmark = [pytest.mark.faults, pytest.mark.pg]
 

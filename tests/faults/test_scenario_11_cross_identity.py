@@ -26,9 +26,9 @@ import psycopg
 import pytest
 
 from mos_lease import ExecutionGrant, LeaseHandle, LeaseIdentity
+from tests.faults.gateway import SCOPES, Gateway
 from tests.faults.history import Op, Status, check_history, read_records
 from tests.faults.support import Table, audit_rows_of, final_rows, run_prefix, scaled
-from tests.faults.workers import SCOPES, Gateway
 
 pytestmark = [pytest.mark.faults, pytest.mark.pg]
 

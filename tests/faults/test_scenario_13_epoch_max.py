@@ -32,6 +32,7 @@ from mos_lease import (
 )
 from mos_lease.records import LeaseRow
 from mos_lease_memory import InMemoryLeaseStore, ManualClock
+from tests.faults.gateway import SCOPES, Gateway
 from tests.faults.history import Ident, Op, Status, check_history, read_records
 from tests.faults.support import (
     Table,
@@ -43,7 +44,6 @@ from tests.faults.support import (
     start_together,
     workers_cleanup,
 )
-from tests.faults.workers import SCOPES, Gateway
 
 pytestmark = [pytest.mark.faults, pytest.mark.pg]
 

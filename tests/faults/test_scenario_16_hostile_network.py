@@ -65,6 +65,7 @@ from mos_lease import (
 )
 from mos_lease_pg import AsyncPostgresLeaseStore, ConnectionSettings, PostgresLeaseStore
 from tests.faults.history import Op, check_history
+from tests.faults.recorder import Recorder
 from tests.faults.support import (
     HostileFault,
     HostileProxy,
@@ -75,7 +76,6 @@ from tests.faults.support import (
     run_prefix,
     scaled,
 )
-from tests.faults.workers import Recorder
 
 pytestmark = [pytest.mark.faults, pytest.mark.pg]
 

@@ -1,0 +1,43 @@
+"""Clocks for the in-memory store, which is its own time authority: the wall clock of this
+process, or a manual one for tests, demos and simulations."""
+
+from __future__ import annotations
+
+import threading
+from datetime import UTC, datetime, timedelta
+from typing import Protocol
+
+
+class Clock(Protocol):
+    """What the in-memory store reads its time from."""
+
+    def now(self) -> datetime: ...
+
+
+class SystemClock:
+    """Wall-clock UTC time of this process: right for a store embedded in one process."""
+
+    def now(self) -> datetime:
+        return datetime.now(UTC)
+
+
+class ManualClock:
+    """A clock that moves only when told to; for tests, demos and simulations."""
+
+    def __init__(self, start: datetime | None = None) -> None:
+        self._now = start if start is not None else datetime(2030, 1, 1, tzinfo=UTC)
+        if self._now.tzinfo is None:
+            raise ValueError("ManualClock needs a timezone-aware start")
+        self._lock = threading.Lock()
+
+    def now(self) -> datetime:
+        with self._lock:
+            return self._now
+
+    def advance(self, by: timedelta | float) -> datetime:
+        step = by if isinstance(by, timedelta) else timedelta(seconds=by)
+        if step < timedelta(0):
+            raise ValueError("time does not go backwards")
+        with self._lock:
+            self._now += step
+            return self._now

@@ -1,0 +1,229 @@
+"""Holding a lease: wait until it can be had, keep it renewed, give it back.
+
+:func:`hold` is the loop every gateway needs around the low-level calls::
+
+    with hold(coordinator, identity, "claude-a", scopes=["tool:run"], ttl=30) as held:
+        grant = held.issue_grant(scopes=["tool:run"], ttl=10)
+        ...
+    # released here, also when the block raised
+
+    async with hold(async_coordinator, identity, "claude-a", scopes=["tool:run"], ttl=30,
+                    cancel_on_loss=True) as held:
+        ...  # cancelled if the lease is lost; the ``async with`` then raises LeaseLost
+
+Waiting is a generator of steps (:func:`waiting`, in :mod:`~mos_lease.holder.waiting`), like
+the coordinator's flows: it decides what to try, how long to pause and when to give up, and
+the two thin shells (:class:`Holder` in :mod:`~mos_lease.holder.thread_shell`,
+:class:`AsyncHolder` in :mod:`~mos_lease.holder.asyncio_shell`) only perform the steps.
+The options and exceptions are in :mod:`~mos_lease.holder.options`, what the shells share in
+:mod:`~mos_lease.holder.base`. Holding is a keeper
+(:mod:`mos_lease.keeper`), which already owns the renewal schedule and the local deadline.
+
+While waiting, the lease is *read* (:meth:`~mos_lease.ConnectorLeaseCoordinator.
+current_holder`, no audit row), and a write is tried only when the read says it could
+succeed: a waiter polling for minutes does not fill the audit log with refusals. The first
+try is an acquire, which wins at once on a free identity. A takeover always names the epoch
+just observed, so of several waiters exactly one wins, and an active holder is preempted
+only under ``takeover="preempt"`` (which the coordinator's policy may still refuse).
+
+A push source of lease changes (``notices=``, a :class:`NoticeSource` such as
+``mos_lease_pg.notices.LeaseNotices``) feeds ``_notice(identity, epoch)``: it wakes a waiter
+at once and reports loss early to a holder whose epoch was superseded. Without one, waiters
+poll and holders learn of loss at their next heartbeat. A notice is only a hint: it never
+grants anything, and fencing never waits for one.
+"""
+
+from __future__ import annotations
+
+import random as _random
+from collections.abc import Awaitable, Callable
+from datetime import timedelta
+from typing import Any, overload
+
+from mos_lease.coordinator import (
+    AsyncConnectorLeaseCoordinator,
+    ConnectorLeaseCoordinator,
+    default_clock,
+)
+from mos_lease.errors import InvalidInput
+from mos_lease.events import EventHook
+from mos_lease.holder.asyncio_shell import AsyncHolder
+from mos_lease.holder.base import _Callbacks
+from mos_lease.holder.options import (
+    MAX_WAIT,
+    HoldOptions,
+    LeaseLost,
+    LeaseNotAcquired,
+    NoticeCallback,
+    NoticeSource,
+    TakeoverPolicy,
+    _check_callable,
+    _check_notices,
+    check_options,
+    latest_healthy_gap,
+)
+from mos_lease.holder.thread_shell import Holder
+from mos_lease.holder.waiting import (
+    RETRY_REASONS,
+    Acquired,
+    Pause,
+    ReadHolder,
+    Step,
+    TryAcquire,
+    TryTakeover,
+    expiring_check,
+    pause_for,
+    plan_attempt,
+    waiting,
+)
+from mos_lease.identity import LeaseIdentity
+from mos_lease.keeper import LeaseLoss
+from mos_lease.records import LeaseHandle
+
+__all__ = [
+    "MAX_WAIT", "RETRY_REASONS", "Acquired", "AsyncHolder", "HoldOptions", "Holder",
+    "LeaseLost", "LeaseNotAcquired", "NoticeCallback", "NoticeSource", "Pause", "ReadHolder",
+    "Step", "TakeoverPolicy", "TryAcquire", "TryTakeover", "check_options", "expiring_check",
+    "hold", "latest_healthy_gap", "pause_for", "plan_attempt", "waiting",
+]
+
+
+# The two signatures differ in the coordinator types, ``sleep`` and the holder returned.
+@overload
+def hold(coordinator: ConnectorLeaseCoordinator, identity: LeaseIdentity, connector_id: str,
+         *, scopes: object,
+         ttl: float | timedelta, wait: float | None = ...,
+         takeover: TakeoverPolicy | str = ...,
+         on_started: Callable[[LeaseHandle], object] | None = ...,
+         on_stopped: Callable[[], object] | None = ...,
+         on_new_holder: Callable[[str, int], object] | None = ...,
+         on_lost: Callable[[LeaseLoss], object] | None = ...,
+         on_expiring: Callable[[float], object] | None = ...,
+         expiring_within: float | None = ..., cancel_on_loss: bool = ...,
+         min_backoff: float | None = ..., max_backoff: float | None = ...,
+         heartbeat_coordinator: ConnectorLeaseCoordinator | None = ...,
+         clock: Callable[[], float] = ..., random: Callable[[], float] = ...,
+         sleep: Callable[[float], object] | None = ...,
+         on_event: EventHook | None = ...,
+         notices: NoticeSource | None = ...) -> Holder: ...
+
+
+@overload
+def hold(coordinator: AsyncConnectorLeaseCoordinator, identity: LeaseIdentity,
+         connector_id: str, *, scopes: object,
+         ttl: float | timedelta, wait: float | None = ...,
+         takeover: TakeoverPolicy | str = ...,
+         on_started: Callable[[LeaseHandle], object] | None = ...,
+         on_stopped: Callable[[], object] | None = ...,
+         on_new_holder: Callable[[str, int], object] | None = ...,
+         on_lost: Callable[[LeaseLoss], object] | None = ...,
+         on_expiring: Callable[[float], object] | None = ...,
+         expiring_within: float | None = ..., cancel_on_loss: bool = ...,
+         min_backoff: float | None = ..., max_backoff: float | None = ...,
+         heartbeat_coordinator: AsyncConnectorLeaseCoordinator | None = ...,
+         clock: Callable[[], float] = ..., random: Callable[[], float] = ...,
+         sleep: Callable[[float], Awaitable[object]] | None = ...,
+         on_event: EventHook | None = ...,
+         notices: NoticeSource | None = ...) -> AsyncHolder: ...
+
+
+def hold(coordinator: ConnectorLeaseCoordinator | AsyncConnectorLeaseCoordinator,
+         identity: LeaseIdentity, connector_id: str, *, scopes: object,
+         ttl: float | timedelta, wait: float | None = None,
+         takeover: TakeoverPolicy | str = TakeoverPolicy.EXPIRED,
+         on_started: Callable[[LeaseHandle], object] | None = None,
+         on_stopped: Callable[[], object] | None = None,
+         on_new_holder: Callable[[str, int], object] | None = None,
+         on_lost: Callable[[LeaseLoss], object] | None = None,
+         on_expiring: Callable[[float], object] | None = None,
+         expiring_within: float | None = None, cancel_on_loss: bool = False,
+         min_backoff: float | None = None, max_backoff: float | None = None,
+         heartbeat_coordinator: Any = None, clock: Callable[[], float] = default_clock,
+         random: Callable[[], float] = _random.random, sleep: Any = None,
+         on_event: EventHook | None = None, notices: NoticeSource | None = None,
+         ) -> Holder | AsyncHolder:
+    """Hold ``identity``'s lease as ``connector_id`` for the length of a ``with`` block
+    (``async with`` for an :class:`~mos_lease.AsyncConnectorLeaseCoordinator`).
+
+    Entering waits for the lease; the block runs while a keeper renews it; leaving
+    releases it (also when the block raised; a failed release is logged, not raised).
+
+    * ``scopes``, ``ttl``: as for ``acquire``; the keeper renews with the same ``ttl``.
+    * ``wait``: seconds to wait for the lease (``None``: without limit; ``0``: one try,
+      which on an expired lease is the acquire and the takeover it calls for). When it runs
+      out, or at once on a refusal waiting cannot change (the policy's, an exhausted epoch),
+      entering raises :class:`LeaseNotAcquired`. A store call under way when the wait ends
+      finishes first (stores bound their calls).
+    * ``takeover``: ``"expired"`` (default) takes over an expired or released lease,
+      ``"never"`` only acquires an identity that never had a lease, ``"preempt"`` also
+      takes over an active one if the coordinator's policy allows it (if it refuses once,
+      the holder waits like ``"expired"``).
+    * ``min_backoff``, ``max_backoff``: bounds of the pauses between reads while waiting
+      (exponential, with jitter; never past the expiry of the lease last seen, nor the end
+      of the wait) and of the keeper's retries.
+    * ``on_started(lease)``, ``on_stopped()``: once the lease is held, and once the block
+      is left. ``on_new_holder(connector_id, epoch)``: whenever the waiter sees a holder
+      other than the last one it saw, its own acquisition included. ``on_lost(loss)``: the
+      lease was lost while held (never for the release on leaving).
+      ``on_expiring(seconds_left)``: once per stretch of failed renewals, when the keeper's
+      local deadline is within ``expiring_within`` seconds (default: half the closest a
+      healthy lease comes to it). Callbacks run on the keeper's thread or the loop (a
+      thread holder's ``on_lost`` after a notice: on the notice source's thread, so keep it
+      short); one that raises is logged and ignored.
+    * ``cancel_on_loss`` (asyncio only): cancel the block's task when the lease is lost;
+      the ``async with`` then raises :class:`LeaseLost`.
+    * ``heartbeat_coordinator``: renew through another coordinator (a connection of its
+      own), as for the keepers.
+    * ``on_event``: the keeper's telemetry hook (``Renewed``, ``RenewalRetry``, ``Lost``;
+      see :mod:`mos_lease.events`); the coordinator's own operations report to the
+      coordinator's ``on_event``.
+    * ``clock``, ``random``, ``sleep``: monotonic seconds, uniform draws in [0, 1) and the
+      pause, injectable for tests. Without ``sleep`` a pause ends early on a notice.
+    * ``notices``: a push source of takeovers and releases (``mos_lease_pg.notices.
+      LeaseNotices``): a waiter looks again as soon as the lease is released or taken over,
+      and a holder whose lease was taken over reports the loss at once instead of at its
+      next heartbeat. Only a hint: without it (or when it cannot listen) waiters poll and
+      holders find loss at their next heartbeat. asyncio holders take the same thread-based
+      source; each notice is handed to the loop.
+
+    Inside the block, ``.lease`` and ``.issue_grant(...)`` raise :class:`LeaseLost` once the
+    lease is lost (nothing reaches the store); ``.lost`` is the loss or ``None``;
+    ``lost_event`` and ``wait_lost()`` wait for it.
+
+    Every argument is checked here, before anything is read or written: bad input raises
+    :class:`~mos_lease.errors.InvalidInput` (:class:`~mos_lease.errors.ConfigurationError`
+    for backoff bounds that contradict each other).
+    """
+    options = check_options(identity, connector_id, scopes=scopes, ttl=ttl, wait=wait,
+                            takeover=takeover, min_backoff=min_backoff,
+                            max_backoff=max_backoff, expiring_within=expiring_within)
+    callbacks = _Callbacks(on_started=on_started, on_stopped=on_stopped,
+                           on_new_holder=on_new_holder, on_lost=on_lost,
+                           on_expiring=on_expiring)
+    for name, value in (("clock", clock), ("random", random), ("sleep", sleep),
+                        ("on_event", on_event)):
+        _check_callable(name, value)
+    if not isinstance(cancel_on_loss, bool):
+        raise InvalidInput("cancel_on_loss", "must be a bool")
+    source = _check_notices(notices)
+    if isinstance(coordinator, ConnectorLeaseCoordinator):
+        if heartbeat_coordinator is not None \
+                and not isinstance(heartbeat_coordinator, ConnectorLeaseCoordinator):
+            raise InvalidInput("heartbeat_coordinator", "must be a ConnectorLeaseCoordinator")
+        if cancel_on_loss:
+            raise InvalidInput("cancel_on_loss", "only an asyncio holder can cancel its "
+                               "block; use lost_event, wait_lost() or on_lost")
+        return Holder(coordinator, options, callbacks, clock=clock, random=random,
+                      sleep=sleep, heartbeat_coordinator=heartbeat_coordinator,
+                      on_event=on_event, notices=source)
+    if isinstance(coordinator, AsyncConnectorLeaseCoordinator):
+        if heartbeat_coordinator is not None \
+                and not isinstance(heartbeat_coordinator, AsyncConnectorLeaseCoordinator):
+            raise InvalidInput("heartbeat_coordinator",
+                               "must be an AsyncConnectorLeaseCoordinator")
+        return AsyncHolder(coordinator, options, callbacks, clock=clock, random=random,
+                           sleep=sleep, heartbeat_coordinator=heartbeat_coordinator,
+                           cancel_on_loss=cancel_on_loss, on_event=on_event,
+                           notices=source)
+    raise InvalidInput("coordinator", "must be a ConnectorLeaseCoordinator or an "
+                       f"AsyncConnectorLeaseCoordinator, not {type(coordinator).__name__}")

@@ -1,0 +1,209 @@
+"""The asyncio holder: :func:`~mos_lease.hold` on an
+:class:`~mos_lease.AsyncConnectorLeaseCoordinator` (``async with``), with an
+:class:`~mos_lease.keeper.AsyncLeaseKeeper`, and the cancellation of the block on loss."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+from datetime import timedelta
+from types import TracebackType
+from typing import Any
+
+from mos_lease.coordinator import AsyncConnectorLeaseCoordinator
+from mos_lease.errors import InvalidInput, MosLeaseError
+from mos_lease.events import EventHook
+from mos_lease.holder.base import _Callbacks, _HolderBase, _log_release_failure
+from mos_lease.holder.options import HoldOptions, LeaseLost, NoticeSource
+from mos_lease.holder.waiting import Acquired, ReadHolder, Step, TryAcquire, TryTakeover, waiting
+from mos_lease.keeper import AsyncLeaseKeeper, LeaseLoss
+from mos_lease.results import GrantResult
+
+
+class AsyncHolder(_HolderBase):
+    """:func:`hold` for an :class:`~mos_lease.AsyncConnectorLeaseCoordinator`
+    (``async with``). With ``cancel_on_loss`` the task running the block is cancelled when
+    the lease is lost, and the ``async with`` raises :class:`LeaseLost` instead of
+    :class:`asyncio.CancelledError` (a cancellation from elsewhere still propagates)."""
+
+    _keeper: AsyncLeaseKeeper | None
+
+    def __init__(self, coordinator: AsyncConnectorLeaseCoordinator, options: HoldOptions,
+                 callbacks: _Callbacks, *, clock: Callable[[], float],
+                 random: Callable[[], float], sleep: Callable[[float], Awaitable[object]] | None,
+                 heartbeat_coordinator: AsyncConnectorLeaseCoordinator | None,
+                 cancel_on_loss: bool, on_event: EventHook | None = None,
+                 notices: NoticeSource | None = None) -> None:
+        super().__init__(options, callbacks, clock, random, notices)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.coordinator = coordinator
+        self._confirming: set[asyncio.Task[None]] = set()
+        self._heartbeat_coordinator = heartbeat_coordinator
+        self._on_event = on_event
+        self._sleep = sleep
+        self._cancel_on_loss = cancel_on_loss
+        self._wakeup = asyncio.Event()
+        self._watcher: asyncio.Task[None] | None = None
+        self._task: asyncio.Task[Any] | None = None
+        self._inside = False
+        self._cancel_sent = False
+        self._base_cancelling = 0
+        self.lost_event = asyncio.Event()
+        """Set once the lease is lost while held (``await lost_event.wait()``)."""
+
+    async def _perform(self, step: Step) -> object:
+        o = self.options
+        if isinstance(step, TryAcquire):
+            return await self.coordinator.acquire(o.identity, o.connector_id, scopes=o.scopes,
+                                                  ttl=o.ttl)
+        if isinstance(step, TryTakeover):
+            return await self.coordinator.takeover(
+                o.identity, o.connector_id, scopes=o.scopes, ttl=o.ttl,
+                expected_epoch=step.expected_epoch)
+        if isinstance(step, ReadHolder):
+            return await self.coordinator.current_holder(o.identity)
+        if self._sleep is not None:
+            await self._sleep(step.seconds)
+        else:
+            with contextlib.suppress(TimeoutError):  # a notice ends the pause early
+                await asyncio.wait_for(self._wakeup.wait(), step.seconds)
+            self._wakeup.clear()
+        return None
+
+    async def _wait(self) -> Acquired:
+        flow = waiting(self.options, self._clock, self._random, self._new_holder)
+        try:
+            step = next(flow)
+            while True:
+                try:
+                    outcome = await self._perform(step)
+                except MosLeaseError as failure:
+                    step = flow.throw(failure)
+                else:
+                    step = flow.send(outcome)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+
+    def __enter__(self) -> None:
+        raise TypeError("hold() on an AsyncConnectorLeaseCoordinator: use `async with`")
+
+    def __exit__(self, *_exc: object) -> None:  # pragma: no cover - __enter__ refuses
+        return None
+
+    async def __aenter__(self) -> AsyncHolder:
+        if self._keeper is not None:
+            raise InvalidInput("holder", "a holder holds once; call hold() again")
+        self._loop = asyncio.get_running_loop()
+        self._subscribe()
+        try:
+            acquired = await self._wait()
+        except BaseException:
+            self._unsubscribe()
+            raise
+        lease = acquired.result.lease
+        assert lease is not None
+        timing = self.options.timing
+        keeper = AsyncLeaseKeeper(self.coordinator, ttl=timing.ttl,
+                                  min_backoff=timing.min_backoff,
+                                  max_backoff=timing.max_backoff, on_lost=self._keeper_lost,
+                                  clock=self._clock, random=self._random,
+                                  heartbeat_coordinator=self._heartbeat_coordinator,
+                                  on_event=self._on_event)
+        self._keeper = keeper
+        await keeper.adopt(lease, obtained_at=acquired.started)
+        self._task = asyncio.current_task()
+        if self._task is not None:
+            self._base_cancelling = self._task.cancelling()
+        self._inside = True
+        self._callbacks("on_started", lease)
+        if self._callbacks.has("on_expiring"):
+            self._watcher = asyncio.get_running_loop().create_task(
+                self._watch(), name=f"mos-lease-holder {lease.identity}")
+        return self
+
+    async def _watch(self) -> None:
+        while True:
+            again = self._check_expiring()
+            if again is None:
+                return
+            await asyncio.sleep(again)
+
+    def _after_loss(self, loss: LeaseLoss) -> None:
+        self.lost_event.set()
+        if self._cancel_on_loss and self._inside and self._task is not None \
+                and not self._cancel_sent:
+            self._cancel_sent = True
+            self._task.cancel(f"mos_lease: lease lost ({loss.reason})")
+
+    def _wake(self) -> None:
+        self._wakeup.set()
+
+    def _confirm_superseded(self, held_epoch: int) -> None:
+        async def confirm() -> None:
+            try:
+                view = await self.coordinator.current_holder(self.options.identity)
+            except MosLeaseError:
+                return  # unconfirmed: the keeper's next renewal decides
+            self._lose_to(held_epoch, view)
+
+        task = asyncio.get_running_loop().create_task(confirm())
+        self._confirming.add(task)  # keep a reference until it is done
+        task.add_done_callback(self._confirming.discard)
+
+    def _on_notice(self, epoch: int, kind: str) -> None:
+        # The notice source calls from its own thread; the holder's state lives on the loop.
+        loop = self._loop
+        if loop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop has closed: nothing to tell
+                loop.call_soon_threadsafe(self._notice, self.options.identity, epoch)
+
+    async def wait_lost(self) -> LeaseLoss:
+        """Wait until the lease is lost; the loss."""
+        await self.lost_event.wait()
+        assert self._loss is not None
+        return self._loss
+
+    async def issue_grant(self, *, scopes: object, ttl: float | timedelta,
+                          correlation_id: str | None = None) -> GrantResult:
+        """As :meth:`Holder.issue_grant`."""
+        keeper = self._keeper
+        self._raise_if_lost()
+        assert isinstance(keeper, AsyncLeaseKeeper)
+        result = await keeper.issue_grant(scopes=scopes, ttl=ttl, correlation_id=correlation_id)
+        if not result.ok:
+            self._raise_if_lost()
+        return result
+
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: TracebackType | None) -> None:
+        keeper = self._keeper
+        if keeper is None:
+            return
+        self._unsubscribe()
+        self._inside = False
+        if self._watcher is not None:
+            self._watcher.cancel()
+        try:
+            self._released(await keeper.stop(release=True))
+        except asyncio.CancelledError:
+            if not self._cancel_sent:
+                raise
+            # Our own cancellation, reaching the task here rather than in the block (which
+            # ended first); counted and taken back below.
+        except Exception:
+            _log_release_failure(self.options.identity)
+        self._callbacks("on_stopped")
+        if not self._cancel_sent:
+            return
+        task = self._task
+        assert task is not None and self._loss is not None
+        if exc_type is not asyncio.CancelledError:
+            # The block ended before our cancellation reached it: take it back here,
+            # rather than let it hit whatever the task awaits next.
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.sleep(0)
+        if task.uncancel() > self._base_cancelling:
+            raise asyncio.CancelledError  # cancelled from elsewhere as well: that wins
+        if exc_type is None or exc_type is asyncio.CancelledError:
+            raise LeaseLost(self._loss) from exc

@@ -1,0 +1,173 @@
+"""What the thread and asyncio holders share: the user's callbacks, the held lease, loss and
+``on_expiring`` reports, and the handling of notices."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from mos_lease.errors import InvalidInput
+from mos_lease.holder.options import HoldOptions, LeaseLost, NoticeSource, _check_callable
+from mos_lease.holder.waiting import expiring_check
+from mos_lease.identity import LeaseIdentity
+from mos_lease.keeper import AsyncLeaseKeeper, LeaseKeeper, LeaseLoss, LossCause
+from mos_lease.records import LeaseHandle
+from mos_lease.results import HolderView, LeaseResult
+from mos_lease.vocabulary import Reason
+
+log = logging.getLogger("mos_lease.holder")  # the name docs/telemetry.md gives operators
+
+
+class _Callbacks:
+    """The user's callbacks; one that raises is logged and never breaks holding."""
+
+    def __init__(self, **callbacks: Callable[..., object] | None) -> None:
+        for name, callback in callbacks.items():
+            _check_callable(name, callback)
+        self._callbacks = callbacks
+
+    def has(self, name: str) -> bool:
+        return self._callbacks.get(name) is not None
+
+    def __call__(self, name: str, *args: object) -> None:
+        callback = self._callbacks.get(name)
+        if callback is None:
+            return
+        try:
+            callback(*args)
+        except Exception:
+            log.exception("mos_lease: %s callback failed", name)
+
+
+class _HolderBase:
+    """State and behaviour that do not depend on threads or asyncio."""
+
+    _keeper: LeaseKeeper | AsyncLeaseKeeper | None
+
+    def __init__(self, options: HoldOptions, callbacks: _Callbacks,
+                 clock: Callable[[], float], random: Callable[[], float],
+                 notices: NoticeSource | None = None) -> None:
+        self.options = options
+        self._notices = notices
+        self._callbacks = callbacks
+        self._clock = clock
+        self._random = random
+        self._keeper = None
+        self._loss: LeaseLoss | None = None
+        self._expiring_fired_for: float | None = None
+
+    # -- what the body uses ----------------------------------------------------------------
+
+    @property
+    def lease(self) -> LeaseHandle:
+        """The held lease's handle; raises :class:`LeaseLost` once it is lost."""
+        keeper = self._require_keeper()
+        self._raise_if_lost()
+        lease = keeper.lease
+        assert lease is not None  # not lost, so held
+        return lease
+
+    @property
+    def lost(self) -> LeaseLoss | None:
+        """Why the lease was lost while held (``None`` while held, and after a clean exit:
+        giving the lease back is not a loss). The local deadline is checked on the spot."""
+        if self._keeper is not None and self._keeper.lease is not None:
+            self._keeper.enforce_deadline()  # a passed deadline is recorded (and reported) now
+        return self._loss
+
+    def _require_keeper(self) -> LeaseKeeper | AsyncLeaseKeeper:
+        if self._keeper is None:
+            raise InvalidInput("holder", "holds no lease: use it as a context manager")
+        return self._keeper
+
+    def _raise_if_lost(self) -> None:
+        keeper = self._require_keeper()
+        if keeper.lease is not None:
+            keeper.enforce_deadline()
+        loss = keeper.loss
+        if loss is not None:
+            raise LeaseLost(self._loss if self._loss is not None else loss)
+
+    # -- events --------------------------------------------------------------------------
+
+    def _new_holder(self, connector_id: str, epoch: int) -> None:
+        self._callbacks("on_new_holder", connector_id, epoch)
+
+    def _keeper_lost(self, loss: LeaseLoss) -> None:
+        """The keeper's ``on_lost``: runs once, on the keeper's thread or the loop."""
+        if loss.cause is LossCause.STOPPED:
+            return  # our own exit giving the lease back: not a loss
+        self._loss = loss
+        self._callbacks("on_lost", loss)
+        self._after_loss(loss)
+
+    def _after_loss(self, loss: LeaseLoss) -> None:
+        """What a shell does on loss besides reporting it (the asyncio one may cancel)."""
+
+    def _check_expiring(self) -> float | None:
+        """Report ``on_expiring`` when due; the seconds until it is worth looking again, or
+        ``None`` once there is nothing left to watch."""
+        keeper = self._keeper
+        deadline = None if keeper is None or keeper.lease is None else keeper.deadline
+        if deadline is None:
+            return None
+        left, again = expiring_check(deadline, self._clock(), self.options.expiring_within)
+        if left is not None and self._expiring_fired_for != deadline:
+            # Once per deadline: a renewal that succeeds moves it and re-arms the report.
+            self._expiring_fired_for = deadline
+            self._callbacks("on_expiring", left)
+        return again
+
+    def _notice(self, identity: LeaseIdentity, epoch: int) -> None:
+        """The hook for a push source of lease changes: ``identity``'s lease is now at
+        ``epoch``. A holder whose epoch it supersedes reports loss at once; a waiter looks
+        again at once. Safe to call from any thread for :class:`Holder`; on the loop for
+        :class:`AsyncHolder`. A notice is only a hint: it never grants anything."""
+        if identity != self.options.identity:
+            return
+        keeper = self._keeper
+        lease = None if keeper is None else keeper.lease
+        if keeper is not None and lease is not None:
+            if epoch > lease.epoch:
+                # Anyone who can log in may send NOTIFY: a notice alone must not end a
+                # holding, so one read confirms the newer epoch first.
+                self._confirm_superseded(lease.epoch)
+            return
+        self._wake()
+
+    def _lose_to(self, held_epoch: int, view: HolderView | None) -> None:
+        """Report loss if the store's current epoch ``view`` supersedes ``held_epoch``."""
+        keeper = self._keeper
+        if keeper is None or view is None or view.epoch <= held_epoch:
+            return
+        keeper.mark_lost(LeaseLoss(LossCause.DENIED, Reason.STALE_EPOCH, self._clock(),
+                                   f"notice of epoch {view.epoch}, confirmed by a read"))
+
+    def _confirm_superseded(self, held_epoch: int) -> None:
+        raise NotImplementedError
+
+    def _wake(self) -> None:
+        raise NotImplementedError
+
+    def _on_notice(self, epoch: int, kind: str) -> None:
+        """The callback given to the notice source; runs on its thread (see ``_notice``)."""
+        self._notice(self.options.identity, epoch)
+
+    def _subscribe(self) -> None:
+        if self._notices is not None:
+            self._notices.subscribe(self.options.identity, self._on_notice)
+
+    def _unsubscribe(self) -> None:
+        if self._notices is not None:
+            self._notices.unsubscribe(self.options.identity, self._on_notice)
+
+    def _released(self, result: LeaseResult | None) -> None:
+        if result is not None and not result.ok:
+            log.info("mos_lease: release of %s refused: %s", self.options.identity,
+                     result.reason)
+
+
+def _log_release_failure(identity: LeaseIdentity) -> None:
+    # Logged, never raised over the body's own exception (or its clean exit: the lease
+    # expires on its own at the store's time, and nobody can act on it meanwhile).
+    log.exception("mos_lease: release of %s failed", identity)

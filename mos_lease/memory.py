@@ -1,0 +1,115 @@
+"""The in-memory store: the embedded default and the reference every other store matches.
+
+It applies writes with the pure core's own guard (``mos_lease.machine.write_outcome``) under
+one lock, so a write and its audit row happen together or not at all.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from datetime import datetime
+from typing import ClassVar
+from uuid import UUID
+
+from mos_lease.clock import Clock, SystemClock
+from mos_lease.identity import LeaseIdentity, check_count, check_id, check_identity
+from mos_lease.machine import Write, write_outcome
+from mos_lease.records import AuditEntry, AuditRecord, LeaseRow, Snapshot, WriteOutcome
+
+MAX_AUDIT_PAGE = 1_000_000  # as in the PostgreSQL store
+
+
+class InMemoryLeaseStore:
+    """Thread-safe lease rows and audit log in this process's memory.
+
+    ``clock`` is the store's time authority (a :class:`ManualClock` in tests).
+    """
+
+    # Telemetry names the store by this (``mos_lease.events.store_system``).
+    db_system: ClassVar[str] = "memory"
+
+    def __init__(self, clock: Clock | None = None) -> None:
+        self.clock: Clock = clock if clock is not None else SystemClock()
+        self._lock = threading.Lock()
+        self._rows: dict[LeaseIdentity, LeaseRow] = {}
+        self._audit: list[AuditRecord] = []
+        self._event_ids: set[UUID] = set()
+
+    def load(self, identity: LeaseIdentity) -> Snapshot:
+        with self._lock:
+            return Snapshot(self._rows.get(identity), self.clock.now())
+
+    def apply(self, write: Write, entry: AuditEntry) -> WriteOutcome:
+        with self._lock:
+            now = self.clock.now()
+            row = write_outcome(write, self._rows.get(write.identity), now)
+            if row is not None:
+                self._append(entry, now)  # refuses a repeated event id before any change
+                self._rows[write.identity] = row
+            return WriteOutcome(row, now)
+
+    def apply_many(self, items: Sequence[tuple[Write, AuditEntry]]) -> list[WriteOutcome]:
+        return [self.apply(write, entry) for write, entry in items]
+
+    def record(self, entry: AuditEntry) -> None:
+        with self._lock:
+            self._append(entry, self.clock.now())
+
+    def event_committed(self, event_id: UUID) -> bool:
+        with self._lock:
+            return event_id in self._event_ids
+
+    def _append(self, entry: AuditEntry, now: datetime) -> None:
+        if entry.event_id in self._event_ids:
+            raise ValueError(f"audit event {entry.event_id} recorded twice")
+        self._event_ids.add(entry.event_id)
+        self._audit.append(AuditRecord(len(self._audit) + 1, entry, now))
+
+    # -- inspection ---------------------------------------------------------------------
+
+    def leases(self, tenant_id: str | None = None) -> Sequence[LeaseRow]:
+        if tenant_id is not None:
+            check_id("tenant_id", tenant_id)
+        with self._lock:
+            rows = [r for r in self._rows.values()
+                    if tenant_id is None or r.identity.tenant_id == tenant_id]
+        return sorted(rows, key=lambda r: (r.identity.tenant_id, r.identity.logical_agent_id,
+                                           r.identity.binding_id))
+
+    def audit(self, identity: LeaseIdentity | None = None, *, after_seq: int = 0,
+              limit: int = 1000) -> Sequence[AuditRecord]:
+        if identity is not None:
+            check_identity("identity", identity)
+        check_count("after_seq", after_seq, 0, 2**63 - 1)
+        check_count("limit", limit, 1, MAX_AUDIT_PAGE)
+        with self._lock:
+            records = self._audit[max(after_seq, 0):]
+        if identity is not None:
+            records = [r for r in records if r.entry.identity == identity]
+        return records[:limit]
+
+
+class AsyncInMemoryLeaseStore:
+    """The same store behind the asyncio store protocol (operations never block long)."""
+
+    db_system: ClassVar[str] = "memory"
+
+    def __init__(self, store: InMemoryLeaseStore | None = None) -> None:
+        self.sync = store if store is not None else InMemoryLeaseStore()
+
+    async def load(self, identity: LeaseIdentity) -> Snapshot:
+        return self.sync.load(identity)
+
+    async def apply(self, write: Write, entry: AuditEntry) -> WriteOutcome:
+        return self.sync.apply(write, entry)
+
+    async def apply_many(self, items: Sequence[tuple[Write, AuditEntry]]
+                         ) -> list[WriteOutcome]:
+        return self.sync.apply_many(items)
+
+    async def record(self, entry: AuditEntry) -> None:
+        self.sync.record(entry)
+
+    async def event_committed(self, event_id: UUID) -> bool:
+        return self.sync.event_committed(event_id)
