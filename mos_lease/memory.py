@@ -43,10 +43,12 @@ class InMemoryLeaseStore:
     def apply(self, write: Write, entry: AuditEntry) -> WriteOutcome:
         with self._lock:
             now = self.clock.now()
-            row = write_outcome(write, self._rows.get(write.identity), now)
-            if row is not None:
-                self._append(entry, now)  # refuses a repeated event id before any change
-                self._rows[write.identity] = row
+            current = self._rows.get(write.identity)
+            row = write_outcome(write, current, now)
+            if row is None:  # refused: the row it found names the refusal
+                return WriteOutcome(None, now, found=Snapshot(current, now))
+            self._append(entry, now)  # refuses a repeated event id before any change
+            self._rows[write.identity] = row
             return WriteOutcome(row, now)
 
     def apply_many(self, items: Sequence[tuple[Write, AuditEntry]]) -> list[WriteOutcome]:
