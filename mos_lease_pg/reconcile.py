@@ -33,7 +33,7 @@ from uuid import UUID
 
 import attrs
 
-from mos_lease.errors import InternalInconsistency, StoreUnavailable
+from mos_lease.errors import CommitOutcomeUnknown, InternalInconsistency, StoreUnavailable
 from mos_lease.records import AuditEntry
 from mos_lease_pg import statements
 from mos_lease_pg.statements import Call, Row
@@ -136,6 +136,14 @@ def conflicting_record(entry: AuditEntry) -> InternalInconsistency:
     return InternalInconsistency(
         f"audit event {entry.event_id} is already recorded for another attempt: the "
         f"{entry.event} {entry.outcome} record would have been lost")
+
+
+def unmatched_record(entry: AuditEntry, down: StoreUnavailable) -> CommitOutcomeUnknown:
+    """A record found its event id taken (typically by its own first attempt, whose reply
+    was lost) but the check that the row is this record failed: the row exists, so the
+    outcome is unknown, never "nothing changed"."""
+    return CommitOutcomeUnknown(entry.event_id, f"audit record {entry.event_id} is in the "
+                                f"log, but could not be checked to be this one: {down}")
 
 
 def still_running(what: str, bound: float) -> StoreUnavailable:

@@ -320,8 +320,13 @@ class PostgresLeaseStore(_StoreCore):
     def record(self, entry: AuditEntry) -> None:
         deadline = self._deadline(None)
         insert, matches = self._record_calls(entry)
-        if not self._run(insert, deadline=deadline) and not self._run(matches,
-                                                                      deadline=deadline):
+        if self._run(insert, deadline=deadline):
+            return
+        try:
+            same = self._run(matches, deadline=deadline)
+        except StoreUnavailable as down:
+            raise reconcile.unmatched_record(entry, down) from down
+        if not same:
             raise reconcile.conflicting_record(entry)
 
     def event_committed(self, event_id: UUID) -> bool:
@@ -495,8 +500,13 @@ class AsyncPostgresLeaseStore(_StoreCore):
     async def record(self, entry: AuditEntry) -> None:
         deadline = self._deadline(None)
         insert, matches = self._record_calls(entry)
-        if (not await self._run(insert, deadline=deadline)
-                and not await self._run(matches, deadline=deadline)):
+        if await self._run(insert, deadline=deadline):
+            return
+        try:
+            same = await self._run(matches, deadline=deadline)
+        except StoreUnavailable as down:
+            raise reconcile.unmatched_record(entry, down) from down
+        if not same:
             raise reconcile.conflicting_record(entry)
 
     async def event_committed(self, event_id: UUID) -> bool:

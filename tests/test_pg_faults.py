@@ -8,12 +8,14 @@ report the truth either way, apply a takeover once and leave exactly one audit r
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
+from uuid import uuid4
 
 import attrs
 import psycopg
@@ -28,7 +30,9 @@ from mos_lease import (
     Reason,
     StoreUnavailable,
 )
-from mos_lease_pg import ConnectionSettings, PostgresLeaseStore
+from mos_lease.records import AuditEntry
+from mos_lease.vocabulary import LifecycleEvent, Outcome
+from mos_lease_pg import AsyncPostgresLeaseStore, ConnectionSettings, PostgresLeaseStore
 from tests.pg_fixtures import StoreFactory
 from tests.pg_support import FaultProxy, unique_name
 
@@ -282,3 +286,45 @@ def test_an_audit_append_lost_after_its_commit_is_unknown_when_it_cannot_be_rese
     assert holder.reconcile(identity, unknown.value.event_id) is True
     denials = [row for row in _audit(direct, identity) if row[0] == "acquire"]
     assert denials.count(("acquire", "denied", None)) == 2, denials
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_a_record_whose_id_is_taken_and_cannot_be_checked_is_unknown(
+        pg_stores: StoreFactory, pg_dsn: str, pg_tenant: str,
+        monkeypatch: pytest.MonkeyPatch, flavour: str) -> None:
+    # The first attempt of a record committed (its reply was lost), the resend finds its
+    # event id taken, and the check that the row is this record cannot run: the row is in
+    # the log, so "nothing changed" (StoreUnavailable) would be false.
+    store = pg_stores()
+    entry = AuditEntry(uuid4(), LifecycleEvent.ACQUIRE, Outcome.DENIED, Reason.LEASE_HELD,
+                       LeaseIdentity(pg_tenant, "agent", "rec"), "c1", None, "corr")
+    store.record(entry)
+
+    def refusing(run: Callable[..., Any]) -> Callable[..., Any]:
+        def patched(call: Any, **kwargs: Any) -> Any:
+            if call.what == "audit record check":
+                raise StoreUnavailable("connection refused")
+            return run(call, **kwargs)
+        return patched
+
+    if flavour == "sync":
+        monkeypatch.setattr(store, "_run", refusing(store._run))
+        with pytest.raises(CommitOutcomeUnknown) as unknown:
+            store.record(entry)
+    else:
+        async def resend() -> None:
+            async with AsyncPostgresLeaseStore(pg_dsn) as async_store:
+                real = async_store._run
+
+                async def patched(call: Any, **kwargs: Any) -> Any:
+                    if call.what == "audit record check":
+                        raise StoreUnavailable("connection refused")
+                    return await real(call, **kwargs)
+
+                monkeypatch.setattr(async_store, "_run", patched)
+                await async_store.record(entry)
+
+        with pytest.raises(CommitOutcomeUnknown) as unknown:
+            asyncio.run(resend())
+    assert unknown.value.event_id == entry.event_id
+    assert [r.entry.event_id for r in pg_stores().audit(entry.identity)] == [entry.event_id]
