@@ -109,8 +109,8 @@ class Apply:
 
 
 @attrs.frozen(slots=True)
-class ApplyMany:
-    items: tuple[tuple[Write, AuditEntry], ...]
+class RenewMany:
+    items: tuple[tuple[Renew, AuditEntry], ...]
 
 
 @attrs.frozen(slots=True)
@@ -123,7 +123,7 @@ class Committed:
     event_id: UUID
 
 
-Op = Load | Apply | ApplyMany | Record | Committed
+Op = Load | Apply | RenewMany | Record | Committed
 Flow = Generator[Op, Any, T]
 
 DEFAULT_MAX_CONFLICT_RETRIES = 8
@@ -440,7 +440,7 @@ class _Flows:
         outcomes: list[WriteOutcome] | None = None
         if writes:
             try:
-                outcomes = list((yield ApplyMany(tuple(writes))))
+                outcomes = list((yield RenewMany(tuple(writes))))
             except CommitOutcomeUnknown:
                 outcomes = None
         for k, i in enumerate(pending):
@@ -561,8 +561,8 @@ def _call(store: LeaseStore, op: Op) -> object:
         return store.load(op.identity)
     if isinstance(op, Apply):
         return store.apply(op.write, op.entry)
-    if isinstance(op, ApplyMany):
-        return store.apply_many(op.items)
+    if isinstance(op, RenewMany):
+        return store.renew_many(op.items)
     if isinstance(op, Record):
         store.record(op.entry)
         return None
@@ -574,15 +574,15 @@ async def _acall(store: AsyncLeaseStore, op: Op) -> object:
         return await store.load(op.identity)
     if isinstance(op, Apply):
         return await store.apply(op.write, op.entry)
-    if isinstance(op, ApplyMany):
-        return await store.apply_many(op.items)
+    if isinstance(op, RenewMany):
+        return await store.renew_many(op.items)
     if isinstance(op, Record):
         await store.record(op.entry)
         return None
     return await store.event_committed(op.event_id)
 
 
-_OP_NAMES: Final[dict[type, str]] = {Load: "load", Apply: "apply", ApplyMany: "apply_many",
+_OP_NAMES: Final[dict[type, str]] = {Load: "load", Apply: "apply", RenewMany: "renew_many",
                                       Record: "record", Committed: "event_committed"}
 
 
@@ -609,7 +609,7 @@ class _Observation:
         """Note ``op``'s audit entries; return the wall and monotonic times it starts at."""
         if isinstance(op, Apply | Record):
             self._entries[op.entry.event_id] = op.entry
-        elif isinstance(op, ApplyMany):
+        elif isinstance(op, RenewMany):
             for _write, entry in op.items:
                 self._entries[entry.event_id] = entry
         return time.time_ns(), self._clock()
@@ -618,7 +618,7 @@ class _Observation:
         wall, began = started
         self._emit(StoreCall(_OP_NAMES[type(op)], self._system, wall, self._clock() - began,
                              None if error is None else type(error).__name__,
-                             len(op.items) if isinstance(op, ApplyMany) else 1))
+                             len(op.items) if isinstance(op, RenewMany) else 1))
 
     def finish(self, result: object) -> None:
         duration = self._clock() - self._began

@@ -14,7 +14,7 @@ from uuid import UUID
 
 from mos_lease.clock import Clock, SystemClock
 from mos_lease.identity import LeaseIdentity, check_count, check_id, check_identity
-from mos_lease.machine import Write, write_outcome
+from mos_lease.machine import Renew, Write, write_outcome
 from mos_lease.records import AuditEntry, AuditRecord, LeaseRow, Snapshot, WriteOutcome
 
 MAX_AUDIT_PAGE = 1_000_000  # as in the PostgreSQL store
@@ -51,7 +51,7 @@ class InMemoryLeaseStore:
             self._rows[write.identity] = row
             return WriteOutcome(row, now)
 
-    def apply_many(self, items: Sequence[tuple[Write, AuditEntry]]) -> list[WriteOutcome]:
+    def renew_many(self, items: Sequence[tuple[Renew, AuditEntry]]) -> list[WriteOutcome]:
         return [self.apply(write, entry) for write, entry in items]
 
     def record(self, entry: AuditEntry) -> None:
@@ -106,9 +106,9 @@ class AsyncInMemoryLeaseStore:
     async def apply(self, write: Write, entry: AuditEntry) -> WriteOutcome:
         return self.sync.apply(write, entry)
 
-    async def apply_many(self, items: Sequence[tuple[Write, AuditEntry]]
+    async def renew_many(self, items: Sequence[tuple[Renew, AuditEntry]]
                          ) -> list[WriteOutcome]:
-        return self.sync.apply_many(items)
+        return self.sync.renew_many(items)
 
     async def record(self, entry: AuditEntry) -> None:
         self.sync.record(entry)

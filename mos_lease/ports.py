@@ -12,7 +12,7 @@ from typing import Protocol
 from uuid import UUID
 
 from mos_lease.identity import LeaseIdentity
-from mos_lease.machine import Write
+from mos_lease.machine import Renew, Write
 from mos_lease.records import AuditEntry, AuditRecord, LeaseRow, Snapshot, WriteOutcome
 
 IdSource = Callable[[], UUID]
@@ -30,8 +30,9 @@ class LeaseStore(Protocol):
       one atomic step, applies it and appends ``entry`` with that time; if the guard fails it
       changes nothing and returns ``row=None``. Exactly
       :func:`mos_lease.machine.write_outcome` semantics.
-    * ``apply_many`` applies each ``(write, entry)`` as ``apply`` would, in order, in one
-      round trip; a refused write does not affect the others. Outcomes come back in order.
+    * ``renew_many`` renews a batch of heartbeats: each ``(renew, entry)`` as ``apply``
+      would, in one round trip; a refused renewal does not affect the others. Outcomes come
+      back in order. (It is how ``heartbeat_many`` is one round trip.)
     * ``record`` appends one audit entry (a refusal or a grant issue) and returns nothing.
     * ``event_committed`` tells whether the audit entry ``event_id`` exists, which is how a
       write whose commit outcome was lost is reconciled.
@@ -45,8 +46,8 @@ class LeaseStore(Protocol):
 
     def apply(self, write: Write, entry: AuditEntry) -> WriteOutcome: ...
 
-    def apply_many(self, items: Sequence[tuple[Write, AuditEntry]]) -> Sequence[WriteOutcome]:
-        ...
+    def renew_many(self, renewals: Sequence[tuple[Renew, AuditEntry]]
+                   ) -> Sequence[WriteOutcome]: ...
 
     def record(self, entry: AuditEntry) -> None: ...
 
@@ -60,7 +61,7 @@ class AsyncLeaseStore(Protocol):
 
     async def apply(self, write: Write, entry: AuditEntry) -> WriteOutcome: ...
 
-    async def apply_many(self, items: Sequence[tuple[Write, AuditEntry]]
+    async def renew_many(self, renewals: Sequence[tuple[Renew, AuditEntry]]
                          ) -> Sequence[WriteOutcome]: ...
 
     async def record(self, entry: AuditEntry) -> None: ...

@@ -33,7 +33,7 @@ from uuid import UUID
 
 import attrs
 
-from mos_lease.errors import ConfigurationError
+from mos_lease.errors import ConfigurationError, InvalidInput
 from mos_lease.identity import LeaseIdentity
 from mos_lease.machine import Close, Insert, Renew, Rotate, Write
 from mos_lease.records import AuditEntry, AuditRecord, LeaseRow, Snapshot, WriteOutcome
@@ -359,11 +359,6 @@ def apply(write: Write, entry: AuditEntry, offset: timedelta, *,
                 event_id=entry.event_id, identity=write.identity)
 
 
-def apply_many(items: Sequence[tuple[Write, AuditEntry]], offset: timedelta, *,
-               schema: str = DEFAULT_SCHEMA) -> list[Call[WriteOutcome]]:
-    return [apply(write, entry, offset, schema=schema) for write, entry in items]
-
-
 def _write_outcomes(identities: Sequence[LeaseIdentity],
                     rows: Sequence[Row]) -> list[WriteOutcome]:
     if len(rows) != len(identities):
@@ -372,18 +367,17 @@ def _write_outcomes(identities: Sequence[LeaseIdentity],
                                                                        strict=True)]
 
 
-def renew_many(items: Sequence[tuple[Write, AuditEntry]], offset: timedelta, *,
-               schema: str = DEFAULT_SCHEMA) -> Call[list[WriteOutcome]] | None:
-    """One statement renewing every lease of a batch of heartbeats (``renew_many.sql``), or
-    ``None`` when ``items`` is not such a batch (then each write is sent on its own)."""
-    if len(items) < 2:
-        return None
-    for write, entry in items:
+def renew_many(renewals: Sequence[tuple[Renew, AuditEntry]], offset: timedelta, *,
+               schema: str = DEFAULT_SCHEMA) -> Call[list[WriteOutcome]]:
+    """One statement renewing every lease of a batch of heartbeats (``renew_many.sql``)."""
+    for write, entry in renewals:
         if (type(write) is not Renew or entry.event is not LifecycleEvent.HEARTBEAT
                 or entry.outcome is not Outcome.RENEWED or entry.reason is not None
                 or entry.identity != write.identity or entry.connector_id != write.connector_id
                 or entry.epoch != write.epoch):
-            return None
+            raise InvalidInput("renewals", "each must be a Renew with the renewed heartbeat "
+                               "audit entry of the same identity, connector and epoch")
+    items = renewals
     renews = [write for write, _ in items if isinstance(write, Renew)]
     params = {
         "offset": offset,
@@ -398,19 +392,9 @@ def renew_many(items: Sequence[tuple[Write, AuditEntry]], offset: timedelta, *,
         "correlation_ids": [entry.correlation_id for _, entry in items],
     }
     first_write, first_entry = items[0]
-    return Call(f"batch of {len(items)} heartbeat writes", RENEW_MANY.at(schema), params,
+    return Call(f"batch of {len(items)} heartbeats", RENEW_MANY.at(schema), params,
                 functools.partial(_write_outcomes, [w.identity for w in renews]), Kind.WRITE,
                 event_id=first_entry.event_id, identity=first_write.identity)
-
-
-def lock_order(calls: Sequence[Call[Any]]) -> list[int]:
-    """The order to send a batch in: by identity, so that two batches sharing leases lock
-    their rows in the same order and cannot deadlock."""
-    def key(i: int) -> tuple[str, str, str]:
-        identity = calls[i].identity
-        assert identity is not None
-        return identity.tenant_id, identity.logical_agent_id, identity.binding_id
-    return sorted(range(len(calls)), key=key)
 
 
 def record(entry: AuditEntry, offset: timedelta, *,

@@ -5,13 +5,12 @@
 also offer the :class:`mos_lease.ports.LeaseInspector` views. Everything they share (which
 statement, which parameters, how rows map back, what a failure means) lives in
 :class:`_StoreCore`, :mod:`mos_lease_pg.statements` and :mod:`mos_lease_pg.translate`; the
-classes below differ only in ``await``. A single statement goes out through the
-connection's long-lived cursor (:mod:`mos_lease_pg.wire`); pipelined batches through
-``Connection.execute``; both prepared by psycopg itself.
+classes below differ only in ``await``. Every statement goes out through the connection's
+long-lived cursor (:mod:`mos_lease_pg.wire`), prepared by psycopg itself.
 
-Each operation is one statement, so one round trip and one transaction (``apply_many``
-pipelines its writes into one round trip; reconciling a write whose connection was lost
-first ends the session that sent it, see :mod:`mos_lease_pg.reconcile`). Every call returns
+Each operation is one statement, so one round trip and one transaction (``renew_many`` too:
+one statement renews the whole batch; reconciling a write whose connection was lost first
+ends the session that sent it, see :mod:`mos_lease_pg.reconcile`). Every call returns
 or raises within ``settings.call_bound()`` on the client, whatever the network does (see
 :mod:`mos_lease_pg.deadline`); a connection whose reply did not come in time is discarded.
 The database clock is the time authority: every statement reads
@@ -40,7 +39,7 @@ from mos_lease.errors import (
     StoreUnavailable,
 )
 from mos_lease.identity import LeaseIdentity, check_id, check_identity
-from mos_lease.machine import Write
+from mos_lease.machine import Renew, Write
 from mos_lease.records import AuditEntry, AuditRecord, LeaseRow, Snapshot, WriteOutcome
 from mos_lease_pg import reconcile, replication, statements
 from mos_lease_pg.connection import (
@@ -147,6 +146,14 @@ class _StoreCore:
         lost = IN_DOUBT.get(event_id)
         return lost if lost is not None and lost.server == wire.server else None
 
+    def _batch_calls(self, renewals: Sequence[tuple[Renew, AuditEntry]]
+                     ) -> tuple[Call[list[WriteOutcome]], Callable[[], list[Call[Any]]]]:
+        """The one statement of a batch of heartbeats, and (for a failure) the writes it
+        stands for: if it fails, each of them is in doubt on its own."""
+        batch = statements.renew_many(renewals, self._offset, schema=self._schema)
+        return batch, lambda: [statements.apply(write, entry, self._offset, schema=self._schema)
+                               for write, entry in renewals]
+
     def _record_calls(self, entry: AuditEntry) -> tuple[Call[int], Call[bool]]:
         call = reconcile.record(entry, self._offset, schema=self._schema)
         return call, reconcile.record_matches(call, schema=self._schema)
@@ -242,41 +249,6 @@ class PostgresLeaseStore(_StoreCore):
             return call.parse(rows)
         raise AssertionError("unreachable")
 
-    def _run_batch(self, calls: Sequence[Call[T]]) -> list[T]:
-        # Pipeline mode: every statement is sent before any result is read, so the batch
-        # costs one round trip; it also runs as one transaction (one commit flush). A guard
-        # that does not hold is not an error, so it does not disturb the others.
-        if not calls:
-            return []
-        deadline = self._deadline(None)
-        for attempt in range(2):
-            with self._source.checkout(deadline) as wire:
-                conn = wire.conn
-                watch = WATCHDOG.arm(conn, deadline, self._bound)
-                replication.watch(conn)
-                try:
-                    try:
-                        with conn.pipeline():
-                            cursors = {i: conn.execute(calls[i].statement.text,
-                                                       calls[i].params,
-                                                       prepare=self.settings.prepare)
-                                       for i in statements.lock_order(calls)}
-                        rows = {i: cur.fetchall() for i, cur in cursors.items()}
-                    finally:
-                        WATCHDOG.disarm(watch)
-                        if watch.fired:
-                            conn.close()
-                except psycopg.Error as exc:
-                    # A failed statement rolls the whole batch back (one transaction), so
-                    # a forgotten one leaves nothing applied: sent once more.
-                    if self._resend_forgotten(exc, wire, attempt, deadline):
-                        conn.close()
-                        continue
-                    raise self._failed(calls, exc, wire, watch.fired).error from exc
-                replication.confirm(conn, calls)
-            return [call.parse(rows[i]) for i, call in enumerate(calls)]
-        raise AssertionError("unreachable")
-
     def _end_lost_backend(self, event_id: UUID, deadline: float) -> None:
         """Make sure the write behind ``event_id`` can no longer commit (reconcile.py)."""
         with self._source.checkout(deadline) as wire:
@@ -307,15 +279,11 @@ class PostgresLeaseStore(_StoreCore):
     def apply(self, write: Write, entry: AuditEntry) -> WriteOutcome:
         return self._run(statements.apply(write, entry, self._offset, schema=self._schema))
 
-    def apply_many(self, items: Sequence[tuple[Write, AuditEntry]]) -> list[WriteOutcome]:
-        batch = statements.renew_many(items, self._offset, schema=self._schema)
-        if batch is None:
-            return self._run_batch(
-                statements.apply_many(items, self._offset, schema=self._schema))
-        # A batch of heartbeats is one statement. If it fails, every write in it is in doubt
-        # exactly as in a pipelined batch, so failures are translated per write.
-        return self._run(batch, covers=lambda: statements.apply_many(
-            items, self._offset, schema=self._schema))
+    def renew_many(self, renewals: Sequence[tuple[Renew, AuditEntry]]) -> list[WriteOutcome]:
+        if not renewals:
+            return []
+        batch, each = self._batch_calls(renewals)
+        return self._run(batch, covers=each)
 
     def record(self, entry: AuditEntry) -> None:
         deadline = self._deadline(None)
@@ -428,36 +396,6 @@ class AsyncPostgresLeaseStore(_StoreCore):
             return call.parse(rows)
         raise AssertionError("unreachable")
 
-    async def _run_batch(self, calls: Sequence[Call[T]]) -> list[T]:
-        if not calls:
-            return []
-        deadline = self._deadline(None)
-        for attempt in range(2):
-            async with self._source.checkout(deadline) as wire:
-                conn = wire.conn
-                watch = AsyncWatch(conn, deadline, self._bound)
-                replication.watch(conn)
-                try:
-                    try:
-                        async with conn.pipeline():
-                            cursors = {i: await conn.execute(calls[i].statement.text,
-                                                             calls[i].params,
-                                                             prepare=self.settings.prepare)
-                                       for i in statements.lock_order(calls)}
-                        rows = {i: await cur.fetchall() for i, cur in cursors.items()}
-                    finally:
-                        await watch.done()
-                        if watch.fired:
-                            await conn.close()
-                except psycopg.Error as exc:
-                    if self._resend_forgotten(exc, wire, attempt, deadline):  # see above
-                        await conn.close()
-                        continue
-                    raise self._failed(calls, exc, wire, watch.fired).error from exc
-                replication.confirm(conn, calls)
-            return [call.parse(rows[i]) for i, call in enumerate(calls)]
-        raise AssertionError("unreachable")
-
     async def _end_lost_backend(self, event_id: UUID, deadline: float) -> None:
         """As :meth:`PostgresLeaseStore._end_lost_backend`."""
         async with self._source.checkout(deadline) as wire:
@@ -487,15 +425,12 @@ class AsyncPostgresLeaseStore(_StoreCore):
     async def apply(self, write: Write, entry: AuditEntry) -> WriteOutcome:
         return await self._run(statements.apply(write, entry, self._offset, schema=self._schema))
 
-    async def apply_many(self, items: Sequence[tuple[Write, AuditEntry]]
+    async def renew_many(self, renewals: Sequence[tuple[Renew, AuditEntry]]
                          ) -> list[WriteOutcome]:
-        batch = statements.renew_many(items, self._offset, schema=self._schema)
-        if batch is None:
-            return await self._run_batch(
-                statements.apply_many(items, self._offset, schema=self._schema))
-        return await self._run(batch,
-                               covers=lambda: statements.apply_many(
-                                   items, self._offset, schema=self._schema))
+        if not renewals:
+            return []
+        batch, each = self._batch_calls(renewals)
+        return await self._run(batch, covers=each)
 
     async def record(self, entry: AuditEntry) -> None:
         deadline = self._deadline(None)

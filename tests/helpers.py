@@ -27,7 +27,7 @@ from mos_lease import (
     StoreUnavailable,
 )
 from mos_lease.clock import ManualClock
-from mos_lease.machine import Write
+from mos_lease.machine import Renew, Write
 from mos_lease.memory import InMemoryLeaseStore
 from mos_lease.records import AuditEntry, Snapshot, WriteOutcome
 
@@ -160,7 +160,7 @@ class FaultyStore:
             raise CommitOutcomeUnknown(entry.event_id, "connection dropped after commit")
         return outcome
 
-    def apply_many(self, items: Sequence[tuple[Write, AuditEntry]]) -> list[WriteOutcome]:
+    def renew_many(self, items: Sequence[tuple[Renew, AuditEntry]]) -> list[WriteOutcome]:
         return [self.apply(write, entry) for write, entry in items]
 
     def record(self, entry: AuditEntry) -> None:

@@ -173,8 +173,8 @@ class _AsyncFaulty:
     async def apply(self, write: Write, entry: AuditEntry) -> WriteOutcome:
         return self.inner.apply(write, entry)
 
-    async def apply_many(self, items: Any) -> list[WriteOutcome]:
-        return self.inner.apply_many(items)
+    async def renew_many(self, items: Any) -> list[WriteOutcome]:
+        return self.inner.renew_many(items)
 
     async def record(self, entry: AuditEntry) -> None:
         self.inner.record(entry)

@@ -102,7 +102,8 @@ def test_each_lifecycle_attempt_is_one_event_matching_its_audit_row() -> None:
     calls = _calls(events)
     assert {round(call.duration, 6) for call in calls} == {0.001}
     assert all(e.duration >= 0.002 for e in _ops(events))
-    assert [call.operation for call in calls[:3]] == ["apply", "apply", "load"]
+    # The refused acquire is named from the row its write found: no read before its record.
+    assert [call.operation for call in calls[:3]] == ["apply", "apply", "record"]
     assert {call.system for call in calls} == {"memory"} and all(
         call.error is None for call in calls)
     assert calls[-1].operation == "load"  # current_holder
@@ -119,7 +120,7 @@ def test_a_batched_heartbeat_reports_each_lease() -> None:
     audited = sorted(_as_audit(OperationFinished.of(r.entry, 0.0))
                      for r in env.audit()[before:])
     assert sorted(_as_audit(e) for e in _ops(events)) == audited and len(audited) == 3
-    (batch,) = [call for call in _calls(events) if call.operation == "apply_many"]
+    (batch,) = [call for call in _calls(events) if call.operation == "renew_many"]
     assert batch.batch_size == 3
 
 
@@ -162,14 +163,14 @@ def test_an_unknown_grant_and_a_failed_read_are_reported_as_they_happened() -> N
         LifecycleEvent.GRANT_VALIDATE, Outcome.DENIED, Reason.GRANT_UNKNOWN, "acme",
         "agent-1", "binding-1", "unrecognized", None, "probe")]
     events.clear()
-    # A heartbeat refused by its guard is named from a read; when that read fails the
-    # exception reaches the caller, the failed call is reported, and no lifecycle event
-    # is invented for an attempt whose outcome was never decided.
-    faulty.fail_load = True
+    # A heartbeat refused by its guard is named from the row its write found and audited;
+    # when that record fails the exception reaches the caller, the failed call is
+    # reported, and no lifecycle event is invented for an attempt that was not recorded.
+    faulty.fail_record = True
     with pytest.raises(StoreUnavailable, match="connection refused"):
         c.heartbeat(attrs.evolve(lease, epoch=9), ttl=10)
     assert [(call.operation, call.error) for call in _calls(events)] == [
-        ("apply", None), ("load", "StoreUnavailable")]
+        ("apply", None), ("record", "StoreUnavailable")]
     assert _ops(events) == []
 
 
@@ -274,7 +275,7 @@ def test_the_async_coordinator_reports_the_same_events() -> None:
         (LifecycleEvent.GRANT_ISSUE, Outcome.GRANT_ISSUED, None),
         (LifecycleEvent.GRANT_VALIDATE, Outcome.VALIDATED, None)]
     assert [c.operation for c in _calls(events)] == [
-        "apply", "apply", "load", "record", "load", "record", "load"]
+        "apply", "apply", "record", "load", "record", "load"]
     assert {c.system for c in _calls(events)} == {"memory"}
 
 

@@ -45,7 +45,7 @@ from mos_lease.keeper import (
     lose,
     next_action,
 )
-from mos_lease.machine import Write
+from mos_lease.machine import Renew, Write
 from mos_lease.records import AuditEntry, Snapshot, WriteOutcome
 from mos_lease.results import GrantResult, LeaseResult
 from mos_lease_memory import AsyncInMemoryLeaseStore, InMemoryLeaseStore, ManualClock
@@ -250,7 +250,7 @@ class Faulty:
         self._enter(write=True)
         return self.inner.apply(write, entry)
 
-    def apply_many(self, items: Sequence[tuple[Write, AuditEntry]]) -> list[WriteOutcome]:
+    def renew_many(self, items: Sequence[tuple[Renew, AuditEntry]]) -> list[WriteOutcome]:
         return [self.apply(write, entry) for write, entry in items]
 
     def record(self, entry: AuditEntry) -> None:
@@ -279,10 +279,10 @@ class AsyncFaulty:
         await self._maybe_hang()
         return self.sync.apply(write, entry)
 
-    async def apply_many(self, items: Sequence[tuple[Write, AuditEntry]]
+    async def renew_many(self, items: Sequence[tuple[Renew, AuditEntry]]
                          ) -> list[WriteOutcome]:
         await self._maybe_hang()
-        return self.sync.apply_many(items)
+        return self.sync.renew_many(items)
 
     async def record(self, entry: AuditEntry) -> None:
         await self._maybe_hang()

@@ -27,7 +27,7 @@ from mos_lease import (
     Reason,
 )
 from mos_lease.keeper import AsyncLeaseKeeper, LeaseKeeper, LeaseLoss, LossCause
-from mos_lease.machine import Write
+from mos_lease.machine import Renew, Write
 from mos_lease.records import AuditEntry, Snapshot, WriteOutcome
 from mos_lease_memory import AsyncInMemoryLeaseStore, InMemoryLeaseStore
 
@@ -81,7 +81,7 @@ class AsyncStuckWrites(AsyncInMemoryLeaseStore):
         finally:
             self.finished.set()
 
-    async def apply_many(self, items: Sequence[tuple[Write, AuditEntry]]
+    async def renew_many(self, items: Sequence[tuple[Renew, AuditEntry]]
                          ) -> list[WriteOutcome]:
         return [await self.apply(write, entry) for write, entry in items]
 

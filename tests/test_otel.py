@@ -88,8 +88,9 @@ def test_operations_are_counted_by_operation_outcome_and_reason(otel: Otel) -> N
     assert durations[("grant_validate", "validated")] == 2
     db = {a["db.operation.name"]: p.count for a, p in otel.points(
         "db.client.operation.duration")}
-    # acquire: apply (+ load and record when refused); issue: load + record; validate: load.
-    assert db == {"apply": 4, "load": 3 + 1 + 2, "record": 3 + 1}
+    # acquire: apply (+ record when refused, named from the row the write found);
+    # issue: load + record; validate: load.
+    assert db == {"apply": 4, "load": 1 + 2, "record": 3 + 1}
 
 
 def test_store_calls_are_client_spans_with_database_conventions(otel: Otel) -> None:
@@ -107,7 +108,7 @@ def test_store_calls_are_client_spans_with_database_conventions(otel: Otel) -> N
     with pytest.raises(Exception, match="connection refused"):
         c.current_holder(IDENT)
     spans = otel.finished()
-    assert [s.name for s in spans] == ["apply", "apply", "apply_many", "load"]
+    assert [s.name for s in spans] == ["apply", "apply", "renew_many", "load"]
     for span in spans:
         assert span.kind is SpanKind.CLIENT
         assert span.attributes is not None

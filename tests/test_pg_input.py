@@ -23,7 +23,7 @@ from mos_lease import (
     LeaseIdentity,
     StoreUnavailable,
 )
-from mos_lease.machine import Write
+from mos_lease.machine import Renew, Write
 from mos_lease.records import AuditEntry, Snapshot, WriteOutcome
 from mos_lease_pg import PostgresLeaseStore
 from tests.pg_fixtures import StoreFactory
@@ -48,9 +48,9 @@ class CountingStore:
         self.calls += 1
         return self.inner.apply(write, entry)
 
-    def apply_many(self, items: Sequence[tuple[Write, AuditEntry]]) -> Sequence[WriteOutcome]:
+    def renew_many(self, items: Sequence[tuple[Renew, AuditEntry]]) -> Sequence[WriteOutcome]:
         self.calls += 1
-        return self.inner.apply_many(items)
+        return self.inner.renew_many(items)
 
     def record(self, entry: AuditEntry) -> None:
         self.calls += 1

@@ -23,7 +23,7 @@ from mos_lease import (
     Outcome,
     Reason,
 )
-from mos_lease.machine import Rotate, Write
+from mos_lease.machine import Renew, Rotate, Write
 from mos_lease.records import AuditEntry, Snapshot, WriteOutcome
 from mos_lease_pg import PostgresLeaseStore, statements
 from tests.pg_fixtures import StoreFactory
@@ -48,8 +48,8 @@ class CountingStore:
     def apply(self, write: Write, entry: AuditEntry) -> WriteOutcome:
         return self.inner.apply(write, entry)
 
-    def apply_many(self, items: Sequence[tuple[Write, AuditEntry]]) -> list[WriteOutcome]:
-        return self.inner.apply_many(items)
+    def renew_many(self, items: Sequence[tuple[Renew, AuditEntry]]) -> list[WriteOutcome]:
+        return self.inner.renew_many(items)
 
     def record(self, entry: AuditEntry) -> None:
         self.inner.record(entry)

@@ -8,6 +8,7 @@ from datetime import timedelta
 from typing import Any
 from uuid import UUID, uuid4
 
+import attrs
 import psycopg
 import psycopg_pool
 import pytest
@@ -196,24 +197,43 @@ def test_records_are_appended_once(pg_store: PostgresLeaseStore, pg_tenant: str)
     assert not pg_store.event_committed(uuid4())
 
 
-def test_apply_many_guards_each_write_and_keeps_the_order(pg_store: PostgresLeaseStore,
-                                                          pg_tenant: str) -> None:
+def test_renew_many_guards_each_renewal_and_keeps_the_order(pg_store: PostgresLeaseStore,
+                                                            pg_tenant: str) -> None:
     identities = [LeaseIdentity(pg_tenant, "agent", f"b{i}") for i in (3, 2, 1)]
     rows = [acquired(pg_store, identity) for identity in identities]
-    writes: list[Write] = [
+    pg_store.apply(Close(identities[2], "c1", rows[2].lease_id, 1),
+                   entry_for(Close(identities[2], "c1", rows[2].lease_id, 1)))
+    writes = [
         Renew(identities[0], "c1", rows[0].lease_id, 1, TTL),
         Renew(identities[1], "c1", uuid4(), 1, TTL),  # wrong lease: refused
-        Close(identities[2], "c1", rows[2].lease_id, 1),
-        Insert(LeaseIdentity(pg_tenant, "agent", "b0"), uuid4(), "c1", (), TTL),
+        Renew(identities[2], "c1", rows[2].lease_id, 1, TTL),  # released: refused
     ]
     entries = [entry_for(w) for w in writes]
     before = [pg_store.load(w.identity).row for w in writes]
-    outcomes = pg_store.apply_many(list(zip(writes, entries, strict=True)))
-    assert [o.row is not None for o in outcomes] == [True, False, True, True]
+    outcomes = pg_store.renew_many(list(zip(writes, entries, strict=True)))
+    assert [o.row is not None for o in outcomes] == [True, False, False]
     for write, entry, old, outcome in zip(writes, entries, before, outcomes, strict=True):
         assert outcome.row == write_outcome(write, old, outcome.now)
         assert pg_store.event_committed(entry.event_id) == (outcome.row is not None)
-    assert pg_store.apply_many([]) == []
+    assert pg_store.renew_many([]) == []
+    one = [(Renew(identities[0], "c1", rows[0].lease_id, 1, TTL),
+            entry_for(Renew(identities[0], "c1", rows[0].lease_id, 1, TTL)))]
+    assert [o.row is not None for o in pg_store.renew_many(one)] == [True]  # a batch of one
+
+
+@pytest.mark.parametrize("bad", ["close", "entry"])
+def test_renew_many_refuses_anything_but_heartbeat_renewals(
+        pg_store: PostgresLeaseStore, pg_tenant: str, bad: str) -> None:
+    identity = LeaseIdentity(pg_tenant, "agent", "only-renewals")
+    row = acquired(pg_store, identity)
+    renew = Renew(identity, "c1", row.lease_id, 1, TTL)
+    item: tuple[Any, AuditEntry] = (
+        (Close(identity, "c1", row.lease_id, 1), entry_for(renew)) if bad == "close"
+        else (renew, attrs.evolve(entry_for(renew), epoch=2)))
+    before = list(pg_store.audit(identity))
+    with pytest.raises(InvalidInput, match="renewals"):
+        pg_store.renew_many([item])
+    assert list(pg_store.audit(identity)) == before
 
 
 def test_coordinator_heartbeat_many(pg_store: PostgresLeaseStore, pg_tenant: str) -> None:

@@ -69,9 +69,9 @@ def _writes(lease: LeaseHandle) -> dict[str, tuple[Write, AuditEntry]]:
 
 
 OPERATIONS = ["load", "leases", "audit", "now", "event_committed", "record", "acquire",
-              "heartbeat", "release", "takeover", "apply_many"]
+              "heartbeat", "release", "takeover", "renew_many"]
 # An audit record is a write too: cut off, it may have committed.
-WRITES = {"acquire", "heartbeat", "release", "takeover", "apply_many", "record"}
+WRITES = {"acquire", "heartbeat", "release", "takeover", "renew_many", "record"}
 
 
 def _call(store: PostgresLeaseStore | AsyncPostgresLeaseStore, lease: LeaseHandle,
@@ -87,7 +87,8 @@ def _call(store: PostgresLeaseStore | AsyncPostgresLeaseStore, lease: LeaseHandl
         "now": store.now,
         "event_committed": lambda: store.event_committed(uuid4()),
         "record": lambda: store.record(writes["heartbeat"][1]),
-        "apply_many": lambda: store.apply_many([writes["heartbeat"], writes["release"]]),
+        "renew_many": lambda: store.renew_many([(
+            Renew(identity, "c1", lease.lease_id, lease.epoch, TTL), writes["heartbeat"][1])]),
     }
     if name in calls:
         return calls[name]

@@ -24,7 +24,7 @@ import psycopg
 import pytest
 
 from mos_lease import AllowAllPolicy, ConnectorLeaseCoordinator, LeaseHandle, LeaseIdentity
-from mos_lease.machine import Close, Renew, Write
+from mos_lease.machine import Renew
 from mos_lease.records import AuditEntry
 from mos_lease.vocabulary import LifecycleEvent, Outcome
 from mos_lease_pg import (
@@ -247,41 +247,33 @@ def test_a_write_survives_the_server_forgetting_its_statement_and_applies_once(
     assert len({r.entry.event_id for r in records}) == 3
 
 
-def _renew_and_close(keep: LeaseHandle, end: LeaseHandle) -> list[tuple[Write, AuditEntry]]:
-    """A mixed batch, so the store pipelines it (heartbeats alone are one statement)."""
-    return [
-        (Renew(keep.identity, keep.connector_id, keep.lease_id, keep.epoch,
-               timedelta(seconds=60)),
-         AuditEntry(uuid4(), LifecycleEvent.HEARTBEAT, Outcome.RENEWED, None, keep.identity,
-                    keep.connector_id, keep.epoch, "batch")),
-        (Close(end.identity, end.connector_id, end.lease_id, end.epoch),
-         AuditEntry(uuid4(), LifecycleEvent.RELEASE, Outcome.RELEASED, None, end.identity,
-                    end.connector_id, end.epoch, "batch")),
-    ]
+def _renewals(*leases: LeaseHandle) -> list[tuple[Renew, AuditEntry]]:
+    return [(Renew(lease.identity, lease.connector_id, lease.lease_id, lease.epoch,
+                   timedelta(seconds=60)),
+             AuditEntry(uuid4(), LifecycleEvent.HEARTBEAT, Outcome.RENEWED, None,
+                        lease.identity, lease.connector_id, lease.epoch, "batch"))
+            for lease in leases]
 
 
 @pytest.mark.pg
-def test_a_pipelined_batch_survives_the_server_forgetting_its_statements(
+def test_a_batch_of_heartbeats_survives_the_server_forgetting_its_statement(
         pg_stores: StoreFactory, pg_tenant: str) -> None:
     store = pg_stores()
     coordinator = ConnectorLeaseCoordinator(store, AllowAllPolicy())
     leases = []
-    for name in ("keep", "end-1", "end-2"):
+    for name in ("one", "two"):
         lease = coordinator.acquire(_identity(pg_tenant, name), "conn-a",
                                     scopes=("tool:run",), ttl=60).lease
         assert lease is not None
         leases.append(lease)
-    keep, first, second = leases
-    assert all(o.row is not None for o in store.apply_many(_renew_and_close(keep, first)))
+    assert all(o.row is not None for o in store.renew_many(_renewals(*leases)))
     _forget(_conn(store))
-    outcomes = store.apply_many(_renew_and_close(keep, second))
+    outcomes = store.renew_many(_renewals(*leases))
     assert all(o.row is not None for o in outcomes)
-    assert outcomes[1].row is not None and outcomes[1].row.released_at is not None
-    # Each write of the batch sent again is recorded once.
-    assert [r.entry.event for r in store.audit(_identity(pg_tenant, "keep"))] == [
-        LifecycleEvent.ACQUIRE, LifecycleEvent.HEARTBEAT, LifecycleEvent.HEARTBEAT]
-    assert [r.entry.event for r in store.audit(_identity(pg_tenant, "end-2"))] == [
-        LifecycleEvent.ACQUIRE, LifecycleEvent.RELEASE]
+    # The batch sent again is recorded once.
+    for name in ("one", "two"):
+        assert [r.entry.event for r in store.audit(_identity(pg_tenant, name))] == [
+            LifecycleEvent.ACQUIRE, LifecycleEvent.HEARTBEAT, LifecycleEvent.HEARTBEAT]
 
 
 @pytest.mark.pg

@@ -101,7 +101,7 @@ FAULTS = ("silent", "delay_below", "delay_above", "cut_client", "cut_server",
 # first use on a connection is prepared in a message of its own before it is executed.
 MESSAGES = {"load": 1, "validate": 1, "invoke": 1, "takeover": 4, "reconcile": 3}
 WRITES = {"heartbeat", "acquire", "takeover", "release", "heartbeat_many"}
-PORT_CALLS = ("load", "apply", "apply_many", "record", "event_committed")
+PORT_CALLS = ("load", "apply", "renew_many", "record", "event_committed")
 # Seconds after which an entry point counts as hung: above every bound a schedule can
 # reach (at most four store calls, each of which may open a session).
 HANG = 4 * (CALL_BOUND + CONNECT_BOUND) + 2 * ALLOWANCE
