@@ -249,8 +249,8 @@ class DedicatedConnection(_Dedicated[Wire]):
         super().__init__(conninfo, settings)
         self._lock = threading.Lock()
         # Held for a whole call: psycopg serializes single statements on a connection, but
-        # another thread's statement would join a pipeline (a batch) in progress, or take
-        # the shared cursor between a statement and the reading of its rows.
+        # another thread's statement would take the shared cursor between a statement and
+        # the reading of its rows.
         self._in_use = threading.Lock()
 
     def _current(self, deadline: float | None = None) -> Wire:
