@@ -14,7 +14,7 @@ ends the session that sent it, see :mod:`mos_lease_pg.reconcile`). Every call re
 or raises within ``settings.call_bound()`` on the client, whatever the network does (see
 :mod:`mos_lease_pg.deadline`); a connection whose reply did not come in time is discarded.
 The database clock is the time authority: every statement reads
-``clock_timestamp()`` (plus ``time_offset``, which only tests set) in the same round trip as
+``clock_timestamp()`` (a test double adds an offset) in the same round trip as
 the row it judges.
 """
 
@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
 from uuid import UUID
 
 import psycopg
@@ -79,22 +79,9 @@ class _StoreCore:
     def _schema(self) -> str:
         return self.settings.schema
 
-    def __init__(self, time_offset: timedelta) -> None:
-        if not isinstance(time_offset, timedelta):
-            raise ConfigurationError("time_offset must be a timedelta")
-        self._offset = time_offset
-
-    @property
-    def time_offset(self) -> timedelta:
-        """Added to the database clock. Tests move it; production leaves it at zero."""
-        return self._offset
-
-    def advance(self, by: timedelta | float) -> None:
-        """Move this store's view of the database clock forward (tests only)."""
-        step = by if isinstance(by, timedelta) else timedelta(seconds=by)
-        if step < timedelta(0):
-            raise ValueError("time does not go backwards")
-        self._offset += step
+    # Added to the database clock in every statement. Always zero here: only a test double
+    # (tests/pg_clock.py) moves it, to reach expiry without waiting.
+    _offset: timedelta = timedelta(0)
 
     @property
     def _bound(self) -> float:
@@ -194,14 +181,12 @@ class PostgresLeaseStore(_StoreCore):
     dedicated connection, the fastest choice, safe to share between threads, which then
     take turns) or ``pool`` (a caller-owned ``psycopg_pool.ConnectionPool`` built with
     :func:`mos_lease_pg.make_pool`; one checkout per call). ``settings`` sets timeouts and
-    statement preparation. ``time_offset`` is for tests.
+    statement preparation.
     """
 
     def __init__(self, conninfo: str | None = None, *,
                  pool: psycopg_pool.ConnectionPool[Any] | None = None,
-                 settings: ConnectionSettings | None = None,
-                 time_offset: timedelta = timedelta(0)) -> None:
-        super().__init__(time_offset)
+                 settings: ConnectionSettings | None = None) -> None:
         self.settings = _source_args(conninfo, pool, settings)
         self._source: DedicatedConnection | PooledConnection = (
             DedicatedConnection(conninfo, self.settings) if conninfo is not None
@@ -327,14 +312,14 @@ class PostgresLeaseStore(_StoreCore):
                                            after_seq, limit))
 
     def now(self) -> datetime:
-        """The store's time: the database clock plus ``time_offset``."""
+        """The store's time: the database clock."""
         return self._run(statements.now(self._offset, schema=self._schema))
 
     def close(self) -> None:
         """Close the dedicated connection (a pool stays open: it is the caller's)."""
         self._source.close()
 
-    def __enter__(self) -> PostgresLeaseStore:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
@@ -348,9 +333,7 @@ class AsyncPostgresLeaseStore(_StoreCore):
 
     def __init__(self, conninfo: str | None = None, *,
                  pool: psycopg_pool.AsyncConnectionPool[Any] | None = None,
-                 settings: ConnectionSettings | None = None,
-                 time_offset: timedelta = timedelta(0)) -> None:
-        super().__init__(time_offset)
+                 settings: ConnectionSettings | None = None) -> None:
         self.settings = _source_args(conninfo, pool, settings)
         self._source: AsyncDedicatedConnection | AsyncPooledConnection = (
             AsyncDedicatedConnection(conninfo, self.settings) if conninfo is not None
@@ -474,7 +457,7 @@ class AsyncPostgresLeaseStore(_StoreCore):
     async def aclose(self) -> None:
         await self._source.close()
 
-    async def __aenter__(self) -> AsyncPostgresLeaseStore:
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,

@@ -37,8 +37,9 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from mos_lease_pg import ConnectionSettings, PostgresLeaseStore, migrate
+from mos_lease_pg import ConnectionSettings, migrate
 from mos_lease_pg.statements import DEFAULT_SCHEMA
+from tests.pg_clock import ShiftedPostgresLeaseStore
 from tests.pg_support import (
     FaultProxy,
     PgServer,
@@ -50,7 +51,7 @@ from tests.pg_support import (
     unique_name,
 )
 
-StoreFactory = Callable[..., PostgresLeaseStore]
+StoreFactory = Callable[..., ShiftedPostgresLeaseStore]
 
 
 @attrs.frozen
@@ -66,8 +67,8 @@ class PgSchema:
 
 
 def allow_test_clock(dsn: str, schema: str = DEFAULT_SCHEMA) -> None:
-    """Let writes in ``schema`` be stamped ahead of the database clock, as stores with a
-    test-only ``time_offset`` stamp them (the schema allows none by default)."""
+    """Let writes in ``schema`` be stamped ahead of the database clock, as the test stores
+    of ``tests/pg_clock.py`` stamp them (the schema allows none by default)."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(sql.SQL("UPDATE {}.mos_lease_settings SET clock_allowance = "
                              "interval '10 years'").format(sql.Identifier(schema)))
@@ -111,13 +112,14 @@ def pg_tenant() -> str:
 
 @pytest.fixture
 def pg_stores(pg_dsn: str) -> Iterator[StoreFactory]:
-    made: list[PostgresLeaseStore] = []
+    made: list[ShiftedPostgresLeaseStore] = []
 
-    def make(conninfo: str | None = None, **options: Any) -> PostgresLeaseStore:
+    def make(conninfo: str | None = None, **options: Any) -> ShiftedPostgresLeaseStore:
         if "pool" in options:
-            store = PostgresLeaseStore(**options)
+            store = ShiftedPostgresLeaseStore(**options)
         else:
-            store = PostgresLeaseStore(conninfo if conninfo is not None else pg_dsn, **options)
+            store = ShiftedPostgresLeaseStore(conninfo if conninfo is not None else pg_dsn,
+                                              **options)
         made.append(store)
         return store
 
@@ -129,7 +131,7 @@ def pg_stores(pg_dsn: str) -> Iterator[StoreFactory]:
 
 
 @pytest.fixture
-def pg_store(pg_stores: StoreFactory) -> PostgresLeaseStore:
+def pg_store(pg_stores: StoreFactory) -> ShiftedPostgresLeaseStore:
     return pg_stores()
 
 
@@ -155,11 +157,11 @@ class PostgresHarness:
     """A :class:`mos_lease.testing.StoreHarness` for PostgreSQL: the store's time authority
     is the database clock, moved forward by the store's test-only offset."""
 
-    def __init__(self, store: PostgresLeaseStore) -> None:
+    def __init__(self, store: ShiftedPostgresLeaseStore) -> None:
         self._store = store
 
     @property
-    def store(self) -> PostgresLeaseStore:
+    def store(self) -> ShiftedPostgresLeaseStore:
         return self._store
 
     def advance(self, by: timedelta) -> None:

@@ -35,6 +35,7 @@ from mos_lease.grants import ExecutionGrant
 from mos_lease.records import LeaseHandle, LeaseRow
 from mos_lease_memory import InMemoryLeaseStore, ManualClock
 from mos_lease_pg import PostgresLeaseStore
+from tests.pg_clock import ShiftedPostgresLeaseStore
 from tests.pg_support import CountingIds
 
 pytestmark = pytest.mark.pg
@@ -71,10 +72,10 @@ operations = st.lists(st.one_of(
 
 
 @pytest.fixture(scope="module")
-def shared_pg_store(pg_dsn: str) -> Iterator[PostgresLeaseStore]:
+def shared_pg_store(pg_dsn: str) -> Iterator[ShiftedPostgresLeaseStore]:
     # One store for every example: each example uses its own tenants, and the offset only
     # ever moves forward, which is all a fresh store would give.
-    with PostgresLeaseStore(pg_dsn) as store:
+    with ShiftedPostgresLeaseStore(pg_dsn) as store:
         yield store
 
 
@@ -166,7 +167,7 @@ _namespaces = itertools.count(1)
 @settings(max_examples=1000, deadline=None, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(ops=operations)
-def test_postgres_agrees_with_the_memory_store(shared_pg_store: PostgresLeaseStore,
+def test_postgres_agrees_with_the_memory_store(shared_pg_store: ShiftedPostgresLeaseStore,
                                                ops: list[tuple[Any, ...]]) -> None:
     run = uuid4().hex[:12]
     tenant, foreign = f"agree-{run}", f"agree-{run}-x"

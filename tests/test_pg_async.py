@@ -17,6 +17,7 @@ from mos_lease import (
     StoreUnavailable,
 )
 from mos_lease_pg import AsyncPostgresLeaseStore, ConnectionSettings, open_async_pool
+from tests.pg_clock import ShiftedAsyncPostgresLeaseStore
 from tests.pg_support import FaultProxy
 
 pytestmark = pytest.mark.pg
@@ -24,7 +25,7 @@ pytestmark = pytest.mark.pg
 SCOPES = ["tool:run"]
 
 
-async def _lifecycle(store: AsyncPostgresLeaseStore, tenant: str) -> None:
+async def _lifecycle(store: ShiftedAsyncPostgresLeaseStore, tenant: str) -> None:
     gateway = AsyncConnectorLeaseCoordinator(store, AllowAllPolicy())
     ident = LeaseIdentity(tenant, "agent", "b1")
     first = await gateway.acquire(ident, "c1", scopes=SCOPES, ttl=10)
@@ -62,7 +63,7 @@ async def _lifecycle(store: AsyncPostgresLeaseStore, tenant: str) -> None:
 
 def test_async_store_with_a_dedicated_connection(pg_dsn: str, pg_tenant: str) -> None:
     async def scenario() -> None:
-        async with AsyncPostgresLeaseStore(pg_dsn) as store:
+        async with ShiftedAsyncPostgresLeaseStore(pg_dsn) as store:
             await _lifecycle(store, pg_tenant)
 
     asyncio.run(scenario())
@@ -73,7 +74,7 @@ def test_async_store_with_a_pool(pg_dsn: str, pg_tenant: str) -> None:
         settings = ConnectionSettings(pool_timeout=0.2)
         pool = await open_async_pool(pg_dsn, settings, min_size=1, max_size=1)
         try:
-            store = AsyncPostgresLeaseStore(pool=pool, settings=settings)
+            store = ShiftedAsyncPostgresLeaseStore(pool=pool, settings=settings)
             await _lifecycle(store, pg_tenant)
             held = await pool.getconn()
             try:

@@ -26,6 +26,7 @@ from mos_lease.machine import Close, Insert, Renew, Rotate, Write, apply_write, 
 from mos_lease.records import AuditEntry, LeaseRow, WriteOutcome
 from mos_lease.vocabulary import LifecycleEvent, Outcome, Reason
 from mos_lease_pg import ConnectionSettings, PostgresLeaseStore, connect_kwargs, make_pool
+from tests.pg_clock import ShiftedPostgresLeaseStore
 from tests.pg_fixtures import StoreFactory
 
 pytestmark = pytest.mark.pg
@@ -108,7 +109,7 @@ def test_renew_and_close_need_the_full_match(pg_store: PostgresLeaseStore,
     check(pg_store, Close(identity, "c1", row.lease_id, 1), applies=False)
 
 
-def test_expiry_is_judged_by_database_time(pg_store: PostgresLeaseStore,
+def test_expiry_is_judged_by_database_time(pg_store: ShiftedPostgresLeaseStore,
                                            pg_tenant: str) -> None:
     identity = LeaseIdentity(pg_tenant, "agent", "b1")
     row = acquired(pg_store, identity, ttl=timedelta(seconds=10))
@@ -181,6 +182,14 @@ def test_store_time_is_the_database_clock_plus_the_offset(pg_stores: StoreFactor
         store.advance(timedelta(seconds=-1))
     with pytest.raises(ConfigurationError):
         pg_stores(time_offset=5)
+
+
+def test_the_production_store_reads_the_database_clock_as_it_is(pg_dsn: str) -> None:
+    # The clock offset is a test double's: the production store has no way to move it.
+    with pytest.raises(TypeError):
+        PostgresLeaseStore(pg_dsn, time_offset=timedelta(hours=1))  # type: ignore[call-arg]
+    with PostgresLeaseStore(pg_dsn) as store:
+        assert not hasattr(store, "advance") and not hasattr(store, "time_offset")
 
 
 def test_records_are_appended_once(pg_store: PostgresLeaseStore, pg_tenant: str) -> None:

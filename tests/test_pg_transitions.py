@@ -22,6 +22,7 @@ from psycopg import errors
 from mos_lease import AllowAllPolicy, ConnectorLeaseCoordinator, LeaseIdentity
 from mos_lease.errors import InternalInconsistency
 from mos_lease_pg import ConnectionSettings, PostgresLeaseStore
+from tests.pg_clock import ShiftedPostgresLeaseStore
 from tests.test_pg_roles import Layout, role_layout
 
 pytestmark = pytest.mark.pg
@@ -191,8 +192,9 @@ def test_resource_marks_rise_and_are_never_removed(layout: Layout) -> None:
 
 def test_writes_ahead_of_the_clock_need_the_owners_allowance(layout: Layout) -> None:
     ident = LeaseIdentity("ahead", "agent", "b1")
-    with PostgresLeaseStore(layout.gateway_dsn, settings=ConnectionSettings(schema=layout.schema),
-                            time_offset=timedelta(minutes=10)) as ahead:
+    with ShiftedPostgresLeaseStore(layout.gateway_dsn,
+                                   settings=ConnectionSettings(schema=layout.schema),
+                                   time_offset=timedelta(minutes=10)) as ahead:
         moved = ConnectorLeaseCoordinator(ahead, AllowAllPolicy())
         # Stamped 10 minutes ahead, the lease would last 10 + 5 minutes: refused.
         with pytest.raises(InternalInconsistency, match="no later than the database clock"):
