@@ -7,14 +7,17 @@ with a planted flaw.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
+from uuid import UUID, uuid4
 
 import attrs
 import pytest
 from hypothesis import HealthCheck, Phase, settings
 
 from examples.store_kit import DictHarness, DictLeaseStore
+from mos_lease import StoreUnavailable
 from mos_lease.machine import Renew, Rotate, Write, write_outcome
 from mos_lease.records import LeaseRow
 from mos_lease.testing import (
@@ -132,3 +135,35 @@ def test_unflawed_example_store_passes(loop: EventLoopThread) -> None:
     """The flawed stores above differ from a passing one by their flaw alone."""
     run_store_contract(loop.harness_factory(DictHarness), steps=400)
     _machine(loop.harness_factory(DictHarness), 20)
+
+
+# -- the driver itself ---------------------------------------------------------------------
+
+
+def test_driver_makes_harnesses_on_its_loop_and_passes_errors_through(
+        loop: EventLoopThread) -> None:
+    seen: list[asyncio.AbstractEventLoop] = []
+
+    class Recording(DictHarness):
+        def __init__(self) -> None:
+            seen.append(asyncio.get_running_loop())  # raises unless made on a running loop
+            super().__init__(Refusing)
+
+    class Refusing(DictLeaseStore):
+        async def event_committed(self, event_id: UUID) -> bool:
+            raise StoreUnavailable("down")
+
+    harness = loop.harness_factory(Recording)()
+    assert seen == [loop.run(_running())]
+    with pytest.raises(StoreUnavailable, match="down"):
+        harness.store.event_committed(uuid4())
+
+    async def reentrant() -> None:
+        loop.run(_running())
+
+    with pytest.raises(RuntimeError, match="its own loop"):
+        loop.run(reentrant())
+
+
+async def _running() -> asyncio.AbstractEventLoop:
+    return asyncio.get_running_loop()

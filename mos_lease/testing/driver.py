@@ -11,16 +11,18 @@ one: build them inside the factories, or with :meth:`EventLoopThread.run`.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import threading
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import timedelta
 from typing import Any, TypeVar
 from uuid import UUID
 
-from mos_lease.fencing import AsyncResourceGuard, GuardDecision, ResourceGuard
+from mos_lease.fencing import AsyncResourceGuard, GuardDecision
 from mos_lease.identity import LeaseIdentity
 from mos_lease.machine import Write
 from mos_lease.records import AuditEntry, AuditRecord, LeaseRow, Snapshot, WriteOutcome
+from mos_lease.testing.guard_contract import GuardFactory
 from mos_lease.testing.harness import AsyncInspectableStore, AsyncStoreHarness, StoreHarness
 from mos_lease.token import FencingToken
 
@@ -43,6 +45,8 @@ class EventLoopThread:
     def run(self, awaitable: Awaitable[T]) -> T:
         """Run ``awaitable`` on the loop and return its result (or raise its exception)."""
         if threading.current_thread() is self._thread:
+            if inspect.iscoroutine(awaitable):
+                awaitable.close()  # never to be awaited: say so quietly, not with a warning
             raise RuntimeError("EventLoopThread.run called from its own loop: it would block")
 
         async def wrapped() -> T:
@@ -56,8 +60,7 @@ class EventLoopThread:
         and :func:`~mos_lease.testing.make_lease_machine`; ``factory`` runs on the loop."""
         return lambda: DrivenHarness(self.run(_made(factory)), self)
 
-    def guard_factory(self, factory: Callable[..., AsyncResourceGuard]
-                      ) -> Callable[..., ResourceGuard]:
+    def guard_factory(self, factory: Callable[..., AsyncResourceGuard]) -> GuardFactory:
         """As :meth:`harness_factory`, for :func:`~mos_lease.testing.run_guard_contract`."""
         return lambda **options: DrivenGuard(self.run(_made(factory, **options)), self)
 

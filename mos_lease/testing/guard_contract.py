@@ -31,7 +31,7 @@ def _utc_now() -> datetime:
     return datetime.now(UTC)
 
 
-def run_guard_contract(make_guard: GuardFactory | Callable[..., ResourceGuard], *,
+def run_guard_contract(make_guard: GuardFactory, *,
                        clock: Callable[[], datetime] = _utc_now, durable: bool = True) -> None:
     """Raise ``AssertionError`` at the first promise the guard breaks.
 
