@@ -34,6 +34,7 @@ from mos_lease.fencing import (
     FencedEffectRefused,
     FenceReason,
     GuardDecision,
+    ResourceEpoch,
     ResourceGuard,
 )
 from mos_lease.grants import ExecutionGrant
@@ -132,6 +133,7 @@ __all__ = [
     "Reason",
     "RenewalRetry",
     "Renewed",
+    "ResourceEpoch",
     "ResourceGuard",
     "Snapshot",
     "StaticConnectorPolicy",

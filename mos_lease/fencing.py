@@ -19,6 +19,13 @@ boundary whose clock cannot be trusted at all; epochs are then the only fence.
 The decision is written once, here, and shared by every guard (in memory, PostgreSQL), so
 they cannot drift apart. Refusals are values (:class:`GuardDecision`), not exceptions.
 
+For a guard of your own (``docs/writing-a-store.md``), the stable surface is ``__all__``:
+the decision (:func:`admission_refusal`, :func:`admit`), the input checks
+(:func:`check_resource_id`, :func:`check_token`), the expiry options
+(:func:`judged_grace`, :func:`check_expiry_grace`, :data:`NO_GRACE`) and the types
+(:class:`ResourceEpoch`, :class:`GuardDecision`, :class:`FenceReason`, the protocols).
+The shipped guards are built from exactly these.
+
 :func:`effect_refusal` is the check for an effect fenced by the lease row itself
 (:mod:`mos_lease_pg.effects`): everything gateway validation checks, for a context or a token.
 """
@@ -95,10 +102,17 @@ class FencedEffectRefused(MosLeaseError):
 
 
 def check_resource_id(value: object) -> str:
+    """``value`` as a resource id (the rules of every id: 1 to 128 characters, no control
+    characters, no surrounding whitespace), else :class:`~mos_lease.InvalidInput`. Check
+    before anything is read or written."""
     return check_id("resource_id", value)
 
 
 def check_token(value: object) -> FencingToken:
+    """``value`` if it is a :class:`~mos_lease.FencingToken`, else
+    :class:`~mos_lease.InvalidInput`: text must go through
+    :func:`~mos_lease.token.parse_token` (and its signature check) first, and an object that
+    only looks like a token is refused."""
     if not isinstance(value, FencingToken):
         raise InvalidInput("token", f"must be a FencingToken, not {type(value).__name__}; "
                            "parse text with mos_lease.token.parse_token first")
@@ -157,7 +171,13 @@ def admission_refusal(current: ResourceEpoch | None, token: FencingToken, *,
 def admit(current: ResourceEpoch | None, token: FencingToken, resource_id: str, *,
           now: datetime | None = None, expiry_grace: timedelta | None = NO_GRACE,
           ) -> tuple[ResourceEpoch | None, GuardDecision]:
-    """The remembered state after ``token`` is presented, and the decision to report."""
+    """The remembered state after ``token`` is presented, and the decision to report.
+
+    :func:`admission_refusal` plus the bookkeeping: on a refusal the state is ``current``
+    unchanged (store nothing); on admission it is the state to store, the highest epoch
+    so far. Read ``current`` and store the result in one atomic step (a transaction that
+    locks the resource's row), reading ``now`` once that lock is held.
+    """
     reason = admission_refusal(current, token, now=now, expiry_grace=expiry_grace)
     if reason is not None:
         return current, GuardDecision(resource_id, reason,
@@ -217,3 +237,21 @@ class AsyncResourceGuard(Protocol):
     """The asyncio twin of :class:`ResourceGuard`, with the same contract."""
 
     async def admit(self, resource_id: str, token: FencingToken) -> GuardDecision: ...
+
+
+__all__ = [
+    "NO_GRACE",
+    "AsyncResourceGuard",
+    "FenceReason",
+    "FencedEffectRefused",
+    "GuardDecision",
+    "ResourceEpoch",
+    "ResourceGuard",
+    "admission_refusal",
+    "admit",
+    "check_expiry_grace",
+    "check_resource_id",
+    "check_token",
+    "effect_refusal",
+    "judged_grace",
+]

@@ -1,4 +1,4 @@
-"""Conformance kit for lease stores (needs the ``dev`` extra: Hypothesis and pytest).
+"""Conformance kit for lease stores and resource guards (needs the ``testing`` extra).
 
 To check a new store, give the kit a factory of :class:`StoreHarness` objects (your store
 plus a way to move its time authority forward) and run:
@@ -7,19 +7,43 @@ plus a way to move its time authority forward) and run:
   ``TestMyStore = make_lease_machine(my_factory).TestCase``;
 * :func:`run_store_contract` — the write-guard contract of :class:`~mos_lease.LeaseStore`.
 
-Both shipped stores pass both (``tests/test_conformance.py``).
+A resource guard of your own is checked by :func:`run_guard_contract`.
+
+An asyncio store gives an :class:`AsyncStoreHarness` instead and runs the same two through
+:meth:`EventLoopThread.harness_factory`. Every shipped store passes both
+(``tests/test_conformance.py``, ``tests/test_conformance_async.py``). See
+``docs/writing-a-store.md``.
 """
 
 from mos_lease.testing.contract import run_store_contract
-from mos_lease.testing.harness import InspectableStore, MemoryHarness, StoreHarness
+from mos_lease.testing.driver import EventLoopThread
+from mos_lease.testing.guard_contract import GuardFactory, run_guard_contract
+from mos_lease.testing.harness import (
+    AsyncInspectableStore,
+    AsyncLeaseInspector,
+    AsyncMemoryHarness,
+    AsyncStoreHarness,
+    InspectableAsyncMemoryStore,
+    InspectableStore,
+    MemoryHarness,
+    StoreHarness,
+)
 from mos_lease.testing.oracle import Oracle
 from mos_lease.testing.stateful import make_lease_machine
 
 __all__ = [
+    "AsyncInspectableStore",
+    "AsyncLeaseInspector",
+    "AsyncMemoryHarness",
+    "AsyncStoreHarness",
+    "EventLoopThread",
+    "GuardFactory",
+    "InspectableAsyncMemoryStore",
     "InspectableStore",
     "MemoryHarness",
     "Oracle",
     "StoreHarness",
     "make_lease_machine",
+    "run_guard_contract",
     "run_store_contract",
 ]

@@ -1,17 +1,34 @@
-"""What a store must offer to be run through the conformance kit."""
+"""What a store must offer to be run through the conformance kit (sync or asyncio)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Protocol
 
 from mos_lease.clock import ManualClock
-from mos_lease.memory import InMemoryLeaseStore
-from mos_lease.ports import LeaseInspector, LeaseStore
+from mos_lease.identity import LeaseIdentity
+from mos_lease.memory import AsyncInMemoryLeaseStore, InMemoryLeaseStore
+from mos_lease.ports import AsyncLeaseStore, LeaseInspector, LeaseStore
+from mos_lease.records import AuditRecord, LeaseRow
 
 
 class InspectableStore(LeaseStore, LeaseInspector, Protocol):
     """A store that can also be inspected (every shipped store is)."""
+
+
+class AsyncLeaseInspector(Protocol):
+    """The asyncio twin of :class:`~mos_lease.LeaseInspector`: the reads the kit checks
+    audit rows with."""
+
+    async def leases(self, tenant_id: str | None = None) -> Sequence[LeaseRow]: ...
+
+    async def audit(self, identity: LeaseIdentity | None = None, *, after_seq: int = 0,
+                    limit: int = 1000) -> Sequence[AuditRecord]: ...
+
+
+class AsyncInspectableStore(AsyncLeaseStore, AsyncLeaseInspector, Protocol):
+    """An asyncio store that can also be inspected."""
 
 
 class StoreHarness(Protocol):
@@ -28,6 +45,16 @@ class StoreHarness(Protocol):
     def advance(self, by: timedelta) -> None: ...
 
 
+class AsyncStoreHarness(Protocol):
+    """:class:`StoreHarness` for an asyncio store; run it through
+    :class:`~mos_lease.testing.EventLoopThread`."""
+
+    @property
+    def store(self) -> AsyncInspectableStore: ...
+
+    async def advance(self, by: timedelta) -> None: ...
+
+
 class MemoryHarness:
     """The in-memory store on a manual clock."""
 
@@ -40,4 +67,31 @@ class MemoryHarness:
         return self._store
 
     def advance(self, by: timedelta) -> None:
+        self.clock.advance(by)
+
+
+class InspectableAsyncMemoryStore(AsyncInMemoryLeaseStore):
+    """:class:`~mos_lease_memory.AsyncInMemoryLeaseStore` with asyncio inspection reads
+    (the store's writes and loads are its own, unchanged)."""
+
+    async def leases(self, tenant_id: str | None = None) -> Sequence[LeaseRow]:
+        return self.sync.leases(tenant_id)
+
+    async def audit(self, identity: LeaseIdentity | None = None, *, after_seq: int = 0,
+                    limit: int = 1000) -> Sequence[AuditRecord]:
+        return self.sync.audit(identity, after_seq=after_seq, limit=limit)
+
+
+class AsyncMemoryHarness:
+    """The asyncio in-memory store on a manual clock."""
+
+    def __init__(self) -> None:
+        self.clock = ManualClock()
+        self._store = InspectableAsyncMemoryStore(InMemoryLeaseStore(self.clock))
+
+    @property
+    def store(self) -> InspectableAsyncMemoryStore:
+        return self._store
+
+    async def advance(self, by: timedelta) -> None:
         self.clock.advance(by)
