@@ -15,9 +15,8 @@ from uuid import UUID
 from mos_lease.clock import Clock, SystemClock
 from mos_lease.identity import LeaseIdentity, check_count, check_id, check_identity
 from mos_lease.machine import Renew, Write, write_outcome
+from mos_lease.ports import MAX_AUDIT_PAGE
 from mos_lease.records import AuditEntry, AuditRecord, LeaseRow, Snapshot, WriteOutcome
-
-MAX_AUDIT_PAGE = 1_000_000  # as in the PostgreSQL store
 
 
 class InMemoryLeaseStore:

@@ -69,6 +69,10 @@ class AsyncLeaseStore(Protocol):
     async def event_committed(self, event_id: UUID) -> bool: ...
 
 
+MAX_AUDIT_PAGE = 1_000_000
+"""The most audit records one ``audit`` call returns (its ``limit``)."""
+
+
 class LeaseInspector(Protocol):
     """Read-only views for operators and tests (``mos-lease status`` / ``audit``)."""
 

@@ -19,12 +19,13 @@ from datetime import datetime
 from typing import Any
 
 from mos_lease.errors import ConfigurationError, MosLeaseError
+from mos_lease.ports import MAX_AUDIT_PAGE
 from mos_lease.records import AuditRecord, LeaseRow
 from mos_lease_pg import check, roles
 from mos_lease_pg.connection import ConnectionSettings
 from mos_lease_pg.migrations import applied_versions, available_migrations, migrate
 from mos_lease_pg.statements import DEFAULT_SCHEMA, check_schema
-from mos_lease_pg.store import MAX_AUDIT_PAGE, PostgresLeaseStore
+from mos_lease_pg.store import PostgresLeaseStore
 
 DSN_ENV = "MOS_LEASE_DSN"
 SCHEMA_ENV = "MOS_LEASE_SCHEMA"

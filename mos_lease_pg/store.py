@@ -34,12 +34,12 @@ import psycopg_pool
 from mos_lease.errors import (
     CommitOutcomeUnknown,
     ConfigurationError,
-    InvalidInput,
     MosLeaseError,
     StoreUnavailable,
 )
-from mos_lease.identity import LeaseIdentity, check_id, check_identity
+from mos_lease.identity import LeaseIdentity, check_count, check_id, check_identity
 from mos_lease.machine import Renew, Write
+from mos_lease.ports import MAX_AUDIT_PAGE
 from mos_lease.records import AuditEntry, AuditRecord, LeaseRow, Snapshot, WriteOutcome
 from mos_lease_pg import reconcile, replication, statements
 from mos_lease_pg.connection import (
@@ -56,15 +56,6 @@ from mos_lease_pg.translate import Failure, statement_failure
 from mos_lease_pg.wire import AnyWire, forgotten
 
 T = TypeVar("T")
-
-MAX_AUDIT_PAGE = 1_000_000
-
-
-def _check_count(field: str, value: object, low: int, high: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise InvalidInput(field, f"must be an int between {low} and {high}")
-    return value
-
 
 def _check_optional_id(field: str, value: object) -> str | None:
     return None if value is None else check_id(field, value)
@@ -152,8 +143,8 @@ class _StoreCore:
             tenant_id=None if checked is None else checked.tenant_id,
             logical_agent_id=None if checked is None else checked.logical_agent_id,
             binding_id=None if checked is None else checked.binding_id,
-            after_seq=_check_count("after_seq", after_seq, 0, 2**63 - 1),
-            limit=_check_count("limit", limit, 1, MAX_AUDIT_PAGE), schema=self._schema)
+            after_seq=check_count("after_seq", after_seq, 0, 2**63 - 1),
+            limit=check_count("limit", limit, 1, MAX_AUDIT_PAGE), schema=self._schema)
 
     def _search_call(self, tenant_id: object, logical_agent_id: object, binding_id: object,
                      after_seq: object, limit: object) -> Call[list[AuditRecord]]:
@@ -161,8 +152,8 @@ class _StoreCore:
             tenant_id=_check_optional_id("tenant_id", tenant_id),
             logical_agent_id=_check_optional_id("logical_agent_id", logical_agent_id),
             binding_id=_check_optional_id("binding_id", binding_id),
-            after_seq=_check_count("after_seq", after_seq, 0, 2**63 - 1),
-            limit=_check_count("limit", limit, 1, MAX_AUDIT_PAGE), schema=self._schema)
+            after_seq=check_count("after_seq", after_seq, 0, 2**63 - 1),
+            limit=check_count("limit", limit, 1, MAX_AUDIT_PAGE), schema=self._schema)
 
 
 def _source_args(conninfo: str | None, pool: object, settings: ConnectionSettings | None

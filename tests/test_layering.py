@@ -14,7 +14,7 @@ import mos_lease_memory
 import mos_lease_memory.clock
 import mos_lease_memory.fencing
 import mos_lease_memory.store
-from mos_lease import clock, memory
+from mos_lease import clock, memory, ports
 
 CORE = Path(mos_lease.__file__).resolve().parent
 
@@ -79,7 +79,7 @@ def test_the_memory_store_keeps_its_former_import_paths() -> None:
     assert mos_lease_memory.SystemClock is clock.SystemClock
     assert mos_lease_memory.store.InMemoryLeaseStore is memory.InMemoryLeaseStore
     assert mos_lease_memory.store.AsyncInMemoryLeaseStore is memory.AsyncInMemoryLeaseStore
-    assert mos_lease_memory.store.MAX_AUDIT_PAGE == memory.MAX_AUDIT_PAGE
+    assert mos_lease_memory.store.MAX_AUDIT_PAGE == ports.MAX_AUDIT_PAGE
     assert mos_lease_memory.store.Clock is clock.Clock
     assert mos_lease_memory.clock.ManualClock is clock.ManualClock
     assert mos_lease_memory.clock.SystemClock is clock.SystemClock
