@@ -48,26 +48,12 @@ from mos_lease.machine import identity_refusal
 from mos_lease.records import LeaseRow
 from mos_lease.token import FencingToken
 from mos_lease.vocabulary import Reason
-from mos_lease_pg.statements import DEFAULT_SCHEMA, Template, checked
+from mos_lease_pg.statements import DEFAULT_SCHEMA, Template, statement_text
 
 # The CTE is MATERIALIZED so the row lock is taken (waiting for any lease write in flight)
 # before the outer SELECT reads the clock: expiry is judged at the moment the lock is held,
 # not at the moment the statement started waiting for it.
-LOCK_CURRENT_LEASE: Final = Template("lock current lease", checked("effects.py", """
-WITH locked AS MATERIALIZED (
-    SELECT lease_id, connector_id, allowed_scopes, epoch, acquired_at, heartbeat_at,
-           expires_at, released_at, updated_at
-    FROM {schema}.logical_agent_connector_leases
-    WHERE tenant_id = %(tenant_id)s
-      AND logical_agent_id = %(logical_agent_id)s
-      AND binding_id = %(binding_id)s
-    FOR SHARE
-)
-SELECT clock_timestamp(), l.lease_id, l.connector_id, l.allowed_scopes, l.epoch,
-       l.acquired_at, l.heartbeat_at, l.expires_at, l.released_at, l.updated_at
-FROM (SELECT 1) AS one
-LEFT JOIN locked AS l ON true
-"""))
+LOCK_CURRENT_LEASE: Final = Template("lock current lease", statement_text("lock_current_lease.sql"))
 
 Fence = ConnectorExecutionContext | FencingToken
 """What an effect can be fenced by: the context an adapter received, or a token parsed

@@ -45,7 +45,7 @@ from mos_lease.fencing import (
 )
 from mos_lease.identity import LeaseIdentity
 from mos_lease.token import FencingToken
-from mos_lease_pg.statements import DEFAULT_SCHEMA, Template, checked
+from mos_lease_pg.statements import DEFAULT_SCHEMA, Template, statement_text
 from mos_lease_pg.translate import statement_failure
 
 # Guard and refusal: the SQL twin of ``admission_refusal`` (identity, then epoch, then
@@ -57,29 +57,10 @@ from mos_lease_pg.translate import statement_failure
 # (waiting for any transaction that holds it) and only then evaluates its WHERE and SET:
 # expiry is judged again there, and ``updated_at`` taken there, by a clock read after the
 # lock. (A clock in EXCLUDED would be the one read before the wait.)
-ADMIT: Final = Template("admit", checked("fencing.py", """
-INSERT INTO {schema}.connector_resource_epochs AS e
-    (resource_id, tenant_id, logical_agent_id, binding_id, highest_epoch, updated_at)
-SELECT %(resource_id)s, %(tenant_id)s, %(logical_agent_id)s, %(binding_id)s,
-       %(epoch)s::bigint, clock_timestamp()
-WHERE %(not_after)s::timestamptz IS NULL OR %(not_after)s::timestamptz > clock_timestamp()
-ON CONFLICT (resource_id) DO UPDATE
-    SET highest_epoch = EXCLUDED.highest_epoch, updated_at = clock_timestamp()
-    WHERE e.tenant_id = EXCLUDED.tenant_id
-      AND e.logical_agent_id = EXCLUDED.logical_agent_id
-      AND e.binding_id = EXCLUDED.binding_id
-      AND e.highest_epoch <= EXCLUDED.highest_epoch
-      AND (%(not_after)s::timestamptz IS NULL
-           OR %(not_after)s::timestamptz > clock_timestamp())
-RETURNING e.highest_epoch
-"""))
+ADMIT: Final = Template("admit", statement_text("admit.sql"))
 
 # Read after a refusal, to name it; always one row (NULLs if the resource is unknown).
-STATE: Final = Template("resource state", checked("fencing.py", """
-SELECT clock_timestamp(), e.tenant_id, e.logical_agent_id, e.binding_id, e.highest_epoch
-FROM (SELECT 1) AS one
-LEFT JOIN {schema}.connector_resource_epochs AS e ON e.resource_id = %(resource_id)s
-"""))
+STATE: Final = Template("resource state", statement_text("resource_state.sql"))
 
 # A refusal named as "admit" means the database changed under the guard's assumptions (a
 # clock stepped back, a row edited by hand). Retry the atomic statement a few times, then

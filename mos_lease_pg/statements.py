@@ -103,7 +103,7 @@ def checked(name: str, text: str) -> str:
     return text
 
 
-def _statement_text(name: str) -> str:
+def statement_text(name: str) -> str:
     # Whole-line comments are for readers of the file, not for the server: dropping them
     # keeps the statement text (sent and hashed on every call) short, and keeps a stray "%"
     # in a comment from being taken for a parameter.
@@ -141,18 +141,18 @@ class Template:
 
 
 def _statement(name: str) -> Template:
-    return Template(name, _statement_text(name))
+    return Template(name, statement_text(name))
 
 
 def _guarded(name: str, lock: str = "lock_row.sql", *, notify: bool = False) -> Template:
     # Heartbeat and release share their guard, kept once in active_holder.sql. ``lock`` is
     # the step that takes the row lock before the clock is read; ``notify``: the write sends
     # a push notice (see guarded_write.sql).
-    write = _statement_text(name).replace(
-        "    {active_holder}\n", _statement_text("active_holder.sql"))
-    text = _statement_text("guarded_write.sql")
-    for mark, piece in (("{lock}", _statement_text(lock)), ("{write}", write),
-                        ("{notify}", _statement_text("notify.sql" if notify
+    write = statement_text(name).replace(
+        "    {active_holder}\n", statement_text("active_holder.sql"))
+    text = statement_text("guarded_write.sql")
+    for mark, piece in (("{lock}", statement_text(lock)), ("{write}", write),
+                        ("{notify}", statement_text("notify.sql" if notify
                                                      else "notify_none.sql"))):
         text = text.replace(mark, piece.rstrip())
     return Template(name, text)
