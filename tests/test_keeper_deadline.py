@@ -112,7 +112,9 @@ def test_thread_keeper_reports_loss_on_time_and_the_late_reply_changes_nothing()
     finally:
         store.unblock.set()  # the abandoned heartbeat now renews the lease in the store...
     until = time.monotonic() + 2
-    while _renewals(store) < 2 and time.monotonic() < until:
+    # ``lost`` is set before on_lost runs (on the keeper's thread, after its lock is
+    # released), so wait for the callback as well.
+    while (_renewals(store) < 2 or not losses) and time.monotonic() < until:
         time.sleep(0.01)
     # ... and the keeper does not believe it: loss is final, no grant is minted.
     assert keeper.loss is loss and keeper.lease is None and losses == [loss]
