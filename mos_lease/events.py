@@ -128,17 +128,9 @@ work, so it should be quick; whatever it returns is ignored."""
 
 def store_system(store: object) -> str:
     """What kind of store ``store`` is, for telemetry: its ``db_system`` attribute if it has
-    a string one; else ``postgresql`` or ``memory`` for the stores shipped here, judged by
-    the package the store's class comes from; else ``other``."""
+    a string one (the shipped stores say ``memory`` and ``postgresql``), else ``other``."""
     declared = getattr(store, "db_system", None)
-    if isinstance(declared, str) and declared:
-        return declared
-    module = type(store).__module__
-    if module.startswith("mos_lease_pg"):
-        return "postgresql"
-    if module.startswith("mos_lease_memory"):
-        return "memory"
-    return "other"
+    return declared if isinstance(declared, str) and declared else "other"
 
 
 class Emitter:

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from types import TracebackType
-from typing import Any, Self, TypeVar
+from typing import Any, ClassVar, Self, TypeVar
 from uuid import UUID
 
 import psycopg
@@ -63,6 +63,8 @@ def _check_optional_id(field: str, value: object) -> str | None:
 
 class _StoreCore:
     """What both stores share: the time offset, the calls, and in-doubt bookkeeping."""
+
+    db_system: ClassVar[str] = "postgresql"  # for telemetry (mos_lease.events)
 
     settings: ConnectionSettings  # set by each store; its ``schema`` is in every call
 

@@ -238,7 +238,7 @@ def test_on_event_must_be_callable() -> None:
     with pytest.raises(ConfigurationError, match="on_event"):
         rig.keeper(on_event=[])
     with pytest.raises(InvalidInput, match="on_event"):
-        hold(rig.coordinator, IDENT, "a", scopes=SCOPES, ttl=9,
+        hold(rig.coordinator, IDENT, "a", scopes=SCOPES, clock_step=0, ttl=9,
              on_event="x")  # type: ignore[call-overload]
 
 
@@ -326,7 +326,7 @@ def test_async_keeper_reports_the_same_events() -> None:
     async def scenario() -> list[Event]:
         time_, faulty, coordinator, _ = _async_rig()
         events: list[Event] = []
-        keeper = AsyncLeaseKeeper(coordinator, ttl=TTL, clock=time_.clock,
+        keeper = AsyncLeaseKeeper(coordinator, clock_step=0, ttl=TTL, clock=time_.clock,
                                   sleep=time_.async_sleep, random=lambda: 0.5,
                                   background=False, on_event=events.append)
         assert (await keeper.acquire(IDENT, "conn-a", scopes=SCOPES)).ok
@@ -347,7 +347,7 @@ def test_async_keeper_reports_the_same_events() -> None:
 def test_hold_passes_on_event_to_its_keeper() -> None:
     rig = make_rig()
     events: list[Event] = []
-    with hold(rig.coordinator, IDENT, "conn-a", scopes=SCOPES, ttl=TTL, wait=0,
+    with hold(rig.coordinator, IDENT, "conn-a", scopes=SCOPES, clock_step=0, ttl=TTL, wait=0,
               clock=rig.time.clock, on_event=events.append) as held:
         assert held.lease is not None
         assert events == []
@@ -357,7 +357,7 @@ def test_hold_passes_on_event_to_its_keeper() -> None:
 
 def test_keeper_threads_are_named_without_lease_ids_or_scopes() -> None:
     coordinator = ConnectorLeaseCoordinator(InMemoryLeaseStore(), AllowAllPolicy())
-    keeper = LeaseKeeper(coordinator, ttl=30)
+    keeper = LeaseKeeper(coordinator, clock_step=0, ttl=30)
     result = keeper.acquire(IDENT, "conn-a", scopes=["tool:secret-scope"])
     try:
         assert result.lease is not None

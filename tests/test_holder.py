@@ -104,7 +104,7 @@ class Sim:
 
     def hold(self, **options: Any) -> Any:
         kw: dict[str, Any] = {"scopes": SCOPES, "ttl": 10, "clock": self.time.clock,
-                              "sleep": self.sleep, "random": lambda: 0.5}
+                              "sleep": self.sleep, "random": lambda: 0.5, "clock_step": 0}
         kw.update(options)
         return hold(self.waiter, IDENT, kw.pop("connector_id", "conn-b"), **kw)
 
@@ -403,7 +403,7 @@ def test_a_holder_holds_once_and_async_holders_need_async_with() -> None:
     with pytest.raises(InvalidInput), holder:
         pass
     async_holder = hold(AsyncConnectorLeaseCoordinator(policy=ALLOW), IDENT, "conn-b",
-                        scopes=SCOPES, ttl=5)
+                        scopes=SCOPES, clock_step=0, ttl=5)
     with pytest.raises(TypeError, match="async with"), async_holder:
         pass
 
@@ -518,7 +518,7 @@ def live() -> Iterator[Live]:
 
 
 def test_loss_while_holding_is_reported_every_way(live: Live) -> None:
-    with hold(live.coordinator, IDENT, "conn-b", scopes=SCOPES, ttl=TTL,
+    with hold(live.coordinator, IDENT, "conn-b", scopes=SCOPES, clock_step=0, ttl=TTL,
               **live.callbacks()) as held:
         epoch = held.lease.epoch
         started = time.monotonic()
@@ -544,7 +544,7 @@ def test_loss_while_holding_is_reported_every_way(live: Live) -> None:
 
 
 def test_expiring_is_reported_once_before_loss_when_renewals_fail(live: Live) -> None:
-    with hold(live.coordinator, IDENT, "conn-b", scopes=SCOPES, ttl=TTL,
+    with hold(live.coordinator, IDENT, "conn-b", scopes=SCOPES, clock_step=0, ttl=TTL,
               expiring_within=0.2, **live.callbacks()) as held:
         live.faulty.mode = "down"
         loss = held.wait_lost(2.0)
@@ -576,7 +576,7 @@ def test_expiring_is_reported_once_per_deadline_on_fake_time() -> None:
 
 
 def test_expiring_is_silent_while_renewals_succeed(live: Live) -> None:
-    with hold(live.coordinator, IDENT, "conn-b", scopes=SCOPES, ttl=TTL,
+    with hold(live.coordinator, IDENT, "conn-b", scopes=SCOPES, clock_step=0, ttl=TTL,
               expiring_within=0.1, **live.callbacks()) as held:
         assert held.wait_lost(1.5) is None
     assert live.names() == ["on_started", "on_stopped"]
@@ -589,8 +589,9 @@ def test_callbacks_that_raise_are_logged_and_holding_goes_on(
         raise RuntimeError("callback bug")
 
     caplog.set_level(logging.ERROR, "mos_lease.holder")
-    with hold(live.coordinator, IDENT, "conn-b", scopes=SCOPES, ttl=TTL, on_started=explode,
-              on_new_holder=explode, on_stopped=explode, on_lost=explode) as held:
+    with hold(live.coordinator, IDENT, "conn-b", scopes=SCOPES, clock_step=0, ttl=TTL,
+              on_started=explode, on_new_holder=explode, on_stopped=explode,
+              on_lost=explode) as held:
         time.sleep(0.3)  # past a renewal
         assert held.lost is None and held.issue_grant(scopes=SCOPES, ttl=1).ok
     assert rows(live.store) == [("conn-b", 1, True)]
@@ -602,7 +603,7 @@ def test_callbacks_that_raise_are_logged_and_holding_goes_on(
 def test_a_notice_wakes_a_waiter_and_ends_a_superseded_holder(live: Live) -> None:
     first = live.rival.acquire(IDENT, "conn-a", scopes=SCOPES, ttl=30).lease
     assert first is not None
-    holder = hold(live.coordinator, IDENT, "conn-b", scopes=SCOPES, ttl=TTL, wait=10,
+    holder = hold(live.coordinator, IDENT, "conn-b", scopes=SCOPES, clock_step=0, ttl=TTL, wait=10,
                   min_backoff=3, max_backoff=3)  # pauses of at least 1.5 s
     outcome: list[object] = []
 
@@ -660,7 +661,7 @@ def test_async_cancel_on_loss_raises_lease_lost_at_the_async_with() -> None:
         reached: list[str] = []
         started = time.monotonic()
         with pytest.raises(LeaseLost) as raised:
-            async with hold(coordinator, IDENT, "conn-b", scopes=SCOPES, ttl=TTL,
+            async with hold(coordinator, IDENT, "conn-b", scopes=SCOPES, clock_step=0, ttl=TTL,
                             cancel_on_loss=True) as held:
                 await rival.takeover(IDENT, "conn-a", scopes=SCOPES, ttl=30,
                                      expected_epoch=held.lease.epoch)
@@ -682,7 +683,7 @@ def test_async_loss_in_a_block_that_never_awaits_leaves_no_stray_cancellation() 
     async def scenario() -> None:
         _, _, coordinator, _ = async_live()
         with pytest.raises(LeaseLost):
-            async with hold(coordinator, IDENT, "conn-b", scopes=SCOPES, ttl=TTL,
+            async with hold(coordinator, IDENT, "conn-b", scopes=SCOPES, clock_step=0, ttl=TTL,
                             cancel_on_loss=True) as held:
                 # A newer epoch confirmed by a read: loss, and the cancel, now.
                 held._lose_to(held.lease.epoch,
@@ -698,7 +699,7 @@ def test_async_cancellation_from_elsewhere_still_propagates() -> None:
         entered = asyncio.Event()
 
         async def body() -> None:
-            async with hold(coordinator, IDENT, "conn-b", scopes=SCOPES, ttl=TTL,
+            async with hold(coordinator, IDENT, "conn-b", scopes=SCOPES, clock_step=0, ttl=TTL,
                             cancel_on_loss=True):
                 entered.set()
                 await asyncio.sleep(5)
@@ -717,7 +718,7 @@ def test_async_without_cancel_reports_loss_on_next_use() -> None:
     async def scenario() -> None:
         _, faulty, coordinator, _ = async_live()
         lost: list[LeaseLoss] = []
-        async with hold(coordinator, IDENT, "conn-b", scopes=SCOPES, ttl=TTL,
+        async with hold(coordinator, IDENT, "conn-b", scopes=SCOPES, clock_step=0, ttl=TTL,
                         on_lost=lost.append) as held:
             faulty.mode = "down"
             loss = await asyncio.wait_for(held.wait_lost(), 2.0)
@@ -738,7 +739,7 @@ def test_async_waiting_and_release() -> None:
         rival = ConnectorLeaseCoordinator(store, ALLOW)
         rival.acquire(IDENT, "conn-a", scopes=SCOPES, ttl=20)
         holders: list[tuple[str, int]] = []
-        async with hold(coordinator, IDENT, "conn-b", scopes=SCOPES, ttl=10,
+        async with hold(coordinator, IDENT, "conn-b", scopes=SCOPES, clock_step=0, ttl=10,
                         clock=fake.clock, sleep=fake.async_sleep, random=lambda: 0.5,
                         on_new_holder=lambda c, e: holders.append((c, e))) as held:
             assert held.lease.epoch == 2
@@ -746,8 +747,8 @@ def test_async_waiting_and_release() -> None:
         assert holders == [("conn-a", 1), ("conn-b", 2)]
         assert rows(store) == [("conn-b", 2, True)]
         with pytest.raises(LeaseNotAcquired) as refused:
-            async with hold(coordinator, IDENT, "conn-c", scopes=SCOPES, ttl=10, wait=0,
-                            takeover="never"):
+            async with hold(coordinator, IDENT, "conn-c", scopes=SCOPES, clock_step=0, ttl=10,
+                            wait=0, takeover="never"):
                 pass
         assert (refused.value.reason, refused.value.epoch) == (Reason.TAKEOVER_REQUIRED, 2)
 

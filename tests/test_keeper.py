@@ -30,6 +30,7 @@ from mos_lease import (
     StoreUnavailable,
 )
 from mos_lease.keeper import (
+    DEFAULT_CLOCK_STEP,
     AsyncLeaseKeeper,
     HeartbeatDue,
     KeeperState,
@@ -55,14 +56,25 @@ SCOPES = ("tool:run",)
 START = datetime(2030, 1, 1, tzinfo=UTC)
 TTL = 9.0  # renew every ~3 s, deadline 8.1 s after the start of the last success
 HANDLE = LeaseHandle(IDENT, "conn-a", UUID(int=1), 1, SCOPES, START)
-TIMING = KeeperTiming(TTL)
+TIMING = KeeperTiming(TTL, clock_step=0)  # the schedule's own arithmetic: margin ttl / 10
 
 # --- the pure schedule --------------------------------------------------------------------
 
 
+def test_a_ttl_too_short_for_the_clock_step_is_refused_with_the_ways_out() -> None:
+    with pytest.raises(ConfigurationError, match=r"ttl 3 s is too short .* clock_step=0"):
+        KeeperTiming(3)
+    assert KeeperTiming(3, clock_step=0).margin == pytest.approx(0.3)
+    assert KeeperTiming(5).margin == pytest.approx(2.5)
+
+
 def test_timing_defaults() -> None:
-    assert TIMING.margin == pytest.approx(0.9)
-    assert TIMING.deadline(100.0) == pytest.approx(108.1)
+    # ttl / 10 for clock-rate drift, plus a 2 s step of database time across a failover.
+    default = KeeperTiming(TTL)
+    assert default.margin == pytest.approx(0.9 + DEFAULT_CLOCK_STEP) == pytest.approx(2.9)
+    assert default.deadline(100.0) == pytest.approx(106.1)
+    assert KeeperTiming(9, clock_step=0).margin == pytest.approx(0.9)
+    assert KeeperTiming(9, safety_margin=0.5, clock_step=5).margin == 0.5
     assert TIMING.renew_delay(0.0) == pytest.approx(2.4)
     assert TIMING.renew_delay(0.5) == pytest.approx(3.0)
     assert TIMING.renew_delay(0.999999) == pytest.approx(3.6, abs=1e-4)
@@ -73,6 +85,8 @@ def test_timing_defaults() -> None:
     {"ttl": 9, "renew_fraction": 0}, {"ttl": 9, "renew_fraction": 1},
     {"ttl": 9, "jitter": -0.1}, {"ttl": 9, "jitter": 1},
     {"ttl": 9, "safety_margin": 9}, {"ttl": 9, "safety_margin": -1},
+    {"ttl": 9, "clock_step": -0.1}, {"ttl": 9, "clock_step": float("nan")},
+    {"ttl": 9, "clock_step": True},
     {"ttl": 9, "min_backoff": 0}, {"ttl": 9, "min_backoff": 3, "max_backoff": 2},
     # the latest first renewal (0.8 * 1.2 * ttl) would come after the deadline (0.9 * ttl)
     {"ttl": 9, "renew_fraction": 0.8},
@@ -304,7 +318,8 @@ class Rig:
     def keeper(self, **options: object) -> LeaseKeeper:
         kw: dict[str, object] = {"ttl": TTL, "clock": self.time.clock,
                                  "sleep": self.time.advance, "random": lambda: 0.5,
-                                 "background": False, "on_lost": self.losses.append}
+                                 "background": False, "on_lost": self.losses.append,
+                                 "clock_step": 0}
         kw.update(options)
         return LeaseKeeper(self.coordinator, **kw)  # type: ignore[arg-type]
 
@@ -542,7 +557,8 @@ def _real_rig() -> tuple[InMemoryLeaseStore, Faulty, ConnectorLeaseCoordinator]:
 def test_background_thread_renews_and_a_hung_store_is_loss_on_time() -> None:
     store, faulty, coordinator = _real_rig()
     losses: list[LeaseLoss] = []
-    keeper = LeaseKeeper(coordinator, ttl=0.6, clock=time.monotonic, on_lost=losses.append)
+    keeper = LeaseKeeper(coordinator, clock_step=0,
+                         ttl=0.6, clock=time.monotonic, on_lost=losses.append)
     assert keeper.acquire(IDENT, "conn-a", scopes=SCOPES).ok
     time.sleep(0.9)
     beats = sum(1 for r in store.audit() if r.entry.event is LifecycleEvent.HEARTBEAT)
@@ -572,7 +588,7 @@ def test_callback_may_stop_the_keeper_from_its_own_thread() -> None:
         keeper.stop()
         done.set()
 
-    keeper = LeaseKeeper(coordinator, ttl=0.3, on_lost=on_lost)
+    keeper = LeaseKeeper(coordinator, clock_step=0, ttl=0.3, on_lost=on_lost)
     assert keeper.acquire(IDENT, "conn-a", scopes=SCOPES).ok
     faulty.mode = "down"
     assert done.wait(2.0)
@@ -593,7 +609,7 @@ def test_async_keeper_schedule_and_outage() -> None:
     async def scenario() -> None:
         time_, faulty, coordinator, _ = _async_rig()
         losses: list[LeaseLoss] = []
-        keeper = AsyncLeaseKeeper(coordinator, ttl=TTL, clock=time_.clock,
+        keeper = AsyncLeaseKeeper(coordinator, clock_step=0, ttl=TTL, clock=time_.clock,
                                   sleep=time_.async_sleep, random=lambda: 0.5,
                                   background=False, on_lost=losses.append)
         assert (await keeper.acquire(IDENT, "conn-a", scopes=SCOPES)).ok
@@ -619,7 +635,7 @@ def test_async_keeper_schedule_and_outage() -> None:
 def test_async_keeper_denial_and_release() -> None:
     async def scenario() -> None:
         time_, _, coordinator, store = _async_rig()
-        keeper = AsyncLeaseKeeper(coordinator, ttl=TTL, clock=time_.clock,
+        keeper = AsyncLeaseKeeper(coordinator, clock_step=0, ttl=TTL, clock=time_.clock,
                                   sleep=time_.async_sleep, random=lambda: 0.5,
                                   background=False)
         assert (await keeper.takeover(IDENT, "conn-a", scopes=SCOPES,
@@ -631,7 +647,7 @@ def test_async_keeper_denial_and_release() -> None:
             await keeper.step()
         assert keeper.loss is not None and keeper.loss.reason is Reason.STALE_EPOCH
 
-        keeper2 = AsyncLeaseKeeper(coordinator, ttl=TTL, clock=time_.clock,
+        keeper2 = AsyncLeaseKeeper(coordinator, clock_step=0, ttl=TTL, clock=time_.clock,
                                    sleep=time_.async_sleep, background=False)
         time_.advance(61)
         assert (await keeper2.takeover(IDENT, "conn-a", scopes=SCOPES, expected_epoch=2)).ok
@@ -648,7 +664,7 @@ def test_async_background_task_and_hung_heartbeat() -> None:
         faulty = Faulty(store)
         wrapped = AsyncFaulty(faulty)
         coordinator = AsyncConnectorLeaseCoordinator(wrapped, AllowAllPolicy())
-        keeper = AsyncLeaseKeeper(coordinator, ttl=0.6)
+        keeper = AsyncLeaseKeeper(coordinator, clock_step=0, ttl=0.6)
         assert (await keeper.acquire(IDENT, "conn-a", scopes=SCOPES)).ok
         await asyncio.sleep(0.9)
         beats = sum(1 for r in store.audit() if r.entry.event is LifecycleEvent.HEARTBEAT)
@@ -668,7 +684,7 @@ def test_async_stop_cancels_the_renewal_task() -> None:
     async def scenario() -> None:
         coordinator = AsyncConnectorLeaseCoordinator(AsyncInMemoryLeaseStore(),
                                                      AllowAllPolicy())
-        keeper = AsyncLeaseKeeper(coordinator, ttl=5)
+        keeper = AsyncLeaseKeeper(coordinator, clock_step=0, ttl=5)
         assert (await keeper.acquire(IDENT, "conn-a", scopes=SCOPES)).ok
         task = keeper._task
         assert task is not None and not task.done()

@@ -94,7 +94,8 @@ def test_thread_keeper_reports_loss_on_time_and_the_late_reply_changes_nothing()
     store = StuckWrites()
     coordinator = ConnectorLeaseCoordinator(store, AllowAllPolicy())
     losses: list[LeaseLoss] = []
-    keeper = LeaseKeeper(coordinator, ttl=TTL, clock=time.monotonic, on_lost=losses.append)
+    keeper = LeaseKeeper(coordinator, clock_step=0,
+                         ttl=TTL, clock=time.monotonic, on_lost=losses.append)
     try:
         assert keeper.acquire(IDENT, "conn-a", scopes=SCOPES).ok
         time.sleep(0.4)  # at least one renewal went through
@@ -130,7 +131,7 @@ def test_async_keeper_reports_loss_on_time_and_the_late_reply_changes_nothing(
         store = AsyncStuckWrites(resist_cancel)
         coordinator = AsyncConnectorLeaseCoordinator(store, AllowAllPolicy())
         losses: list[LeaseLoss] = []
-        keeper = AsyncLeaseKeeper(coordinator, ttl=TTL, clock=time.monotonic,
+        keeper = AsyncLeaseKeeper(coordinator, clock_step=0, ttl=TTL, clock=time.monotonic,
                                   on_lost=losses.append)
         assert (await keeper.acquire(IDENT, "conn-a", scopes=SCOPES)).ok
         await asyncio.sleep(0.4)
@@ -193,7 +194,7 @@ def test_heartbeats_go_through_the_heartbeat_coordinator_the_rest_does_not() -> 
     work_front, beat_front = Writes(), Writes()
     policy = AllowAllPolicy()
     now = [0.0]
-    keeper = LeaseKeeper(ConnectorLeaseCoordinator(work_front, policy), ttl=TTL,
+    keeper = LeaseKeeper(ConnectorLeaseCoordinator(work_front, policy), clock_step=0, ttl=TTL,
                          background=False, clock=lambda: now[0], random=lambda: 0.5,
                          heartbeat_coordinator=ConnectorLeaseCoordinator(beat_front, policy))
     assert keeper.acquire(IDENT, "conn-a", scopes=SCOPES).ok
@@ -208,7 +209,8 @@ def test_the_heartbeat_coordinator_must_match_the_keeper() -> None:
     sync = ConnectorLeaseCoordinator(InMemoryLeaseStore(), AllowAllPolicy())
     asynchronous = AsyncConnectorLeaseCoordinator(AsyncInMemoryLeaseStore(), AllowAllPolicy())
     with pytest.raises(ConfigurationError, match="heartbeat_coordinator"):
-        LeaseKeeper(sync, ttl=TTL, heartbeat_coordinator=asynchronous)  # type: ignore[arg-type]
+        LeaseKeeper(sync, clock_step=0,
+                    ttl=TTL, heartbeat_coordinator=asynchronous)  # type: ignore[arg-type]
     with pytest.raises(ConfigurationError, match="heartbeat_coordinator"):
-        AsyncLeaseKeeper(asynchronous, ttl=TTL,
+        AsyncLeaseKeeper(asynchronous, clock_step=0, ttl=TTL,
                          heartbeat_coordinator=sync)  # type: ignore[arg-type]

@@ -59,7 +59,7 @@ def test_a_stuck_heartbeat_does_not_hold_up_validation_on_another_connection(
         statement_timeout=timedelta(seconds=60)))
     # Store B: acquire, grants and validation.
     work = ConnectorLeaseCoordinator(pg_stores(), policy)
-    keeper = LeaseKeeper(work, ttl=3.0, clock=time.monotonic,
+    keeper = LeaseKeeper(work, clock_step=0, ttl=3.0, clock=time.monotonic,
                          heartbeat_coordinator=ConnectorLeaseCoordinator(keeper_store, policy))
     try:
         assert keeper.acquire(identity, "c1", scopes=SCOPES).ok

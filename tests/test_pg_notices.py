@@ -149,7 +149,7 @@ def test_holder_learns_of_a_takeover_at_once(pg_stores: StoreFactory, pg_tenant:
     identity = LeaseIdentity(pg_tenant, "agent", "b1")
     lost: list[float] = []
     with hold(ConnectorLeaseCoordinator(pg_stores(), AllowAllPolicy()), identity, "c1",
-              scopes=SCOPES, ttl=30, notices=notices if pushed else None,
+              scopes=SCOPES, clock_step=0, ttl=30, notices=notices if pushed else None,
               on_lost=lambda _loss: lost.append(time.monotonic())) as held:
         taken = rival.takeover(identity, "c2", scopes=SCOPES, ttl=30,
                                expected_epoch=held.lease.epoch)
@@ -164,7 +164,7 @@ def test_holder_learns_of_a_takeover_at_once(pg_stores: StoreFactory, pg_tenant:
         assert lost and lost[0] - committed < FAST
     assert identity not in notices._subscribers  # unsubscribed on leaving
     late = hold(ConnectorLeaseCoordinator(pg_stores(), AllowAllPolicy()), identity, "c3",
-                scopes=SCOPES, ttl=30, wait=0, notices=notices)
+                scopes=SCOPES, clock_step=0, ttl=30, wait=0, notices=notices)
     with pytest.raises(LeaseNotAcquired):
         late.__enter__()
     assert identity not in notices._subscribers  # and when the wait gave up
@@ -177,7 +177,7 @@ def test_a_forged_takeover_notice_does_not_end_a_holding(
     # confirm (one read) must leave the holder holding.
     identity = LeaseIdentity(pg_tenant, "agent", "b1")
     with hold(ConnectorLeaseCoordinator(pg_stores(), AllowAllPolicy()), identity, "c1",
-              scopes=SCOPES, ttl=30, notices=notices) as held:
+              scopes=SCOPES, clock_step=0, ttl=30, notices=notices) as held:
         forged = json.dumps({"t": identity.tenant_id, "a": identity.logical_agent_id,
                              "b": identity.binding_id, "e": held.lease.epoch + 1,
                              "k": "takeover"}, separators=(",", ":"))
@@ -203,7 +203,7 @@ def test_waiter_wakes_on_release_at_once(pg_stores: StoreFactory, pg_tenant: str
     def wait_for_it() -> None:
         # Pauses of 10 s; wait=1.5 bounds the polling waiter, which has no notice to end it.
         with hold(ConnectorLeaseCoordinator(pg_stores(), AllowAllPolicy()), identity, "c2",
-                  scopes=SCOPES, ttl=30, min_backoff=10, max_backoff=10,
+                  scopes=SCOPES, clock_step=0, ttl=30, min_backoff=10, max_backoff=10,
                   wait=20 if pushed else 1.5, notices=notices if pushed else None,
                   on_new_holder=lambda *_: seen.set(),
                   on_started=on_started):
@@ -237,7 +237,7 @@ def test_async_holder_learns_of_a_takeover_at_once(pg_dsn: str, pg_stores: Store
         store = AsyncPostgresLeaseStore(pg_dsn)
         try:
             gateway = AsyncConnectorLeaseCoordinator(store, AllowAllPolicy())
-            async with hold(gateway, identity, "c1", scopes=SCOPES, ttl=30,
+            async with hold(gateway, identity, "c1", scopes=SCOPES, clock_step=0, ttl=30,
                             notices=notices) as held:
                 committed: list[float] = []
 
@@ -306,9 +306,10 @@ def test_refused_listen_warns_once_and_holding_still_works(
 
     identity = LeaseIdentity(pg_tenant, "agent", "b1")
     gateway = ConnectorLeaseCoordinator(pg_stores(), AllowAllPolicy())
-    with hold(gateway, identity, "c1", scopes=SCOPES, ttl=30, notices=source) as held:
+    with hold(gateway, identity, "c1", scopes=SCOPES, clock_step=0, ttl=30, notices=source) as held:
         assert held.issue_grant(scopes=SCOPES, ttl=10).ok
-    with hold(gateway, identity, "c2", scopes=SCOPES, ttl=30, wait=5, notices=source) as held:
+    with hold(gateway, identity, "c2", scopes=SCOPES, clock_step=0,
+              ttl=30, wait=5, notices=source) as held:
         assert held.lease.epoch == 2  # the next holder took the released lease over
     source.close()
 
@@ -366,6 +367,6 @@ def test_bad_input_is_refused(pg_dsn: str, pg_stores: StoreFactory, pg_tenant: s
     store = pg_stores()
     gateway = ConnectorLeaseCoordinator(store, AllowAllPolicy())
     with pytest.raises(InvalidInput, match="notices"):
-        hold(gateway, identity, "c1", scopes=SCOPES, ttl=30,
+        hold(gateway, identity, "c1", scopes=SCOPES, clock_step=0, ttl=30,
              notices=object())  # type: ignore[call-overload]
     assert gateway.current_holder(identity) is None  # nothing was written

@@ -101,6 +101,7 @@ def hold(coordinator: ConnectorLeaseCoordinator, identity: LeaseIdentity, connec
          on_expiring: Callable[[float], object] | None = ...,
          expiring_within: float | None = ..., cancel_on_loss: bool = ...,
          min_backoff: float | None = ..., max_backoff: float | None = ...,
+         clock_step: float | None = ...,
          heartbeat_coordinator: ConnectorLeaseCoordinator | None = ...,
          clock: Callable[[], float] = ..., random: Callable[[], float] = ...,
          sleep: Callable[[float], object] | None = ...,
@@ -120,6 +121,7 @@ def hold(coordinator: AsyncConnectorLeaseCoordinator, identity: LeaseIdentity,
          on_expiring: Callable[[float], object] | None = ...,
          expiring_within: float | None = ..., cancel_on_loss: bool = ...,
          min_backoff: float | None = ..., max_backoff: float | None = ...,
+         clock_step: float | None = ...,
          heartbeat_coordinator: AsyncConnectorLeaseCoordinator | None = ...,
          clock: Callable[[], float] = ..., random: Callable[[], float] = ...,
          sleep: Callable[[float], Awaitable[object]] | None = ...,
@@ -138,7 +140,8 @@ def hold(coordinator: ConnectorLeaseCoordinator | AsyncConnectorLeaseCoordinator
          on_expiring: Callable[[float], object] | None = None,
          expiring_within: float | None = None, cancel_on_loss: bool = False,
          min_backoff: float | None = None, max_backoff: float | None = None,
-         heartbeat_coordinator: Any = None, clock: Callable[[], float] = default_clock,
+         clock_step: float | None = None, heartbeat_coordinator: Any = None,
+         clock: Callable[[], float] = default_clock,
          random: Callable[[], float] = _random.random, sleep: Any = None,
          on_event: EventHook | None = None, notices: NoticeSource | None = None,
          ) -> Holder | AsyncHolder:
@@ -160,7 +163,9 @@ def hold(coordinator: ConnectorLeaseCoordinator | AsyncConnectorLeaseCoordinator
       the holder waits like ``"expired"``).
     * ``min_backoff``, ``max_backoff``: bounds of the pauses between reads while waiting
       (exponential, with jitter; never past the expiry of the lease last seen, nor the end
-      of the wait) and of the keeper's retries.
+      of the wait) and of the keeper's retries. ``clock_step``: the step in database
+      time the keeper's safety margin covers (default 2 s, a failover to a host whose clock
+      differs; ``0`` for one database host and no failover), as for the keepers.
     * ``on_started(lease)``, ``on_stopped()``: once the lease is held, and once the block
       is left. ``on_new_holder(connector_id, epoch)``: whenever the waiter sees a holder
       other than the last one it saw, its own acquisition included. ``on_lost(loss)``: the
@@ -196,7 +201,8 @@ def hold(coordinator: ConnectorLeaseCoordinator | AsyncConnectorLeaseCoordinator
     """
     options = check_options(identity, connector_id, scopes=scopes, ttl=ttl, wait=wait,
                             takeover=takeover, min_backoff=min_backoff,
-                            max_backoff=max_backoff, expiring_within=expiring_within)
+                            max_backoff=max_backoff, expiring_within=expiring_within,
+                            clock_step=clock_step)
     callbacks = _Callbacks(on_started=on_started, on_stopped=on_stopped,
                            on_new_holder=on_new_holder, on_lost=on_lost,
                            on_expiring=on_expiring)

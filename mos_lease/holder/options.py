@@ -151,9 +151,18 @@ def _seconds_or_none(field: str, value: object) -> float | None:
     return float(value)
 
 
+def _clock_step(value: object) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) \
+            or not math.isfinite(value) or value < 0:
+        raise InvalidInput("clock_step", "must be a non-negative number of seconds, or None")
+    return float(value)
+
+
 def check_options(identity: object, connector_id: object, *, scopes: object, ttl: object,
                   wait: object, takeover: object, min_backoff: object, max_backoff: object,
-                  expiring_within: object) -> HoldOptions:
+                  expiring_within: object, clock_step: object = None) -> HoldOptions:
     """Check every argument before anything is read or written."""
     checked_identity = check_identity("identity", identity)
     checked_connector = check_id("connector_id", connector_id)
@@ -161,7 +170,8 @@ def check_options(identity: object, connector_id: object, *, scopes: object, ttl
     norm_ttl = normalize_ttl("ttl", ttl, LEASE_TTL_CAP).total_seconds()
     bounds = {name: seconds for name, seconds in (
         ("min_backoff", _seconds_or_none("min_backoff", min_backoff)),
-        ("max_backoff", _seconds_or_none("max_backoff", max_backoff))) if seconds is not None}
+        ("max_backoff", _seconds_or_none("max_backoff", max_backoff)),
+        ("clock_step", _clock_step(clock_step))) if seconds is not None}
     timing = KeeperTiming(norm_ttl, **bounds)  # refuses min_backoff > max_backoff
     gap = latest_healthy_gap(timing)
     within = _seconds_or_none("expiring_within", expiring_within)

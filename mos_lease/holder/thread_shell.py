@@ -87,7 +87,8 @@ class Holder(_HolderBase):
         assert lease is not None
         timing = self.options.timing
         keeper = LeaseKeeper(self.coordinator, ttl=timing.ttl, min_backoff=timing.min_backoff,
-                             max_backoff=timing.max_backoff, on_lost=self._keeper_lost,
+                             max_backoff=timing.max_backoff, clock_step=timing.clock_step,
+                             on_lost=self._keeper_lost,
                              clock=self._clock, random=self._random,
                              heartbeat_coordinator=self._heartbeat_coordinator,
                              on_event=self._on_event)

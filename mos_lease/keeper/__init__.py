@@ -7,6 +7,7 @@ Why the local deadline is safe is explained in ``docs/keeper.md``.
 
 from mos_lease.keeper.drivers import AsyncLeaseKeeper, LeaseKeeper
 from mos_lease.keeper.schedule import (
+    DEFAULT_CLOCK_STEP,
     LEASE_GONE_REASONS,
     TRANSIENT_ERRORS,
     Action,
@@ -26,6 +27,7 @@ from mos_lease.keeper.schedule import (
 )
 
 __all__ = [
+    "DEFAULT_CLOCK_STEP",
     "LEASE_GONE_REASONS",
     "TRANSIENT_ERRORS",
     "Action",

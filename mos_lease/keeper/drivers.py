@@ -149,7 +149,7 @@ class LeaseKeeper(_Keeper):
     def __init__(self, coordinator: ConnectorLeaseCoordinator, *, ttl: float | timedelta,
                  renew_fraction: float | None = None, jitter: float | None = None,
                  safety_margin: float | None = None, min_backoff: float | None = None,
-                 max_backoff: float | None = None,
+                 max_backoff: float | None = None, clock_step: float | None = None,
                  on_lost: Callable[[LeaseLoss], object] | None = None,
                  clock: Callable[[], float] = default_clock,
                  sleep: Callable[[float], object] | None = None,
@@ -164,7 +164,7 @@ class LeaseKeeper(_Keeper):
             coordinator, heartbeat_coordinator, ConnectorLeaseCoordinator, ttl=ttl,
             timing={"renew_fraction": renew_fraction, "jitter": jitter,
                     "safety_margin": safety_margin, "min_backoff": min_backoff,
-                    "max_backoff": max_backoff},
+                    "max_backoff": max_backoff, "clock_step": clock_step},
             on_lost=on_lost, clock=clock, random=random, background=background,
             on_event=on_event, signal=self._signal)
         self._sleep = sleep if sleep is not None else self._wakeup.wait
@@ -318,7 +318,7 @@ class AsyncLeaseKeeper(_Keeper):
     def __init__(self, coordinator: AsyncConnectorLeaseCoordinator, *, ttl: float | timedelta,
                  renew_fraction: float | None = None, jitter: float | None = None,
                  safety_margin: float | None = None, min_backoff: float | None = None,
-                 max_backoff: float | None = None,
+                 max_backoff: float | None = None, clock_step: float | None = None,
                  on_lost: Callable[[LeaseLoss], object] | None = None,
                  clock: Callable[[], float] = default_clock,
                  sleep: Callable[[float], Awaitable[object]] | None = None,
@@ -332,7 +332,7 @@ class AsyncLeaseKeeper(_Keeper):
             coordinator, heartbeat_coordinator, AsyncConnectorLeaseCoordinator, ttl=ttl,
             timing={"renew_fraction": renew_fraction, "jitter": jitter,
                     "safety_margin": safety_margin, "min_backoff": min_backoff,
-                    "max_backoff": max_backoff},
+                    "max_backoff": max_backoff, "clock_step": clock_step},
             on_lost=on_lost, clock=clock, random=random, background=background,
             on_event=on_event, signal=self.lost.set)
         self._sleep = sleep if sleep is not None else asyncio.sleep

@@ -17,6 +17,13 @@ from mos_lease.records import LeaseHandle
 from mos_lease.results import GrantResult, LeaseResult
 from mos_lease.vocabulary import Outcome, Reason
 
+DEFAULT_CLOCK_STEP: Final = 2.0
+"""Seconds of database-clock difference between hosts that the keeper's default safety
+margin covers. A failover may hand the lease table to a standby whose clock differs from
+the old primary's: measured with the standby's clock 2 s ahead, a rival took over a 10 s
+lease 8.05 s after it was acquired, before a keeper with a ``ttl / 10`` margin (9 s) had
+stopped. Keep the database hosts' clocks within this bound (NTP)."""
+
 TRANSIENT_ERRORS: Final = (StoreUnavailable, CommitOutcomeUnknown)
 
 LEASE_GONE_REASONS: Final = frozenset({
@@ -58,18 +65,22 @@ class KeeperTiming:
     ``± jitter`` (so keepers started together do not renew in lockstep). After a transient
     failure the retry waits an exponential backoff between ``min_backoff`` and
     ``max_backoff``, never more than half the time left, so several tries fit before the
-    deadline.
+    deadline. The deadline falls ``safety_margin`` before the lease's expiry; by default
+    that is ``ttl / 10`` (clock-rate drift) plus ``clock_step``, the largest step in
+    database time a failover may bring (see :data:`DEFAULT_CLOCK_STEP`).
     """
 
     ttl: float
     renew_fraction: float = 1 / 3
     jitter: float = 0.2
-    safety_margin: float | None = None  # None: ttl / 10
+    safety_margin: float | None = None  # None: ttl / 10 + clock_step
     min_backoff: float = 0.05
     max_backoff: float = 2.0
+    clock_step: float = DEFAULT_CLOCK_STEP
 
     def __attrs_post_init__(self) -> None:
-        for name in ("ttl", "renew_fraction", "jitter", "min_backoff", "max_backoff"):
+        for name in ("ttl", "renew_fraction", "jitter", "min_backoff", "max_backoff",
+                     "clock_step"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) \
                     or not math.isfinite(value):
@@ -80,17 +91,29 @@ class KeeperTiming:
             raise ConfigurationError("need 0 < renew_fraction < 1 and 0 <= jitter < 1")
         if not 0 < self.min_backoff <= self.max_backoff:
             raise ConfigurationError("need 0 < min_backoff <= max_backoff")
+        if self.clock_step < 0:
+            raise ConfigurationError("clock_step must not be negative")
         margin = self.margin
+        too_short = (f"ttl {self.ttl:g} s is too short for the default safety margin, ttl / 10 "
+                     f"+ clock_step ({self.clock_step:g} s: the step in database time a "
+                     "failover to a host with another clock may bring); use a longer ttl, "
+                     "pass safety_margin, or clock_step=0 for one database host and no "
+                     "failover")
         if not 0 <= margin < self.ttl:
-            raise ConfigurationError("safety_margin must be in [0, ttl)")
+            raise ConfigurationError(too_short if self.safety_margin is None
+                                     else "safety_margin must be in [0, ttl)")
         if self.ttl * self.renew_fraction * (1 + self.jitter) >= self.ttl - margin:
+            if self.safety_margin is None:
+                raise ConfigurationError(too_short)
             # The latest first renewal must come before the deadline, with room to retry.
             raise ConfigurationError(
                 "renew_fraction * (1 + jitter) must leave time before ttl - safety_margin")
 
     @property
     def margin(self) -> float:
-        return self.ttl / 10 if self.safety_margin is None else self.safety_margin
+        if self.safety_margin is not None:
+            return self.safety_margin
+        return self.ttl / 10 + self.clock_step
 
     def deadline(self, started: float) -> float:
         return started + self.ttl - self.margin
