@@ -51,7 +51,7 @@ from mos_lease_pg.connection import (
     PooledConnection,
 )
 from mos_lease_pg.deadline import WATCHDOG, AsyncWatch
-from mos_lease_pg.reconcile import IN_DOUBT, Lost
+from mos_lease_pg.reconcile import IN_DOUBT, UNAUDITED, Lost
 from mos_lease_pg.statements import Call, Kind
 from mos_lease_pg.translate import Failure, statement_failure
 from mos_lease_pg.wire import AnyWire, forgotten
@@ -79,6 +79,10 @@ class _StoreCore:
     @property
     def _schema(self) -> str:
         return self.settings.schema
+
+    @property
+    def _audit_heartbeats(self) -> bool:
+        return self.settings.audit_heartbeats
 
     def __init__(self, time_offset: timedelta) -> None:
         if not isinstance(time_offset, timedelta):
@@ -121,6 +125,9 @@ class _StoreCore:
             IN_DOUBT.note([call.event_id for call in calls
                            if call.kind is not Kind.READ and call.event_id is not None],
                           Lost(wire.server, wire.backend_pid))
+        if isinstance(failure.error, CommitOutcomeUnknown):
+            UNAUDITED.note([call.event_id for call in calls
+                            if not call.audited and call.event_id is not None])
         return failure
 
     @staticmethod
@@ -146,6 +153,13 @@ class _StoreCore:
         and it ran on the server ``wire`` talks to."""
         lost = IN_DOUBT.get(event_id)
         return lost if lost is not None and lost.server == wire.server else None
+
+    def _unaudited(self, event_id: UUID) -> None:
+        """Raise if ``event_id`` is a lost heartbeat that wrote no audit row (its backend is
+        settled by now): the log cannot tell whether it committed."""
+        if event_id in UNAUDITED:
+            IN_DOUBT.forget(event_id)
+            raise reconcile.unaudited_outcome(event_id)
 
     def _record_calls(self, entry: AuditEntry) -> tuple[Call[int], Call[bool]]:
         call = reconcile.record(entry, self._offset, schema=self._schema)
@@ -305,13 +319,16 @@ class PostgresLeaseStore(_StoreCore):
         return self._run(statements.load(identity, self._offset, schema=self._schema))
 
     def apply(self, write: Write, entry: AuditEntry) -> WriteOutcome:
-        return self._run(statements.apply(write, entry, self._offset, schema=self._schema))
+        return self._run(statements.apply(write, entry, self._offset, schema=self._schema,
+                                          audit_heartbeats=self._audit_heartbeats))
 
     def apply_many(self, items: Sequence[tuple[Write, AuditEntry]]) -> list[WriteOutcome]:
-        batch = statements.renew_many(items, self._offset, schema=self._schema)
+        batch = statements.renew_many(items, self._offset, schema=self._schema,
+                                      audit_heartbeats=self._audit_heartbeats)
         if batch is None:
             return self._run_batch(
-                statements.apply_many(items, self._offset, schema=self._schema))
+                statements.apply_many(items, self._offset, schema=self._schema,
+                                  audit_heartbeats=self._audit_heartbeats))
         # A batch of heartbeats is one statement. If it fails, every write in it is in doubt
         # exactly as in a pipelined batch, so failures are translated per write.
         return self._run(batch, covers=lambda: statements.apply_many(
@@ -327,6 +344,7 @@ class PostgresLeaseStore(_StoreCore):
     def event_committed(self, event_id: UUID) -> bool:
         deadline = self._deadline(None)
         self._settle(event_id, deadline)
+        self._unaudited(event_id)
         committed = self._run(statements.event_committed(event_id, schema=self._schema),
                               deadline=deadline)
         if committed and self.settings.require_synchronous_replication:
@@ -480,14 +498,17 @@ class AsyncPostgresLeaseStore(_StoreCore):
         return await self._run(statements.load(identity, self._offset, schema=self._schema))
 
     async def apply(self, write: Write, entry: AuditEntry) -> WriteOutcome:
-        return await self._run(statements.apply(write, entry, self._offset, schema=self._schema))
+        return await self._run(statements.apply(write, entry, self._offset, schema=self._schema,
+                                          audit_heartbeats=self._audit_heartbeats))
 
     async def apply_many(self, items: Sequence[tuple[Write, AuditEntry]]
                          ) -> list[WriteOutcome]:
-        batch = statements.renew_many(items, self._offset, schema=self._schema)
+        batch = statements.renew_many(items, self._offset, schema=self._schema,
+                                      audit_heartbeats=self._audit_heartbeats)
         if batch is None:
             return await self._run_batch(
-                statements.apply_many(items, self._offset, schema=self._schema))
+                statements.apply_many(items, self._offset, schema=self._schema,
+                                  audit_heartbeats=self._audit_heartbeats))
         return await self._run(batch,
                                covers=lambda: statements.apply_many(
                                    items, self._offset, schema=self._schema))
@@ -502,6 +523,7 @@ class AsyncPostgresLeaseStore(_StoreCore):
     async def event_committed(self, event_id: UUID) -> bool:
         deadline = self._deadline(None)
         await self._settle(event_id, deadline)
+        self._unaudited(event_id)
         committed = await self._run(
             statements.event_committed(event_id, schema=self._schema), deadline=deadline)
         if committed and self.settings.require_synchronous_replication:
