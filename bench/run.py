@@ -28,6 +28,7 @@ from typing import Any
 
 import _path  # noqa: F401  (the repository's own mos_lease, before anything imports it)
 import attrs
+import audit_log
 import contention
 import grant_memory
 import notices
@@ -61,16 +62,20 @@ class Mode:
     memory_small: int
     memory_large: int
     notice_trials: int
+    audit_rows: int
+    audit_rounds: int
+    audit_per_round: int
 
 
 FULL = Mode("full", single.FULL, contention_rounds=800, contention_blocks=8,
             scale_small=1_000, scale_large=1_000_000, scale_rounds=20, scale_per_round=1000,
             core_decisions=200_000, core_repeats=7, memory_small=10_000,
-            memory_large=1_000_000, notice_trials=20)
+            memory_large=1_000_000, notice_trials=20, audit_rows=20_000_000, audit_rounds=20,
+            audit_per_round=500)
 QUICK = Mode("quick", single.QUICK, contention_rounds=40, contention_blocks=4,
              scale_small=1_000, scale_large=20_000, scale_rounds=4, scale_per_round=200,
              core_decisions=20_000, core_repeats=3, memory_small=1_000, memory_large=20_000,
-             notice_trials=5)
+             notice_trials=5, audit_rows=20_000, audit_rounds=4, audit_per_round=100)
 
 
 @attrs.frozen
@@ -148,12 +153,15 @@ def measure_all(srv: PgServer, mode: Mode, args: argparse.Namespace,
                                blocks=mode.contention_blocks)
         progress(f"notices: takeover to on_lost, {mode.notice_trials} trials with and without")
         pushed = notices.run(dsn, tenant, trials=mode.notice_trials)
+    audited = audit_log.run(srv, tenant, rows=mode.audit_rows, rounds=mode.audit_rounds,
+                            per_round=mode.audit_per_round, progress=progress)
     progress(f"grant registry memory ({mode.memory_large:,} grants, fresh interpreter)")
     memory = grant_memory.run(small=mode.memory_small, large=mode.memory_large)
     _single_figures(report, one)
     _other_figures(report, raced, scaled, core, memory)
     _telemetry_figures(report, hooked)
     _notice_figures(report, pushed)
+    _audit_figures(report, audited)
     report.environment.append(f"load average at end {os.getloadavg()[0]:.2f}")
     return report
 
@@ -269,6 +277,29 @@ def _notice_figures(report: Report, pushed: notices.NoticeResult) -> None:
         f"(max {max(pushed.with_ms):.2f}), {pushed.without_p50_ms:.0f} ms without (TTL "
         f"{notices.TTL:g} s); SELECT 1 round trip p50 {pushed.floor_ms:.3f} ms, so with "
         f"notices {pushed.with_p50_ms / pushed.floor_ms:.1f}x the floor")
+
+
+def _audit_figures(report: Report, audited: audit_log.AuditLogResult) -> None:
+    report.figures["audit_insert_20m_vs_empty"] = audited.ratio
+    report.figures["audit_archive_rows_per_s"] = audited.archive_rows_per_s
+    report.series("audit log", f"heartbeat, {audited.rows:,} rows", audited.filled, "ops/s",
+                  _ratio_text(audited.ratio, "empty log"))
+    report.series("audit log", "heartbeat, empty log", audited.empty, "ops/s")
+    per_day_gb = audited.rows_per_day * audited.bytes_per_row / 1e9
+    report.notes.append(
+        f"audit log: {audit_log.CONNECTORS:,} connectors heartbeating every "
+        f"{audit_log.HEARTBEAT_S} s append {audited.rows_per_day:,} rows/day; at "
+        f"{audited.bytes_per_row:.0f} bytes/row (table and indexes, measured) about "
+        f"{per_day_gb:.1f} GB/day")
+    report.notes.append(
+        f"audit log: {audited.rows:,} rows filled over {audited.partitions} partitions in "
+        f"{audited.fill_s:.1f} s ({audited.rows / audited.fill_s:,.0f} rows/s, one INSERT ... "
+        f"SELECT generate_series)")
+    report.notes.append(
+        f"audit log: archive of the oldest month ({audited.archived_rows:,} rows, "
+        f"{audited.archived_bytes / 1e6:.1f} MB of JSON Lines; export, verify, drop) in "
+        f"{audited.archive_s:.1f} s: {audited.archive_rows_per_s:,.0f} rows/s, "
+        f"{audited.archive_mb_per_s:.1f} MB/s")
 
 
 def _num(value: float, digits: int = 0) -> str:

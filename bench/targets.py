@@ -27,6 +27,8 @@ JSON_KEYS = (
     "telemetry_overhead_validate",
     "notice_to_lost_p50_ms",
     "notice_to_lost_without_p50_ms",
+    "audit_insert_20m_vs_empty",
+    "audit_archive_rows_per_s",
 )
 
 
@@ -66,6 +68,7 @@ TARGETS = (
     Target("grant_registry_rss_growth_mib", "<", 10.0),
     Target("telemetry_overhead_validate", ">=", 0.97),
     Target("notice_to_lost_p50_ms", "<=", 50.0),
+    Target("audit_insert_20m_vs_empty", ">=", 0.9),
     # Wire shapes (from the libpq trace): 1 = as required.
     Target("validate_round_trips", "<=", 1),
     Target("validate_parses", "<=", 0),

@@ -21,7 +21,7 @@ from typing import Any
 from mos_lease.errors import ConfigurationError, MosLeaseError
 from mos_lease.ports import MAX_AUDIT_PAGE
 from mos_lease.records import AuditRecord, LeaseRow
-from mos_lease_pg import check, roles
+from mos_lease_pg import audit_cli, check, roles
 from mos_lease_pg.connection import ConnectionSettings
 from mos_lease_pg.migrations import applied_versions, available_migrations, migrate
 from mos_lease_pg.statements import DEFAULT_SCHEMA, check_schema
@@ -162,7 +162,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     audit_parser = subparsers.add_parser(
         "audit", help="show the lease audit trail",
         description="List audit records in sequence order, oldest first.")
-    _add_dsn(audit_parser)
+    _add_dsn(audit_parser, required=False)  # the retention subcommands take their own
     audit_parser.add_argument("--tenant", help="only this tenant")
     audit_parser.add_argument("--agent", help="only this logical agent id")
     audit_parser.add_argument("--binding", help="only this binding id")
@@ -172,6 +172,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                               help=f"at most this many records (1..{MAX_AUDIT_PAGE})")
     audit_parser.add_argument("--json", action="store_true", help="machine-readable output")
     audit_parser.set_defaults(func=run_audit)
+    audit_cli.register(audit_parser, _add_dsn)
 
 
 def _fail(error: Exception) -> int:
@@ -300,6 +301,8 @@ def _audit_json(record: AuditRecord) -> dict[str, Any]:
 
 def run_audit(args: argparse.Namespace) -> int:
     try:
+        if args.dsn is None:
+            raise ConfigurationError(f"--dsn (or ${DSN_ENV}) is required")
         with _store(args) as store:
             records = store.search_audit(
                 tenant_id=args.tenant, logical_agent_id=args.agent, binding_id=args.binding,

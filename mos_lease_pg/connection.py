@@ -92,6 +92,14 @@ class ConnectionSettings:
     :mod:`mos_lease_pg.replication`). ``standby_reads`` lets the store run on a standby, for
     reads only (the server refuses its writes); without it a store that lands on a standby
     is refused, and a DSN naming several hosts gets ``target_session_attrs=read-write``.
+
+    ``audit_heartbeats`` (default True: audit everything) may be turned off by a
+    high-volume deployment: a successful heartbeat then writes no audit row (at 10,000
+    connectors every 10 s that is 86 million rows a day less). Every denial, including a
+    denied heartbeat, and every acquire, takeover, release and grant is still audited. A
+    successful heartbeat's event cannot be looked up then, so reconciling one whose reply
+    was lost raises ``CommitOutcomeUnknown`` (a keeper retries it: renewing again is safe)
+    in the process that sent it; see ``docs/audit-retention.md``.
     """
 
     statement_timeout: timedelta | None = attrs.field(default=timedelta(seconds=5),
@@ -109,6 +117,7 @@ class ConnectionSettings:
                                              validator=_positive_seconds_or_none)
     require_synchronous_replication: bool = attrs.field(default=False, validator=_flag)
     standby_reads: bool = attrs.field(default=False, validator=_flag)
+    audit_heartbeats: bool = attrs.field(default=True, validator=_flag)
 
     def call_bound(self) -> float:
         """The client-side bound of one call, in seconds (see ``call_timeout``)."""

@@ -165,11 +165,19 @@ def _apply(conn: psycopg.Connection[Any], schema: str, migration: Migration,
     return True
 
 
+# Months of audit partitions ``migrate`` keeps ready after the current one (0003).
+AUDIT_MONTHS_AHEAD = 3
+
+
 def _mark_version(conn: psycopg.Connection[Any], schema: str) -> None:
     # The version every role can read (preflight.py): the gateway cannot read the table.
     with conn.transaction():
         conn.execute(b"LOCK TABLE " + _bookkeeping(schema) + b" IN ACCESS EXCLUSIVE MODE")
         current = max(_applied(conn, schema), default=0)
+        if current >= 3:  # every migrate also keeps the audit log's months ahead ready
+            conn.execute(f"SELECT count(*) FROM {quoted(schema)}.mos_lease_audit_partitions("
+                         f"'{quoted(schema)}.connector_lease_audit_log', %s)".encode(),
+                         (AUDIT_MONTHS_AHEAD,))
         conn.execute(b"COMMENT ON TABLE " + _bookkeeping(schema) + b" IS "
                      + f"'mos-lease schema version {current}'".encode())
 

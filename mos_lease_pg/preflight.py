@@ -23,9 +23,10 @@ Decisions:
   ``standby_reads``), and ``require_synchronous_replication`` refuses a primary whose
   commits do not wait for a synchronous standby.
 * A role with MORE privileges than the store needs (the owner, a superuser as in tests, a
-  role granted DELETE) is not refused: the schema's triggers, not privileges, keep the data
-  right. The surplus is listed in :attr:`SchemaCheck.surplus` and logged once per store at
-  WARNING, so an operator sees that the least-privilege layout is not in use.
+  role granted DELETE, any privilege on a partition of the audit log) is not refused: the
+  schema's triggers, not privileges, keep the data right. The surplus is listed in
+  :attr:`SchemaCheck.surplus` and logged once per store at WARNING, so an operator sees
+  that the least-privilege layout is not in use.
 """
 
 from __future__ import annotations
@@ -87,7 +88,11 @@ SELECT n.oid IS NOT NULL, coalesce(has_schema_privilege(n.oid, 'USAGE'), false),
        CASE WHEN c.oid IS NULL THEN false
             WHEN w.attname IS NULL THEN has_table_privilege(c.oid, w.privilege)
             WHEN a.attnum IS NULL THEN false
-            ELSE has_column_privilege(c.oid, a.attnum, w.privilege) END
+            ELSE has_column_privilege(c.oid, a.attnum, w.privilege) END,
+       (SELECT count(*) FROM pg_inherits AS i JOIN pg_class AS p ON p.oid = i.inhparent
+        WHERE p.relnamespace = n.oid AND p.relname = %(audit)s
+          AND has_table_privilege(i.inhrelid,
+                                  'SELECT, INSERT, UPDATE, DELETE, TRUNCATE, TRIGGER'))
 FROM unnest(%(relnames)s::text[], %(privileges)s::text[], %(attnames)s::text[])
          AS w(relname, privilege, attname)
 LEFT JOIN pg_namespace AS n ON n.nspname = %(schema)s
@@ -126,7 +131,7 @@ def _named(keys: list[tuple[str, str, str | None]]) -> list[str]:
 
 def _params(schema: str) -> dict[str, Any]:
     asked = (*NEEDED, *SURPLUS)
-    return {"schema": schema, "migrations": MIGRATIONS,
+    return {"schema": schema, "migrations": MIGRATIONS, "audit": AUDIT,
             "relnames": [r for r, _, _ in asked], "privileges": [p for _, p, _ in asked],
             "attnames": [a for _, _, a in asked]}
 
@@ -179,6 +184,11 @@ def judge(schema: str, rows: list[tuple[Any, ...]], table_version: int | None) -
             f"role {role!r} lacks {', '.join(lacking)} in schema {schema!r}: "
             f"{_fix_roles(schema, role, database)}")
     surplus = _named([key for key in SURPLUS if facts[key][1]])
+    # The audit log's partitions (0003) are reached through the log itself: a privilege on
+    # one lets a role read or append there directly.
+    partitions = int(rows[0][13] or 0)
+    if partitions:
+        surplus.append(f"privileges on {partitions} partition(s) of {AUDIT}")
     if superuser:
         surplus.insert(0, "superuser")
     if create:

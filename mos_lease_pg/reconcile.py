@@ -87,6 +87,37 @@ class InDoubt:
 IN_DOUBT: Final = InDoubt()
 
 
+class Unaudited:
+    """Event ids of heartbeats sent without an audit row (``audit_heartbeats=False``) whose
+    connection was lost: the log cannot say whether they committed, so reconcile must not
+    answer from it. One bounded memory for every store of the process."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._ids: OrderedDict[UUID, None] = OrderedDict()
+
+    def note(self, event_ids: list[UUID]) -> None:
+        with self._lock:
+            for event_id in event_ids:
+                self._ids[event_id] = None
+            while len(self._ids) > IN_DOUBT_MEMORY:
+                self._ids.popitem(last=False)
+
+    def __contains__(self, event_id: object) -> bool:
+        # Kept after a look: asked again, the answer is still "cannot be told".
+        with self._lock:
+            return event_id in self._ids
+
+
+UNAUDITED: Final = Unaudited()
+
+
+def unaudited_outcome(event_id: UUID) -> CommitOutcomeUnknown:
+    return CommitOutcomeUnknown(
+        event_id, "a heartbeat sent without its audit row (audit_heartbeats=False) lost its "
+        "reply: whether it renewed the lease cannot be looked up; heartbeat again")
+
+
 def _single(rows: list[Row] | Any) -> Row:
     if len(rows) != 1:
         raise AssertionError(f"expected exactly one row, got {len(rows)}")

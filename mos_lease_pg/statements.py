@@ -144,18 +144,30 @@ def _statement(name: str) -> Template:
     return Template(name, statement_text(name))
 
 
-def _guarded(name: str, lock: str = "lock_row.sql", *, notify: bool = False) -> Template:
+def _pieced(text: str, pieces: Mapping[str, str]) -> str:
+    for mark, piece in pieces.items():
+        if mark not in text:
+            raise AssertionError(f"statement has no {mark}")
+        text = text.replace(mark, piece.rstrip())
+    return text
+
+
+def _guarded(name: str, lock: str = "lock_row.sql", *, notify: bool = False,
+             audit: bool = True) -> Template:
     # Heartbeat and release share their guard, kept once in active_holder.sql. ``lock`` is
     # the step that takes the row lock before the clock is read; ``notify``: the write sends
-    # a push notice (see guarded_write.sql).
+    # a push notice; ``audit``: it appends its audit row (see guarded_write.sql).
     write = statement_text(name).replace(
         "    {active_holder}\n", statement_text("active_holder.sql"))
-    text = statement_text("guarded_write.sql")
-    for mark, piece in (("{lock}", statement_text(lock)), ("{write}", write),
-                        ("{notify}", statement_text("notify.sql" if notify
-                                                     else "notify_none.sql"))):
-        text = text.replace(mark, piece.rstrip())
-    return Template(name, text)
+    return Template(name, _pieced(statement_text("guarded_write.sql"), {
+        "{lock}": statement_text(lock), "{write}": write,
+        "{audit}": statement_text("audit_write.sql" if audit else "audit_none.sql"),
+        "{notify}": statement_text("notify.sql" if notify else "notify_none.sql")}))
+
+
+def _renew_many(*, audit: bool) -> Template:
+    return Template("renew_many.sql", _pieced(statement_text("renew_many.sql"), {
+        "{audit}": statement_text("audit_renewals.sql" if audit else "audit_none.sql")}))
 
 
 NOTICE_CHANNEL_PREFIX: Final = "mos_lease_"
@@ -184,13 +196,16 @@ END_LOST_BACKEND: Final = _statement("end_lost_backend.sql")
 NOW: Final = _statement("now.sql")
 LEASES: Final = _statement("leases.sql")
 AUDIT: Final = _statement("audit.sql")
-RENEW_MANY: Final = _statement("renew_many.sql")
+RENEW_MANY: Final = _renew_many(audit=True)
 WRITES: Final[Mapping[type[Write], Template]] = {
     Insert: _guarded("insert.sql", lock="lock_none.sql"),
     Renew: _guarded("renew.sql"),
     Close: _guarded("close.sql", notify=True),
     Rotate: _guarded("rotate.sql", notify=True),
 }
+# A store with ``ConnectionSettings(audit_heartbeats=False)`` renews without the audit row.
+QUIET_RENEW: Final = _guarded("renew.sql", audit=False)
+QUIET_RENEW_MANY: Final = _renew_many(audit=False)
 
 
 class Kind(enum.Enum):
@@ -213,6 +228,8 @@ class Call(Generic[T]):
     # For writes: the audit event that exists exactly when the write committed.
     event_id: UUID | None = None
     identity: LeaseIdentity | None = None
+    # False for a heartbeat sent without its audit row: its event cannot be looked up.
+    audited: bool = True
 
 
 # --- row mapping --------------------------------------------------------------------------
@@ -347,16 +364,18 @@ def _write_params(write: Write) -> dict[str, object]:
 
 
 def apply(write: Write, entry: AuditEntry, offset: timedelta, *,
-          schema: str = DEFAULT_SCHEMA) -> Call[WriteOutcome]:
+          schema: str = DEFAULT_SCHEMA, audit_heartbeats: bool = True) -> Call[WriteOutcome]:
     params = {"offset": offset, **_identity_params(write.identity), **_write_params(write),
               **_entry_params(entry)}
     notice = NOTICE_KINDS.get(type(write))
     if notice is not None:
         params |= {"channel": notice_channel(schema), "notice": notice}
-    return Call(f"{entry.event} write", WRITES[type(write)].at(schema), params,
+    audited = audit_heartbeats or not isinstance(write, Renew)
+    template = WRITES[type(write)] if audited else QUIET_RENEW
+    return Call(f"{entry.event} write", template.at(schema), params,
                 functools.partial(_write_outcome, write.identity,
                                   finds_row=not isinstance(write, Insert)), Kind.WRITE,
-                event_id=entry.event_id, identity=write.identity)
+                event_id=entry.event_id, identity=write.identity, audited=audited)
 
 
 def _write_outcomes(identities: Sequence[LeaseIdentity],
@@ -368,7 +387,8 @@ def _write_outcomes(identities: Sequence[LeaseIdentity],
 
 
 def renew_many(renewals: Sequence[tuple[Renew, AuditEntry]], offset: timedelta, *,
-               schema: str = DEFAULT_SCHEMA) -> Call[list[WriteOutcome]]:
+               schema: str = DEFAULT_SCHEMA,
+               audit_heartbeats: bool = True) -> Call[list[WriteOutcome]]:
     """One statement renewing every lease of a batch of heartbeats (``renew_many.sql``)."""
     for write, entry in renewals:
         if (type(write) is not Renew or entry.event is not LifecycleEvent.HEARTBEAT
@@ -392,9 +412,11 @@ def renew_many(renewals: Sequence[tuple[Renew, AuditEntry]], offset: timedelta, 
         "correlation_ids": [entry.correlation_id for _, entry in items],
     }
     first_write, first_entry = items[0]
-    return Call(f"batch of {len(items)} heartbeats", RENEW_MANY.at(schema), params,
+    template = RENEW_MANY if audit_heartbeats else QUIET_RENEW_MANY
+    return Call(f"batch of {len(items)} heartbeats", template.at(schema), params,
                 functools.partial(_write_outcomes, [w.identity for w in renews]), Kind.WRITE,
-                event_id=first_entry.event_id, identity=first_write.identity)
+                event_id=first_entry.event_id, identity=first_write.identity,
+                audited=audit_heartbeats)
 
 
 def record(entry: AuditEntry, offset: timedelta, *,

@@ -50,7 +50,7 @@ from mos_lease_pg.connection import (
     PooledConnection,
 )
 from mos_lease_pg.deadline import WATCHDOG, AsyncWatch
-from mos_lease_pg.reconcile import IN_DOUBT, Lost
+from mos_lease_pg.reconcile import IN_DOUBT, UNAUDITED, Lost
 from mos_lease_pg.statements import Call, Kind
 from mos_lease_pg.translate import Failure, statement_failure
 from mos_lease_pg.wire import AnyWire, forgotten
@@ -77,6 +77,10 @@ class _StoreCore:
     _offset: timedelta = timedelta(0)
 
     @property
+    def _audit_heartbeats(self) -> bool:
+        return self.settings.audit_heartbeats
+
+    @property
     def _bound(self) -> float:
         return self.settings.call_bound()
 
@@ -100,6 +104,9 @@ class _StoreCore:
             IN_DOUBT.note([call.event_id for call in calls
                            if call.kind is not Kind.READ and call.event_id is not None],
                           Lost(wire.server, wire.backend_pid))
+        if isinstance(failure.error, CommitOutcomeUnknown):
+            UNAUDITED.note([call.event_id for call in calls
+                            if not call.audited and call.event_id is not None])
         return failure
 
     @staticmethod
@@ -130,9 +137,18 @@ class _StoreCore:
                      ) -> tuple[Call[list[WriteOutcome]], Callable[[], list[Call[Any]]]]:
         """The one statement of a batch of heartbeats, and (for a failure) the writes it
         stands for: if it fails, each of them is in doubt on its own."""
-        batch = statements.renew_many(renewals, self._offset, schema=self._schema)
-        return batch, lambda: [statements.apply(write, entry, self._offset, schema=self._schema)
+        batch = statements.renew_many(renewals, self._offset, schema=self._schema,
+                                      audit_heartbeats=self._audit_heartbeats)
+        return batch, lambda: [statements.apply(write, entry, self._offset, schema=self._schema,
+                                                audit_heartbeats=self._audit_heartbeats)
                                for write, entry in renewals]
+
+    def _unaudited(self, event_id: UUID) -> None:
+        """Raise if ``event_id`` is a lost heartbeat that wrote no audit row (its backend is
+        ended by now): the log cannot tell whether it committed."""
+        if event_id in UNAUDITED:
+            IN_DOUBT.forget(event_id)
+            raise reconcile.unaudited_outcome(event_id)
 
     def _record_calls(self, entry: AuditEntry) -> tuple[Call[int], Call[bool]]:
         call = reconcile.record(entry, self._offset, schema=self._schema)
@@ -255,7 +271,8 @@ class PostgresLeaseStore(_StoreCore):
         return self._run(statements.load(identity, self._offset, schema=self._schema))
 
     def apply(self, write: Write, entry: AuditEntry) -> WriteOutcome:
-        return self._run(statements.apply(write, entry, self._offset, schema=self._schema))
+        return self._run(statements.apply(write, entry, self._offset, schema=self._schema,
+                                          audit_heartbeats=self._audit_heartbeats))
 
     def renew_many(self, renewals: Sequence[tuple[Renew, AuditEntry]]) -> list[WriteOutcome]:
         if not renewals:
@@ -278,6 +295,7 @@ class PostgresLeaseStore(_StoreCore):
     def event_committed(self, event_id: UUID) -> bool:
         deadline = self._deadline(None)
         self._end_lost_backend(event_id, deadline)
+        self._unaudited(event_id)
         committed = self._run(statements.event_committed(event_id, schema=self._schema),
                               deadline=deadline)
         if committed and self.settings.require_synchronous_replication:
@@ -399,7 +417,8 @@ class AsyncPostgresLeaseStore(_StoreCore):
         return await self._run(statements.load(identity, self._offset, schema=self._schema))
 
     async def apply(self, write: Write, entry: AuditEntry) -> WriteOutcome:
-        return await self._run(statements.apply(write, entry, self._offset, schema=self._schema))
+        return await self._run(statements.apply(write, entry, self._offset, schema=self._schema,
+                                          audit_heartbeats=self._audit_heartbeats))
 
     async def renew_many(self, renewals: Sequence[tuple[Renew, AuditEntry]]
                          ) -> list[WriteOutcome]:
@@ -423,6 +442,7 @@ class AsyncPostgresLeaseStore(_StoreCore):
     async def event_committed(self, event_id: UUID) -> bool:
         deadline = self._deadline(None)
         await self._end_lost_backend(event_id, deadline)
+        self._unaudited(event_id)
         committed = await self._run(
             statements.event_committed(event_id, schema=self._schema), deadline=deadline)
         if committed and self.settings.require_synchronous_replication:

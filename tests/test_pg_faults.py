@@ -280,7 +280,7 @@ def test_an_audit_append_lost_after_its_commit_is_unknown_when_it_cannot_be_rese
     # Reconnecting from now on finds nothing listening.
     monkeypatch.setattr(store._source, "_conninfo",
                         "host=127.0.0.1 port=1 user=postgres dbname=postgres")
-    proxy.cut_reply_to(b"ON CONFLICT (event_id) DO NOTHING")
+    proxy.cut_reply_to(b"mos_lease_record_audit(")
     with pytest.raises(CommitOutcomeUnknown) as unknown:
         rival.acquire(identity, "c2", scopes=["tool:run"], ttl=30)
     assert holder.reconcile(identity, unknown.value.event_id) is True

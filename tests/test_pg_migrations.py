@@ -67,7 +67,9 @@ def test_migrations_build_the_schema_described_here(pg_schema_dsn: PgSchema,
                  "connector_lease_audit_log_append_only",
                  "logical_agent_connector_leases_fencing",
                  "logical_agent_connector_leases_no_delete",
-                 "connector_lease_audit_log | connector_lease_audit_log_event_id_key",
+                 "connector_lease_audit_log | CREATE INDEX connector_lease_audit_log_event_id_idx",
+                 "connector_lease_audit_log | p |",
+                 "connector_lease_audit_log_default | connector_lease_audit_log_no_truncate",
                  "CHECK ((epoch >= 1))",
                  "table: connector_resource_epochs",
                  "column: logical_agent_connector_leases | 7 | epoch | bigint | true"):
@@ -83,10 +85,10 @@ def test_migrations_build_the_schema_described_here(pg_schema_dsn: PgSchema,
 
 
 def test_migrate_is_idempotent(pg_schema_dsn: PgSchema) -> None:
-    assert _migrate(pg_schema_dsn) == [1, 2]
+    assert _migrate(pg_schema_dsn) == [1, 2, 3]
     assert _migrate(pg_schema_dsn) == []
-    assert applied_versions(pg_schema_dsn.dsn, schema=pg_schema_dsn.schema) == [1, 2]
-    assert _versions(pg_schema_dsn) == [(1, "initial"), (2, "transitions")]
+    assert applied_versions(pg_schema_dsn.dsn, schema=pg_schema_dsn.schema) == [1, 2, 3]
+    assert _versions(pg_schema_dsn) == [(1, "initial"), (2, "transitions"), (3, "audit_partitions")]
 
 
 def test_concurrent_migrators_apply_each_version_once(pg_schema_dsn: PgSchema,
@@ -99,7 +101,7 @@ def test_concurrent_migrators_apply_each_version_once(pg_schema_dsn: PgSchema,
     outputs = [run.communicate(timeout=60) for run in runs]
     assert [run.returncode for run in runs] == [0, 0, 0, 0], outputs
     assert sum("applied migrations: 1" in out for out, _ in outputs) == 1
-    assert _versions(pg_schema_dsn) == [(1, "initial"), (2, "transitions")]
+    assert _versions(pg_schema_dsn) == [(1, "initial"), (2, "transitions"), (3, "audit_partitions")]
     migrated = _describe(pg_schema_dsn.dsn, pg_schema_dsn.schema)
     assert migrated == _library_part(_describe(pg_dsn), migrated)
 

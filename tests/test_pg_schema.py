@@ -135,7 +135,8 @@ def test_every_command_takes_the_schema(monkeypatch: pytest.MonkeyPatch) -> None
 def _tables_in(conn: psycopg.Connection[Any], schema: str) -> list[str]:
     return [name for (name,) in conn.execute(
         "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
-        " WHERE n.nspname = %s AND c.relkind = 'r' ORDER BY 1", (schema,))]
+        " WHERE n.nspname = %s AND c.relkind IN ('r', 'p') AND NOT c.relispartition"
+        " ORDER BY 1", (schema,))]
 
 
 @pytest.mark.pg

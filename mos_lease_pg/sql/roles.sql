@@ -9,15 +9,20 @@
 --                                         columns (UPDATE also allows the SELECT ... FOR
 --                                         UPDATE that settles an in-doubt write)
 --        connector_lease_audit_log        SELECT, INSERT (the identity column needs no
---                                         sequence privilege)
+--                                         sequence privilege); on its partitions
+--                                         nothing (rows are read and appended through
+--                                         the parent, which checks only its own grants)
 --        connector_resource_epochs        SELECT, INSERT, UPDATE of highest_epoch and
 --                                         updated_at (the guard's upsert raises the mark;
 --                                         the identity columns are not granted)
 --        mos_lease_schema_migrations      nothing
 --        mos_lease_settings               nothing (the checking function reads it as the
 --                                         owner: SECURITY DEFINER)
+--        mos_lease_record_audit(...)      EXECUTE, granted to PUBLIC: it appends a
+--                                         record once per event id with the caller's
+--                                         own privileges, so it lets no one do more
 --      and nothing else: no DELETE or TRUNCATE anywhere, no CREATE in any schema, no
---      EXECUTE of the schema's functions (triggers call them without it).
+--      EXECUTE of the schema's other functions (triggers call them without it).
 --
 -- Privileges are not what keeps the data right: the gateway needs UPDATE of the epoch,
 -- the lease UUID and the times, since a takeover sets them all. The tables' triggers
@@ -88,6 +93,7 @@ DECLARE
     migrations   text;
     settings     text;
     routine      regprocedure;
+    part         regclass;
 BEGIN
     IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = owner_role) THEN
         EXECUTE format('CREATE ROLE %I LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE', owner_role);
@@ -137,6 +143,13 @@ BEGIN
     IF to_regclass(audit_log) IS NOT NULL THEN
         EXECUTE format('REVOKE ALL ON %s FROM PUBLIC, %I', audit_log, gateway_role);
         EXECUTE format('GRANT SELECT, INSERT ON %s TO %I', audit_log, gateway_role);
+        -- Partitions (0003; archive drops old ones, maintenance adds new ones): no one but
+        -- the owner may name one directly.
+        FOR part IN
+            SELECT t.relid FROM pg_partition_tree(audit_log::regclass) AS t WHERE t.level > 0
+        LOOP
+            EXECUTE format('REVOKE ALL ON %s FROM PUBLIC, %I', part, gateway_role);
+        END LOOP;
     END IF;
     IF to_regclass(epochs) IS NOT NULL THEN
         EXECUTE format('REVOKE ALL ON %s FROM PUBLIC, %I', epochs, gateway_role);
@@ -159,5 +172,11 @@ BEGIN
     LOOP
         EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC, %I', routine, gateway_role);
     END LOOP;
+    routine := to_regprocedure(format(
+        '%I.mos_lease_record_audit(regclass, uuid, text, text, text, text, text, text, text, '
+        'bigint, text, interval)', schema_name));
+    IF routine IS NOT NULL THEN
+        EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO PUBLIC', routine);
+    END IF;
 END
 $layout$;

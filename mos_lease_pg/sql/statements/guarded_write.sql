@@ -24,6 +24,9 @@
 -- (the CASE keeps the planner from folding the cast of a constant): a refused takeover at
 -- the bigint maximum names epoch max + 1, which must not fail the statement.
 --
+-- {audit} is audit_write.sql, or audit_none.sql for a heartbeat of a store that does not
+-- audit successful heartbeats (ConnectionSettings.audit_heartbeats).
+--
 -- {notify} is notify.sql for a takeover or a release and notify_none.sql otherwise. A CTE
 -- that only reads runs only when referenced: the final SELECT counts its rows, so the
 -- pg_notify calls in it really happen (within this statement, so within its transaction).
@@ -40,14 +43,7 @@ written AS (
               l.heartbeat_at, l.expires_at, l.released_at, l.updated_at
 ),
 audited AS (
-    INSERT INTO {schema}.connector_lease_audit_log
-        (event_id, event, outcome, reason, tenant_id, logical_agent_id, binding_id,
-         connector_id, epoch, correlation_id, recorded_at)
-    SELECT %(event_id)s, %(event)s, %(outcome)s, %(reason)s, %(entry_tenant_id)s,
-           %(entry_logical_agent_id)s, %(entry_binding_id)s, %(entry_connector_id)s,
-           CASE WHEN w.epoch IS NOT NULL THEN %(entry_epoch)s::numeric END,
-           %(correlation_id)s, t.now
-    FROM written AS w, t
+{audit}
 ),
 notified AS MATERIALIZED (
 {notify}

@@ -8,7 +8,8 @@
 -- locks: `t` consumes `locked` completely (count(*)) before it reads the clock, and both are
 -- MATERIALIZED, so no renewal is judged by a time read before a lock wait (see
 -- guarded_write.sql for why that matters). The final SELECT returns one row per request,
--- in request order: the time, plus the new lease columns if renewed.
+-- in request order: the time, plus the new lease columns if renewed. {audit} is
+-- audit_renewals.sql, or audit_none.sql when successful heartbeats are not audited.
 WITH req AS (
     SELECT *
     FROM unnest(%(tenant_ids)s::text[], %(logical_agent_ids)s::text[],
@@ -50,12 +51,7 @@ written AS (
               l.acquired_at, l.heartbeat_at, l.expires_at, l.released_at, l.updated_at
 ),
 audited AS (
-    INSERT INTO {schema}.connector_lease_audit_log
-        (event_id, event, outcome, reason, tenant_id, logical_agent_id, binding_id,
-         connector_id, epoch, correlation_id, recorded_at)
-    SELECT w.event_id, 'heartbeat', 'renewed', NULL, w.tenant_id, w.logical_agent_id,
-           w.binding_id, w.connector_id, w.epoch, w.correlation_id, t.now
-    FROM written AS w, t
+{audit}
 )
 SELECT t.now, w.lease_id, w.connector_id, w.allowed_scopes, w.epoch, w.acquired_at,
        w.heartbeat_at, w.expires_at, w.released_at, w.updated_at

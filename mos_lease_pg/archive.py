@@ -1,0 +1,382 @@
+"""Audit retention: the audit log's monthly partitions (migration 0003), made ahead, and old
+ones exported, verified and only then dropped. Rows are never changed or deleted; whole
+partitions leave by DDL, as the owner role only.
+
+``archive`` writes each partition wholly before the cutoff to ``DIR/<partition>.jsonl`` (one
+JSON object per row, in seq order) and records its row count, seq range and SHA-256 in
+``DIR/manifest.json``; it then reads the rows again from the table, compares them with the
+file read back from disk, and only if they agree detaches and drops the partition, all in
+one transaction that holds the partition against new rows. ``verify`` checks a directory
+against its manifest, without a database.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from collections.abc import Iterable, Iterator
+from datetime import UTC, date, datetime
+from pathlib import Path
+from typing import Any, Final
+
+import attrs
+import psycopg
+
+from mos_lease.errors import ConfigurationError, MosLeaseError
+from mos_lease_pg.statements import quoted
+
+AUDIT: Final = "connector_lease_audit_log"
+DEFAULT_PARTITION: Final = f"{AUDIT}_default"
+MANIFEST: Final = "manifest.json"
+FORMAT: Final = 1
+MONTHS_AHEAD: Final = 3
+_FETCH: Final = 10_000
+_BOUND: Final = re.compile(r"FOR VALUES FROM \((MINVALUE|'[^']*')\) TO \((MAXVALUE|'[^']*')\)")
+
+
+class ArchiveError(MosLeaseError):
+    """Archiving was refused or failed; no partition whose export did not verify was
+    dropped."""
+
+
+class NotOwner(ArchiveError, ConfigurationError):
+    """Retention changes the schema: only the owner role of the audit log may run it."""
+
+
+@attrs.frozen(slots=True)
+class Partition:
+    """One partition of the audit log; ``low`` None is MINVALUE, ``high`` None MAXVALUE."""
+
+    name: str
+    low: datetime | None
+    high: datetime | None
+    default: bool = False
+
+
+@attrs.frozen(slots=True)
+class Digest:
+    """What a partition's rows, as JSON lines, add up to."""
+
+    rows: int
+    sha256: str
+    first_seq: int | None
+    last_seq: int | None
+    size: int = attrs.field(default=0, eq=False)  # bytes, for throughput figures only
+
+
+@attrs.frozen(slots=True)
+class Entry:
+    """One archived partition in the manifest."""
+
+    partition: str
+    file: str
+    low: str | None
+    high: str
+    digest: Digest
+
+    def as_json(self) -> dict[str, Any]:
+        return {"partition": self.partition, "file": self.file, "from": self.low,
+                "to": self.high, "rows": self.digest.rows, "sha256": self.digest.sha256,
+                "first_seq": self.digest.first_seq, "last_seq": self.digest.last_seq}
+
+    @classmethod
+    def of(cls, data: dict[str, Any]) -> Entry:
+        return cls(data["partition"], data["file"], data["from"], data["to"],
+                   Digest(data["rows"], data["sha256"], data["first_seq"], data["last_seq"]))
+
+
+@attrs.frozen(slots=True)
+class ArchiveReport:
+    archived: tuple[Entry, ...]
+    # Partitions left in place because they reach past the cutoff (not the DEFAULT).
+    kept: tuple[str, ...]
+
+
+def _connect(conninfo: str) -> psycopg.Connection[Any]:
+    try:
+        # Partition bounds are UTC; a UTC session prints them so.
+        return psycopg.Connection.connect(conninfo, autocommit=True, options="-c TimeZone=UTC",
+                                          application_name="mos-lease audit")
+    except psycopg.Error as exc:
+        raise ArchiveError(f"cannot connect to PostgreSQL: {exc}") from exc
+
+
+def _log(schema: str) -> str:
+    return f"{quoted(schema)}.{AUDIT}"
+
+
+def _require_owner(conn: psycopg.Connection[Any], schema: str) -> None:
+    row = conn.execute(
+        b"SELECT c.relkind::text, pg_get_userbyid(c.relowner), current_user::text"
+        b" FROM pg_class AS c JOIN pg_namespace AS n ON n.oid = c.relnamespace"
+        b" WHERE n.nspname = %s AND c.relname = %s", (schema, AUDIT)).fetchone()
+    if row is None or row[0] != "p":
+        raise ArchiveError(f"schema {schema!r} has no partitioned audit log: run "
+                           f"`mos-lease migrate --schema {schema}` as the owner role")
+    _kind, owner, user = row
+    if owner != user:
+        raise NotOwner(f"role {user!r} does not own {schema}.{AUDIT}: audit retention runs "
+                       f"as the owner role ({owner!r}); nothing was changed")
+
+
+def _bound(text: str) -> datetime | None:
+    if text in ("MINVALUE", "MAXVALUE"):
+        return None
+    return datetime.fromisoformat(text.strip("'")).astimezone(UTC)
+
+
+def partitions(conn: psycopg.Connection[Any], schema: str) -> list[Partition]:
+    """The audit log's partitions, oldest first, the DEFAULT last."""
+    found = []
+    for name, bound in conn.execute(
+            b"SELECT c.relname, pg_get_expr(c.relpartbound, c.oid) FROM pg_inherits AS i"
+            b" JOIN pg_class AS c ON c.oid = i.inhrelid"
+            b" WHERE i.inhparent = %s::regclass", (_log(schema),)):
+        if bound == "DEFAULT":
+            found.append(Partition(name, None, None, default=True))
+            continue
+        match = _BOUND.fullmatch(bound)
+        if match is None:
+            raise ArchiveError(f"partition {name} has a bound this mos-lease does not know: "
+                               f"{bound}")
+        found.append(Partition(name, _bound(match[1]), _bound(match[2])))
+    far = datetime.max.replace(tzinfo=UTC)
+    return sorted(found, key=lambda p: (p.default, p.high or far))
+
+
+def make_partitions(conninfo: str, schema: str, ahead: int = MONTHS_AHEAD) -> list[str]:
+    """Create the missing monthly partitions through ``ahead`` months after the current one
+    (adopting rows the DEFAULT partition caught); return the names created."""
+    if isinstance(ahead, bool) or not isinstance(ahead, int) or not 0 <= ahead <= 120:
+        raise ConfigurationError(f"months ahead must be an integer 0..120, not {ahead!r}")
+    with _connect(conninfo) as conn:
+        _require_owner(conn, schema)
+        try:
+            return [name for (name,) in conn.execute(
+                f"SELECT * FROM {quoted(schema)}.mos_lease_audit_partitions(%s::regclass, %s)"
+                .encode(), (_log(schema), ahead))]
+        except psycopg.Error as exc:
+            raise ArchiveError(f"partition maintenance failed: {exc}") from exc
+
+
+# One line per row: a fixed key order and a UTC timestamp, so the same rows always give the
+# same bytes.
+_LINE: Final = (
+    "SELECT json_build_object('seq', a.seq, 'event_id', a.event_id, 'event', a.event,"
+    " 'outcome', a.outcome, 'reason', a.reason, 'tenant_id', a.tenant_id,"
+    " 'logical_agent_id', a.logical_agent_id, 'binding_id', a.binding_id,"
+    " 'connector_id', a.connector_id, 'epoch', a.epoch, 'correlation_id', a.correlation_id,"
+    " 'recorded_at', to_char(a.recorded_at AT TIME ZONE 'UTC',"
+    " 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'))::text FROM ONLY {table} AS a ORDER BY a.seq")
+
+
+class _Summing:
+    """Running :class:`Digest` of lines fed one by one."""
+
+    def __init__(self) -> None:
+        self.hash = hashlib.sha256()
+        self.rows = 0
+        self.size = 0
+        self.first: int | None = None
+        self.last: int | None = None
+
+    def add(self, line: bytes) -> None:
+        seq = json.loads(line)["seq"]
+        if not isinstance(seq, int) or (self.last is not None and seq <= self.last):
+            raise ValueError(f"line {self.rows + 1}: seq {seq!r} does not follow {self.last}")
+        self.first = seq if self.first is None else self.first
+        self.last = seq
+        self.hash.update(line + b"\n")
+        self.rows += 1
+        self.size += len(line) + 1
+
+    def digest(self) -> Digest:
+        return Digest(self.rows, self.hash.hexdigest(), self.first, self.last, self.size)
+
+
+def _table_lines(conn: psycopg.Connection[Any], schema: str, part: str) -> Iterator[bytes]:
+    # A server-side cursor: a partition can hold far more rows than fit in memory.
+    text = _LINE.format(table=f"{quoted(schema)}.{quoted(part)}")
+    with conn.cursor(name=f"mos_lease_archive_{part}") as cur:
+        cur.itersize = _FETCH
+        cur.execute(text.encode())
+        for (line,) in cur:
+            yield line.encode("utf-8")
+
+
+def _file_lines(path: Path) -> Iterator[bytes]:
+    with path.open("rb") as handle:
+        for raw in handle:
+            if not raw.endswith(b"\n"):
+                raise ValueError("the last line is cut short (no newline)")
+            yield raw[:-1]
+
+
+def _digest(lines: Iterable[bytes]) -> Digest:
+    summing = _Summing()
+    for line in lines:
+        summing.add(line)
+    return summing.digest()
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_durably(path: Path, chunks: Iterable[bytes]) -> None:
+    """Write ``path`` whole or not at all: a temporary file, fsynced, renamed over it."""
+    partial = path.with_name(path.name + ".partial")
+    with partial.open("wb") as handle:
+        for chunk in chunks:
+            handle.write(chunk)
+        handle.flush()
+        os.fsync(handle.fileno())
+    partial.replace(path)
+    _fsync_dir(path.parent)
+
+
+def read_manifest(directory: Path) -> dict[str, Entry]:
+    """The entries of ``directory``'s manifest by partition (none if it has no manifest)."""
+    path = directory / MANIFEST
+    if not path.exists():
+        return {}
+    try:
+        data = json.loads(path.read_text("utf-8"))
+        if data.get("format") != FORMAT:
+            raise ValueError(f"format {data.get('format')!r}, expected {FORMAT}")
+        return {e["partition"]: Entry.of(e) for e in data["partitions"]}
+    except (ValueError, KeyError, TypeError) as bad:
+        raise ArchiveError(f"{path} is not a mos-lease archive manifest: {bad}") from None
+
+
+def _write_manifest(directory: Path, entries: dict[str, Entry]) -> None:
+    data = {"format": FORMAT, "hash": "sha256 of the file's bytes (each line ends with \\n)",
+            "partitions": [entries[k].as_json() for k in sorted(entries)]}
+    _write_durably(directory / MANIFEST, [json.dumps(data, indent=2).encode() + b"\n"])
+
+
+def _iso(value: datetime | None) -> str | None:
+    return None if value is None else value.isoformat()
+
+
+def _archive_one(conn: psycopg.Connection[Any], schema: str, part: Partition,
+                 directory: Path, entries: dict[str, Entry]) -> Entry:
+    assert part.high is not None
+    target = directory / f"{part.name}.jsonl"
+    with conn.transaction():
+        # No row may join the partition between the export and the drop.
+        conn.execute(f"LOCK TABLE {quoted(schema)}.{quoted(part.name)} IN SHARE MODE".encode())
+        summing = _Summing()
+
+        def exported() -> Iterator[bytes]:
+            for line in _table_lines(conn, schema, part.name):
+                summing.add(line)
+                yield line + b"\n"
+
+        _write_durably(target, exported())
+        entry = Entry(part.name, target.name, _iso(part.low), part.high.isoformat(),
+                      summing.digest())
+        # The entry is on disk before the drop: a crash after the drop keeps it.
+        entries[part.name] = entry
+        _write_manifest(directory, entries)
+        # Verify: the table read again against the file read back from disk.
+        in_table = _digest(_table_lines(conn, schema, part.name))
+        on_disk = _digest(_file_lines(target))
+        if not in_table == on_disk == entry.digest:
+            raise ArchiveError(f"{target} does not match partition {part.name} (table "
+                               f"{in_table}, file {on_disk}): not dropped")
+        conn.execute(f"ALTER TABLE {_log(schema)} DETACH PARTITION "
+                     f"{quoted(schema)}.{quoted(part.name)}".encode())
+        conn.execute(f"DROP TABLE {quoted(schema)}.{quoted(part.name)}".encode())
+    return entry
+
+
+def archive(conninfo: str, schema: str, before: date, directory: Path) -> ArchiveReport:
+    """Export, verify, detach and drop every partition wholly before ``before`` (UTC
+    midnight). Refused (nothing changed) unless run as the owner role, and for a cutoff
+    after the start of the current month or one that rows of the DEFAULT partition precede.
+    Safe to run again after a crash: a partition that still exists is exported again, and
+    the manifest keeps the entries of partitions already dropped."""
+    if not isinstance(before, date):
+        raise ConfigurationError(f"before must be a date, not {before!r}")
+    cutoff = datetime(before.year, before.month, before.day, tzinfo=UTC)
+    with _connect(conninfo) as conn:
+        _require_owner(conn, schema)
+        row = conn.execute(b"SELECT date_trunc('month', clock_timestamp() AT TIME ZONE 'UTC')"
+                           b" AT TIME ZONE 'UTC'").fetchone()
+        assert row is not None
+        month_start = row[0].astimezone(UTC)
+        if cutoff > month_start:
+            raise ArchiveError(
+                f"--before {before.isoformat()} cuts through the current month (UTC): the "
+                f"latest cutoff is {month_start.date().isoformat()}; nothing was changed")
+        found = partitions(conn, schema)
+        caught = conn.execute(
+            f"SELECT min(recorded_at) FROM ONLY {quoted(schema)}.{DEFAULT_PARTITION}".encode()
+        ).fetchone()
+        if caught is not None and caught[0] is not None and caught[0] < cutoff:
+            raise ArchiveError(
+                f"the DEFAULT audit partition holds rows from {caught[0].isoformat()}, before "
+                f"the cutoff: run `mos-lease audit partitions --schema {schema}` first, which "
+                "moves them into a partition of their own; nothing was changed")
+        directory.mkdir(parents=True, exist_ok=True)
+        entries = read_manifest(directory)
+        archived = []
+        kept = []
+        for part in found:
+            if part.default:
+                continue
+            if part.high is None or part.high > cutoff:
+                kept.append(part.name)
+                continue
+            old = entries.get(part.name)
+            if old is not None and (old.low, old.high) != (_iso(part.low),
+                                                           part.high.isoformat()):
+                raise ArchiveError(
+                    f"the manifest in {directory} holds another partition named {part.name} "
+                    f"({old.low} to {old.high}): archive into another directory")
+            try:
+                archived.append(_archive_one(conn, schema, part, directory, entries))
+            except psycopg.Error as exc:
+                raise ArchiveError(f"archiving {part.name} failed, it was not dropped: "
+                                   f"{exc}") from exc
+        return ArchiveReport(tuple(archived), tuple(kept))
+
+
+def verify(directory: Path) -> tuple[list[Entry], list[str]]:
+    """Check every file of ``directory`` against its manifest: the entries checked and the
+    problems found (a changed, cut, missing or extra line; a missing or unlisted file)."""
+    problems = []
+    if not (directory / MANIFEST).exists():
+        return [], [f"{directory} has no {MANIFEST}"]
+    entries = read_manifest(directory)
+    for entry in entries.values():
+        path = directory / entry.file
+        if not path.exists():
+            problems.append(f"{entry.file}: missing")
+            continue
+        try:
+            found = _digest(_file_lines(path))
+        except ValueError as bad:
+            problems.append(f"{entry.file}: {bad}")
+            continue
+        if found.rows != entry.digest.rows:
+            problems.append(f"{entry.file}: {found.rows} lines, the manifest says "
+                            f"{entry.digest.rows}")
+        elif (found.first_seq, found.last_seq) != (entry.digest.first_seq,
+                                                   entry.digest.last_seq):
+            problems.append(f"{entry.file}: seq {found.first_seq}..{found.last_seq}, the "
+                            f"manifest says {entry.digest.first_seq}..{entry.digest.last_seq}")
+        if found.sha256 != entry.digest.sha256:
+            problems.append(f"{entry.file}: SHA-256 {found.sha256} differs from the "
+                            f"manifest's {entry.digest.sha256}")
+    listed = {entry.file for entry in entries.values()}
+    problems.extend(f"{path.name}: not in the manifest"
+                    for path in sorted(directory.glob("*.jsonl")) if path.name not in listed)
+    return list(entries.values()), problems
