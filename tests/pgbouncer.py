@@ -36,7 +36,8 @@ POOL_SIZE: Final = 2
 START_SECONDS: Final = 10.0
 
 
-def _config(directory: str, port: int, server: dict[str, str], admin: str) -> str:
+def _config(directory: str, port: int, server: dict[str, str], admin: str,
+            extra: dict[str, str]) -> str:
     host, server_port = server.get("host") or "127.0.0.1", server.get("port") or "5432"
     return "\n".join([
         "[databases]",
@@ -54,14 +55,16 @@ def _config(directory: str, port: int, server: dict[str, str], admin: str) -> st
         # admin role: with trust on both sides no password is needed.
         f"auth_user = {admin}",
         f"logfile = {os.path.join(directory, 'pgbouncer.log')}",
+        *(f"{name} = {value}" for name, value in extra.items()),
         "",
     ])
 
 
 class PgBouncer:
-    """A running PgBouncer; :meth:`dsn` turns a DSN for the test server into one through it."""
+    """A running PgBouncer; :meth:`dsn` turns a DSN for the test server into one through it.
+    ``extra`` adds settings to its ``[pgbouncer]`` section."""
 
-    def __init__(self, server_dsn: str) -> None:
+    def __init__(self, server_dsn: str, **extra: str) -> None:
         executable = tools.which(tools.PGBOUNCER)
         assert executable is not None, "tools.need(tools.PGBOUNCER) comes first"
         server = {k: str(v) for k, v in conninfo_to_dict(server_dsn).items() if v is not None}
@@ -75,19 +78,19 @@ class PgBouncer:
             if owner is not None:
                 for path in (self.directory, os.path.join(self.directory, "users.txt")):
                     os.chown(path, owner.pw_uid, owner.pw_gid)
-            self.port = self._start(executable, server, admin, owner)
+            self.port = self._start(executable, server, admin, owner, extra)
         except BaseException:
             self.stop()
             raise
 
     def _start(self, executable: str, server: dict[str, str], admin: str,
-               owner: pwd.struct_passwd | None) -> int:
+               owner: pwd.struct_passwd | None, extra: dict[str, str]) -> int:
         # A free port can be taken between choosing it and binding it: try a few.
         for _ in range(3):
             port = _free_port()
             config = os.path.join(self.directory, "pgbouncer.ini")
             with open(config, "w") as handle:
-                handle.write(_config(self.directory, port, server, admin))
+                handle.write(_config(self.directory, port, server, admin, extra))
             self._process = subprocess.Popen(
                 [executable, config], user=None if owner is None else owner.pw_name,
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

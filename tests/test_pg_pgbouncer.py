@@ -1,10 +1,16 @@
 """The store through a real PgBouncer in transaction mode, two server sessions shared by every
-client (``tests/pgbouncer.py``): with ``ConnectionSettings(session_options=False,
-prepare=False)`` the store meets the contract and a takeover race has one winner per epoch.
+client (``tests/pgbouncer.py``).
+
+With ``POOLER_SETTINGS`` the store meets the contract and a takeover race has one winner per
+epoch. With anything else it is refused at first use with a ``ConfigurationError`` naming
+those settings, never a ``StoreUnavailable`` per call: PgBouncer refuses the startup options
+the default settings send, and prepared statements collide in shared server sessions (both
+reproduced here on the pooler itself, below the store).
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -14,12 +20,24 @@ from typing import Any, TypeVar
 import psycopg
 import pytest
 
-from mos_lease import AllowAllPolicy, ConnectorLeaseCoordinator, LeaseIdentity
+from mos_lease import (
+    AllowAllPolicy,
+    ConfigurationError,
+    ConnectorLeaseCoordinator,
+    LeaseIdentity,
+)
 from mos_lease.testing import run_store_contract
 from mos_lease.vocabulary import Outcome
-from mos_lease_pg import ConnectionSettings, PostgresLeaseStore
+from mos_lease_pg import (
+    AsyncPostgresLeaseStore,
+    ConnectionSettings,
+    PostgresLeaseStore,
+    make_pool,
+)
+from mos_lease_pg.translate import POOLER_SETTINGS, statement_failure
 from tests import tools
 from tests.pg_fixtures import PgSchema, PostgresHarness, StoreFactory
+from tests.pg_support import PgServer
 from tests.pgbouncer import POOL_SIZE, PgBouncer
 
 pytestmark = pytest.mark.pg
@@ -155,6 +173,103 @@ def test_with_the_pooler_settings_every_store_works(pgbouncer: PgBouncer, pg_dsn
             return gateway.validate(grant, identity=identity, scopes=SCOPES).ok
 
     assert in_threads(CLIENTS, lifecycle) == [True] * CLIENTS
+
+
+def _refused(error: ConfigurationError, sign: str) -> None:
+    assert POOLER_SETTINGS in str(error)
+    assert sign in str(error), str(error)
+
+
+def test_default_settings_are_refused_at_first_use(pgbouncer: PgBouncer, pg_dsn: str,
+                                                   pg_tenant: str) -> None:
+    identity = LeaseIdentity(pg_tenant, "agent", "b1")
+    with PostgresLeaseStore(pgbouncer.dsn(pg_dsn)) as store:
+        # PgBouncer refuses the startup options that carry the timeouts; every call says so.
+        for _ in range(2):
+            with pytest.raises(ConfigurationError) as refused:
+                store.load(identity)
+            _refused(refused.value, "unsupported startup parameter: options")
+
+    async def scenario() -> None:
+        async with AsyncPostgresLeaseStore(pgbouncer.dsn(pg_dsn)) as store:
+            with pytest.raises(ConfigurationError) as refused:
+                await store.load(identity)
+            _refused(refused.value, "unsupported startup parameter: options")
+
+    asyncio.run(scenario())
+
+
+def test_a_pooler_that_drops_the_startup_options_is_refused_too(pg_server: PgServer,
+                                                                pg_dsn: str,
+                                                                pg_tenant: str) -> None:
+    # Told to ignore them, PgBouncer admits the connection and silently drops the timeouts
+    # the options carry: the store must not run on, believing its statements bounded.
+    tools.need(tools.PGBOUNCER)
+    lenient = PgBouncer(pg_server.dsn, ignore_startup_parameters="options")
+    try:
+        with PostgresLeaseStore(lenient.dsn(pg_dsn),
+                                settings=ConnectionSettings(prepare=False)) as store:
+            with pytest.raises(ConfigurationError) as refused:
+                store.load(LeaseIdentity(pg_tenant, "agent", "b1"))
+            _refused(refused.value, "but backend")
+    finally:
+        lenient.stop()
+
+
+def test_prepared_statements_collide_in_shared_server_sessions(pgbouncer: PgBouncer,
+                                                               pg_dsn: str) -> None:
+    # The pooler itself, below the store: psycopg names prepared statements per connection
+    # (as the store's prepare=True does), so the next client to prepare one in a server
+    # session an earlier client used is refused.
+    failed: list[psycopg.Error | None] = []
+    for _ in range(CLIENTS):
+        with psycopg.connect(pgbouncer.dsn(pg_dsn), autocommit=True,
+                             prepare_threshold=0) as conn:
+            try:
+                conn.execute("SELECT %s::int", [1])
+                failed.append(None)
+            except psycopg.Error as exc:
+                failed.append(exc)
+    assert failed[0] is None  # the first one prepared it
+    states = [error.sqlstate for error in failed if error is not None]
+    assert "42P05" in states and set(states) <= {"42P05", "26000"}, states
+    # Where the first-use check could not see the pooler, "already exists" still names
+    # the fix: psycopg never prepares a name twice on one server session of its own.
+    for found in failed:
+        if found is not None and found.sqlstate == "42P05":
+            error = statement_failure(found, what="load", write_event=None).error
+            assert isinstance(error, ConfigurationError)
+            _refused(error, "already exists")
+
+
+def test_prepared_statements_behind_pgbouncer_are_refused_at_first_use(
+        pgbouncer: PgBouncer, pg_dsn: str, pg_tenant: str) -> None:
+    settings = ConnectionSettings(session_options=False)  # prepare=True
+    identity = LeaseIdentity(pg_tenant, "agent", "b1")
+    stores = [PostgresLeaseStore(pgbouncer.dsn(pg_dsn), settings=settings)
+              for _ in range(CLIENTS)]
+    try:
+        for store in stores:
+            for _ in range(2):
+                with pytest.raises(ConfigurationError) as refused:
+                    store.load(identity)
+                _refused(refused.value, "but backend")
+    finally:
+        for store in stores:
+            store.close()
+    with make_pool(pgbouncer.dsn(pg_dsn), settings, max_size=2) as pool, \
+            PostgresLeaseStore(pool=pool, settings=settings) as pooled:
+        with pytest.raises(ConfigurationError) as refused:
+            pooled.load(identity)
+        _refused(refused.value, "but backend")
+
+    async def scenario() -> None:
+        async with AsyncPostgresLeaseStore(pgbouncer.dsn(pg_dsn), settings=settings) as store:
+            with pytest.raises(ConfigurationError) as refused:
+                await store.load(identity)
+            _refused(refused.value, "but backend")
+
+    asyncio.run(scenario())
 
 
 @pytest.mark.parametrize("require", [False, True])
