@@ -128,7 +128,7 @@ def busy(stores: list[PostgresLeaseStore]) -> Iterator[None]:
 def test_a_takeover_race_through_pgbouncer_has_one_winner_per_epoch(
         pgbouncer: PgBouncer, pg_dsn: str, pg_tenant: str) -> None:
     identity = LeaseIdentity(pg_tenant, "agent", "raced")
-    rounds = 15
+    rounds = 30
 
     def racer(n: int, barrier: threading.Barrier) -> list[int]:
         won: list[int] = []
