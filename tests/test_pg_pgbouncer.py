@@ -100,6 +100,11 @@ def test_the_store_contract_through_pgbouncer(pgbouncer: PgBouncer, pg_stores: S
     others = [pg_stores(pgbouncer.dsn(schema.dsn), settings=settings) for _ in range(3)]
     with busy(others):  # other clients take turns on the two server sessions meanwhile
         run_store_contract(lambda: PostgresHarness(store), steps=300)
+        # They did: one client's successive transactions ran in different server sessions.
+        with psycopg.connect(pgbouncer.dsn(schema.dsn), autocommit=True) as probe:
+            answered = {probe.execute("SELECT pg_backend_pid()", prepare=False).fetchone()
+                        for _ in range(100)}
+        assert len(answered) == POOL_SIZE, answered
 
 
 @contextmanager
