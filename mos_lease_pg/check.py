@@ -1,7 +1,7 @@
 """``mos-lease check``: is this database, and this role on it, ready for gateways?
 
 Two halves, kept apart so the judgement can be tested on any facts, including ones a test
-server cannot produce (a standby, ``synchronous_commit = off``, a transaction pooler):
+server cannot produce (a standby, an old server, synchronous replication):
 
 * :func:`gather` connects once and reads :class:`Facts`: the server and session settings
   (``sql/check/server.sql``), the store's own first-use check (:mod:`mos_lease_pg.preflight`,
@@ -29,6 +29,7 @@ from mos_lease.errors import ConfigurationError
 from mos_lease_pg import preflight
 from mos_lease_pg.preflight import SchemaCheck
 from mos_lease_pg.statements import DEFAULT_SCHEMA, check_schema, checked, sql_text
+from mos_lease_pg.translate import POOLER_SETTINGS
 
 CANNOT_CONNECT: Final = 2
 # The oldest server the store supports (mos_lease_pg/README.md).
@@ -37,7 +38,6 @@ MIN_SERVER_VERSION_NUM: Final = 120000
 # worth a warning: fencing never reads it, but people compare logs and token expiries.
 CLOCK_WARN_SECONDS: Final = 1.0
 CLOCK_SAMPLES: Final = 5
-POOLER_SETTINGS: Final = "ConnectionSettings(session_options=False, prepare=False)"
 
 
 def _check_sql(name: str) -> bytes:
@@ -116,6 +116,9 @@ class Facts:
     client_port: int | None  # the port this host connected to
     server_port: int | None  # the port the server says it listens on (None: Unix socket)
     backend_pids: tuple[int, ...]  # the backend of each of several separate transactions
+    # The backend pid the connection's startup named (libpq's backend key): a pooler answers
+    # the startup itself, with a key of its own (None: not read).
+    startup_pid: int | None = None
 
 
 def read_clock(conn: psycopg.Connection[Any], *, samples: int = CLOCK_SAMPLES,
@@ -162,7 +165,8 @@ def gather(conn: psycopg.Connection[Any], schema: str = DEFAULT_SCHEMA, *,
         synchronous_commit=sync_commit, synchronous_standby_names=standby_names,
         in_recovery=in_recovery, statement_timeout=statement_timeout,
         lock_timeout=lock_timeout, clock=clock, client_port=_port(conn.info.port),
-        server_port=server_port, backend_pids=(first_pid, *pids))
+        server_port=server_port, backend_pids=(first_pid, *pids),
+        startup_pid=conn.info.backend_pid)
 
 
 def _port(value: object) -> int | None:
@@ -272,22 +276,41 @@ def _clock_item(facts: Facts) -> Item:
     return Item("clock_offset", value, Status.OK)
 
 
-def _pooler_item(facts: Facts, behind_pooler: bool) -> Item:
+def _pooler_signs(facts: Facts) -> tuple[list[str], bool]:
+    """What shows a pooler, and whether it is certainly one that shares server sessions
+    (a relay or a port mapping shows only a different port)."""
     signs = []
-    if len(set(facts.backend_pids)) > 1:
-        signs.append(f"{len(set(facts.backend_pids))} backends answered "
-                     f"{len(facts.backend_pids)} transactions (a transaction pooler)")
+    pids = set(facts.backend_pids)
+    if facts.startup_pid is not None and pids and facts.startup_pid not in pids:
+        signs.append(f"the connection's startup named backend pid {facts.startup_pid}, "
+                     f"backend {facts.backend_pids[0]} answered (a pooler answers the "
+                     "startup itself)")
+    if len(pids) > 1:
+        signs.append(f"{len(pids)} backends answered {len(facts.backend_pids)} "
+                     "transactions (a transaction pooler)")
+    certain = bool(signs)
     if (facts.client_port is not None and facts.server_port is not None
             and facts.client_port != facts.server_port):
         signs.append(f"connected to port {facts.client_port}, the server listens on "
                      f"{facts.server_port} (a pooler, proxy or port mapping)")
+    return signs, certain
+
+
+def _pooler_item(facts: Facts, behind_pooler: bool) -> Item:
+    signs, certain = _pooler_signs(facts)
     if behind_pooler:
         signs.append("--behind-pooler given")
     if not signs:
         return Item("pooler", "none detected (one backend, same port)", Status.OK)
     fix = (f"behind a transaction pooler, build the store with {POOLER_SETTINGS}: the "
-           "pooler may drop startup options and cannot track prepared statements (unless "
-           "it is PgBouncer 1.21+ with max_prepared_statements)")
+           "pooler may refuse or drop startup options and cannot track prepared statements "
+           "(a store with other settings is refused at first use)")
+    if certain and not behind_pooler:
+        # The check cannot see how the gateways build their stores: an operator who has
+        # built them so says --behind-pooler, which also requires the role's timeouts.
+        return Item("pooler", "; ".join(signs), Status.PROBLEM,
+                    f"{fix}; then run `mos-lease check --behind-pooler`, which also "
+                    "requires role default timeouts")
     missing = [name for name, value in (("statement_timeout", facts.statement_timeout),
                                         ("lock_timeout", facts.lock_timeout)) if value == "0"]
     if missing:
@@ -302,8 +325,9 @@ def _pooler_item(facts: Facts, behind_pooler: bool) -> Item:
 
 def evaluate(facts: Facts, *, behind_pooler: bool = False) -> Report:
     """Judge ``facts``. ``behind_pooler``: the operator says a transaction pooler is in
-    front of the server (detection only sees one when it hands out several backends or a
-    different port)."""
+    front of the server and the gateways' stores are built for it (without it, a pooler
+    detected for certain is a problem, since a store with the default settings is refused
+    behind it)."""
     return Report((
         Item("connection", f"role {facts.role} on database {facts.database}", Status.OK),
         _server_item(facts),

@@ -140,15 +140,18 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "check", help="check the database and the connecting role for gateway use",
         description="Report the server version, the schema and its version, the role's "
                     "privileges, durability settings, whether the server is a standby, the "
-                    "clock offset to this host and signs of a pooler. Exit 0 with no "
+                    "clock offset to this host and signs of a pooler (a problem when one "
+                    "shares server sessions, unless --behind-pooler). Exit 0 with no "
                     "problem, 1 with a problem, 2 when it cannot connect. Connect as the "
                     "role the gateways use.")
     _add_dsn(check_parser)
     check_parser.add_argument("--json", action="store_true", help="one JSON object")
     check_parser.add_argument(
         "--behind-pooler", action="store_true",
-        help="gateways reach the server through a transaction pooler: name the settings it "
-             "needs and require role default timeouts")
+        help="gateways reach the server through a transaction pooler and build their "
+             "stores with ConnectionSettings(session_options=False, prepare=False): a "
+             "pooler is then a warning naming those settings, not a problem, and role "
+             "default timeouts are required")
     check_parser.set_defaults(func=run_check)
 
     status_parser = subparsers.add_parser(

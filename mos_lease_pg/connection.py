@@ -230,6 +230,8 @@ class _Dedicated(Generic[W]):
         self._bound = settings.call_bound()
         self._schema = settings.schema
         self._needs = replication.needs_of(settings)
+        # Behind a transaction pooler only these settings work (preflight.py refuses others).
+        self._pooler_safe = not (settings.prepare or settings.session_options)
         # Set by the first connection's schema check (preflight.py), which runs once.
         self.schema_check: preflight.SchemaCheck | None = None
 
@@ -279,8 +281,9 @@ class DedicatedConnection(_Dedicated[Wire]):
                 except psycopg.Error as exc:
                     raise unavailable_on_checkout(exc, pool_timeout=0) from exc
                 if self.schema_check is None:
-                    self.schema_check = preflight.first_use(conn, self._schema, owned=True,
-                                                            needs=self._needs)
+                    self.schema_check = preflight.first_use(
+                        conn, self._schema, owned=True, needs=self._needs,
+                        pooler_safe=self._pooler_safe)
                 wire = self._wire = Wire(conn, prepare=self._prepare)
             return wire
 
@@ -312,10 +315,11 @@ class _Pooled(Generic[P]):
         self._prepare = settings.prepare
         self._schema = settings.schema
         self._needs = replication.needs_of(settings)
+        self._pooler_safe = not (settings.prepare or settings.session_options)  # see above
         # Set by the first checkout's schema check (preflight.py), which runs once.
         self.schema_check: preflight.SchemaCheck | None = None
 
-    def _unavailable(self, exc: psycopg.Error) -> StoreUnavailable:
+    def _unavailable(self, exc: psycopg.Error) -> StoreUnavailable | ConfigurationError:
         # PoolTimeout, PoolClosed, ... are psycopg errors too.
         return unavailable_on_checkout(exc, pool_timeout=self._timeout)
 
@@ -333,8 +337,9 @@ class PooledConnection(_Pooled[psycopg_pool.ConnectionPool[Any]]):
         try:
             _check_autocommit(conn)
             if self.schema_check is None:
-                self.schema_check = preflight.first_use(conn, self._schema, owned=False,
-                                                            needs=self._needs)
+                self.schema_check = preflight.first_use(
+                    conn, self._schema, owned=False, needs=self._needs,
+                    pooler_safe=self._pooler_safe)
             yield Wire(conn, prepare=self._prepare)
         finally:
             # The pool replaces a connection that comes back broken.
@@ -371,7 +376,8 @@ class AsyncDedicatedConnection(_Dedicated[AsyncWire]):
                     raise unavailable_on_checkout(exc, pool_timeout=0) from exc
                 if self.schema_check is None:
                     self.schema_check = await preflight.first_use_async(
-                        conn, self._schema, owned=True, needs=self._needs)
+                        conn, self._schema, owned=True, needs=self._needs,
+                        pooler_safe=self._pooler_safe)
                 wire = self._wire = AsyncWire(conn, prepare=self._prepare)
             return wire
 
@@ -410,7 +416,8 @@ class AsyncPooledConnection(_Pooled[psycopg_pool.AsyncConnectionPool[Any]]):
             _check_autocommit(conn)
             if self.schema_check is None:
                 self.schema_check = await preflight.first_use_async(
-                    conn, self._schema, owned=False, needs=self._needs)
+                    conn, self._schema, owned=False, needs=self._needs,
+                    pooler_safe=self._pooler_safe)
             yield AsyncWire(conn, prepare=self._prepare)
         finally:
             await self._pool.putconn(conn)

@@ -22,6 +22,13 @@ Decisions:
   logged once at INFO. A store never writes through a standby (refused unless
   ``standby_reads``), and ``require_synchronous_replication`` refuses a primary whose
   commits do not wait for a synchronous standby.
+* A transaction pooler in front of the server (PgBouncer and the like) is refused at first
+  use unless the store is built with ``POOLER_SETTINGS`` (no startup options, no prepared
+  statements): its server sessions are shared between clients, so another client's
+  prepared statements collide with the store's, and startup options are refused or
+  dropped. A pooler shows itself by answering the connection's startup with a backend key
+  of its own: the pid there is not the pid of the backend that runs the statements (a
+  plain TCP relay passes the server's own key through).
 * A role with MORE privileges than the store needs (the owner, a superuser as in tests, a
   role granted DELETE, any privilege on a partition of the audit log) is not refused: the
   schema's triggers, not privileges, keep the data right. The surplus is listed in
@@ -43,7 +50,7 @@ from mos_lease_pg import replication
 from mos_lease_pg.migrations import available_migrations
 from mos_lease_pg.replication import NO_NEEDS, Needs, ReplicationFacts
 from mos_lease_pg.statements import quoted
-from mos_lease_pg.translate import statement_failure
+from mos_lease_pg.translate import pooler_misconfigured, statement_failure
 
 log = logging.getLogger("mos_lease_pg")
 
@@ -229,16 +236,45 @@ async def check_async(conn: psycopg.AsyncConnection[Any], schema: str) -> Schema
     return _report(judge(schema, rows, table_version))
 
 
+# Sent unprepared: behind a pooler a prepared statement may already collide.
+_BACKEND_PID: Final = b"SELECT pg_backend_pid()"
+
+
+def judge_backend(announced: int, answered: int) -> None:
+    """Refuse a connection whose startup named another backend than the one answering
+    (see the module text)."""
+    if announced != answered:
+        raise pooler_misconfigured(
+            f"the connection's startup named backend pid {announced}, but backend "
+            f"{answered} answered")
+
+
+def _pooler_check(conn: psycopg.Connection[Any]) -> None:
+    row = conn.execute(_BACKEND_PID, prepare=False).fetchone()
+    assert row is not None
+    judge_backend(conn.info.backend_pid, row[0])
+
+
+async def _pooler_check_async(conn: psycopg.AsyncConnection[Any]) -> None:
+    row = await (await conn.execute(_BACKEND_PID, prepare=False)).fetchone()
+    assert row is not None
+    judge_backend(conn.info.backend_pid, row[0])
+
+
 def _server(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> str:
     return f"{conn.info.host}:{conn.info.port}"
 
 
 def first_use(conn: psycopg.Connection[Any], schema: str, *, owned: bool,
-              needs: Needs = NO_NEEDS) -> SchemaCheck:
+              needs: Needs = NO_NEEDS, pooler_safe: bool = False) -> SchemaCheck:
     """:func:`check` for a connection source, then the replication check against
     ``needs``: a failure closes ``conn`` if the source ``owned`` it (a pooled one goes back
-    to its pool), and a database error is a ``StoreUnavailable`` like any statement's."""
+    to its pool), and a database error is a ``StoreUnavailable`` like any statement's.
+    Unless the store's settings are ``pooler_safe``, a pooler in front of the server is
+    refused first."""
     try:
+        if not pooler_safe:
+            _pooler_check(conn)
         row = conn.execute(replication.FACTS).fetchone()
         assert row is not None
         found = replication.judge(replication.facts(row), needs, server=_server(conn))
@@ -254,9 +290,12 @@ def first_use(conn: psycopg.Connection[Any], schema: str, *, owned: bool,
 
 
 async def first_use_async(conn: psycopg.AsyncConnection[Any], schema: str, *,
-                          owned: bool, needs: Needs = NO_NEEDS) -> SchemaCheck:
+                          owned: bool, needs: Needs = NO_NEEDS,
+                          pooler_safe: bool = False) -> SchemaCheck:
     """The asyncio twin of :func:`first_use`."""
     try:
+        if not pooler_safe:
+            await _pooler_check_async(conn)
         row = await (await conn.execute(replication.FACTS)).fetchone()
         assert row is not None
         found = replication.judge(replication.facts(row), needs, server=_server(conn))

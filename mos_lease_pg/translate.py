@@ -11,11 +11,16 @@ The one question that matters is whether a statement could have taken effect:
   never a state of the world);
 * a connection lost while a statement was in flight leaves a write's outcome unknown:
   :class:`~mos_lease.errors.CommitOutcomeUnknown`, reconciled by the coordinator through the
-  write's audit event. For a read it is just :class:`~mos_lease.errors.StoreUnavailable`.
+  write's audit event. For a read it is just :class:`~mos_lease.errors.StoreUnavailable`;
+* a transaction pooler that refuses the store's startup options, or whose shared server
+  sessions collide with the store's prepared statements, is a
+  :class:`~mos_lease.errors.ConfigurationError` naming :data:`POOLER_SETTINGS`: no retry
+  can help.
 """
 
 from __future__ import annotations
 
+from typing import Final
 from uuid import UUID
 
 import attrs
@@ -36,6 +41,26 @@ from mos_lease.errors import (
 _SESSION_ENDING = frozenset({"57P01", "57P02", "57P03", "57P05"})
 # Undefined table, schema, column or function, and insufficient privilege: configuration.
 _MISCONFIGURED = frozenset({"42P01", "3F000", "42703", "42883", "42501"})
+# What a store behind a transaction pooler (PgBouncer and the like) must be built with: the
+# pooler hands each transaction to any of its server sessions, so nothing may live in one.
+POOLER_SETTINGS: Final = "ConnectionSettings(session_options=False, prepare=False)"
+# PgBouncer's refusal of libpq's ``options`` (where the store sends its timeouts). It comes
+# as the text of a failed connection, without a SQLSTATE.
+_REFUSED_OPTIONS: Final = "unsupported startup parameter"
+# Prepared statement already exists: psycopg names its statements per connection, so the
+# server session already holding one was prepared by another client sharing it.
+_SHARED_SESSION: Final = "42P05"
+
+
+def pooler_misconfigured(detail: str) -> ConfigurationError:
+    """The error for a store whose settings do not suit the transaction pooler in front of
+    the server; ``detail`` says how the pooler showed itself."""
+    return ConfigurationError(
+        f"{detail}: the store reaches PostgreSQL through a transaction pooler (PgBouncer or "
+        f"the like), which refuses or drops startup options and shares server sessions "
+        f"between clients; build the store with {POOLER_SETTINGS} and set statement_timeout "
+        "and lock_timeout on the role instead (`mos-lease roles` does; `mos-lease check "
+        "--behind-pooler` verifies)")
 
 
 def connection_lost(exc: BaseException) -> bool:
@@ -55,8 +80,16 @@ def _describe(exc: BaseException) -> str:
     return f"{text} (sqlstate {state})" if state else text
 
 
-def unavailable_on_checkout(exc: BaseException, *, pool_timeout: float) -> StoreUnavailable:
-    """Getting a connection failed; nothing was sent."""
+def _describe_fatal(exc: BaseException) -> str:
+    # libpq puts the server's FATAL last: "connection to server at ... failed: FATAL: ...".
+    text = " ".join(str(exc).split())
+    return text[text.rfind("FATAL:"):] if "FATAL:" in text else _describe(exc)
+
+
+def unavailable_on_checkout(exc: BaseException, *,
+                            pool_timeout: float) -> StoreUnavailable | ConfigurationError:
+    """Getting a connection failed; nothing was sent. A pooler refusing the startup options
+    is a :class:`ConfigurationError` (:func:`pooler_misconfigured`)."""
     if isinstance(exc, psycopg_pool.PoolTimeout):
         return StoreUnavailable(
             f"PostgreSQL pool exhausted: no connection became free within {pool_timeout:g} s")
@@ -64,6 +97,8 @@ def unavailable_on_checkout(exc: BaseException, *, pool_timeout: float) -> Store
         return StoreUnavailable("PostgreSQL pool is closed")
     if isinstance(exc, psycopg_pool.TooManyRequests):
         return StoreUnavailable("PostgreSQL pool refused the request: too many waiting")
+    if isinstance(exc, psycopg.OperationalError) and _REFUSED_OPTIONS in str(exc):
+        return pooler_misconfigured(f"cannot connect to PostgreSQL: {_describe_fatal(exc)}")
     return StoreUnavailable(f"cannot connect to PostgreSQL: {_describe(exc)}")
 
 
@@ -89,6 +124,8 @@ def statement_failure(exc: psycopg.Error, *, what: str, write_event: UUID | None
         error = StoreUnavailable(f"connection lost during {what}: {detail}")
     elif isinstance(exc, psycopg.IntegrityError):
         error = InternalInconsistency(f"the schema refused the {what}: {detail}")
+    elif exc.sqlstate == _SHARED_SESSION:
+        error = pooler_misconfigured(f"{what} failed: {detail}")
     elif exc.sqlstate in _MISCONFIGURED:
         # The schema or a grant went away after the store's first-use check (preflight.py):
         # no retry can help, so it must not look transient (keepers retry StoreUnavailable).

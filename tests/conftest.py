@@ -9,7 +9,7 @@ import pytest
 from mos_lease.testing import MemoryHarness, StoreHarness
 from tests.pg_support import require_pg
 
-pytest_plugins = ["tests.pg_fixtures"]
+pytest_plugins = ["tests.pg_fixtures", "tests.pgbouncer"]
 
 HarnessFactory = Callable[[], StoreHarness]
 

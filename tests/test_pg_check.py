@@ -2,8 +2,8 @@
 be (missing schema, unmigrated, old version, missing and surplus privileges,
 ``synchronous_commit = off``, no role timeouts behind a pooler, a relay in front of the
 server, a skewed host clock, no server at all); what a single test server cannot be (a
-standby, an old PostgreSQL, a transaction pooler, synchronous replication) is judged from
-gathered facts."""
+standby, an old PostgreSQL, synchronous replication) is judged from gathered facts. A real
+PgBouncer in front of the server is in ``test_pg_pgbouncer_check.py``."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from psycopg import sql
 from mos_lease_pg import check, roles
 from mos_lease_pg.check import ClockReading, Facts, Item, Report, Status, evaluate, run_check
 from mos_lease_pg.preflight import SchemaCheck, required_version
+from mos_lease_pg.translate import POOLER_SETTINGS
 from tests.pg_support import FaultProxy, PgServer, with_params
 from tests.test_pg_cli import Fresh, fresh_database, gateway_works, run
 
@@ -163,8 +164,8 @@ def test_behind_a_pooler_the_settings_are_named_and_role_timeouts_required(
     pooler = items(report)["pooler"]
     assert pooler.status is Status.WARN
     assert "statement_timeout=5s" in pooler.value and "lock_timeout=2s" in pooler.value
-    assert check.POOLER_SETTINGS in str(pooler.fix)
-    assert "session_options=False, prepare=False" in check.POOLER_SETTINGS
+    assert POOLER_SETTINGS in str(pooler.fix)
+    assert "session_options=False, prepare=False" in POOLER_SETTINGS
     # A role without them (the superuser here) cannot be protected behind a pooler.
     pooler = _problem(run_check(ready.dsn, behind_pooler=True)[0], "pooler")
     assert "no role default statement_timeout or lock_timeout" in pooler.value
@@ -181,7 +182,7 @@ def test_a_relay_in_front_of_the_server_is_detected(ready: Fresh) -> None:
     pooler = items(report)["pooler"]
     assert pooler.status is Status.WARN
     assert f"connected to port {proxy.port}, the server listens on" in pooler.value
-    assert check.POOLER_SETTINGS in str(pooler.fix)
+    assert POOLER_SETTINGS in str(pooler.fix)
 
 
 def test_clock_offset_is_measured_with_its_uncertainty(ready: Fresh) -> None:
@@ -262,15 +263,31 @@ def test_an_old_server_is_a_problem() -> None:
 
 def test_a_transaction_pooler_is_seen_when_backends_change() -> None:
     pooled = attrs.evolve(HEALTHY, backend_pids=(11, 12, 11))
+    # Seen for certain and not acknowledged: a problem (default stores are refused there).
     item = status_of(pooled, "pooler")
-    assert item.status is Status.WARN and "2 backends answered 3 transactions" in item.value
-    assert check.POOLER_SETTINGS in str(item.fix)
+    assert item.status is Status.PROBLEM and "2 backends answered 3 transactions" in item.value
+    assert POOLER_SETTINGS in str(item.fix) and "--behind-pooler" in str(item.fix)
+    item = status_of(pooled, "pooler", behind_pooler=True)
+    assert item.status is Status.WARN and POOLER_SETTINGS in str(item.fix)
     bare = attrs.evolve(pooled, statement_timeout="0")
-    assert status_of(bare, "pooler").status is Status.PROBLEM
+    assert status_of(bare, "pooler", behind_pooler=True).status is Status.PROBLEM
     # Without any sign and without the flag, role timeouts are not required.
     assert status_of(attrs.evolve(HEALTHY, statement_timeout="0"),
                      "pooler").status is Status.OK
     assert status_of(HEALTHY, "pooler", behind_pooler=True).status is Status.WARN
+
+
+def test_a_pooler_is_seen_when_the_startup_names_another_backend() -> None:
+    assert status_of(attrs.evolve(HEALTHY, startup_pid=11), "pooler").status is Status.OK
+    pooled = attrs.evolve(HEALTHY, startup_pid=-806798535)
+    item = status_of(pooled, "pooler")
+    assert item.status is Status.PROBLEM
+    assert item.value == ("the connection's startup named backend pid -806798535, backend "
+                          "11 answered (a pooler answers the startup itself)")
+    assert status_of(pooled, "pooler", behind_pooler=True).status is Status.WARN
+    # A different port alone (a relay, a port mapping) stays a warning.
+    relayed = attrs.evolve(HEALTHY, startup_pid=11, client_port=6432)
+    assert status_of(relayed, "pooler").status is Status.WARN
 
 
 def test_a_clock_offset_within_its_uncertainty_is_not_warned() -> None:

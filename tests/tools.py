@@ -1,7 +1,7 @@
 """Real programs some tests drive (spin and a C compiler for the model check, tmux for the tmux
-adapter): without them those tests skip, naming the Debian package to install, except where
-``MOS_LEASE_REQUIRE_TOOLS=1`` (as in CI), where a missing program fails the test, so that a
-machine without it cannot pass by skipping."""
+adapter, PgBouncer in front of the test database): without them those tests skip, naming the
+Debian package to install, except where ``MOS_LEASE_REQUIRE_TOOLS=1`` (as in CI), where a
+missing program fails the test, so that a machine without it cannot pass by skipping."""
 
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ class Tool:
 
 SPIN = Tool("spin", "spin")
 TMUX = Tool("tmux", "tmux")
+PGBOUNCER = Tool("pgbouncer", "pgbouncer")
 
 
 def c_compiler() -> Tool:
@@ -41,9 +42,23 @@ def require_tools() -> bool:
     return os.environ.get(ENV_REQUIRE_TOOLS, "") not in ("", "0")
 
 
+def which(tool: Tool) -> str | None:
+    """The path of ``tool``'s executable: on ``PATH``, else in the ``sbin`` beside a ``bin`` on
+    ``PATH`` (Debian installs daemons such as pgbouncer in /usr/sbin, which a non-root
+    ``PATH`` often lacks). With an empty ``PATH`` nothing is found."""
+    found = shutil.which(tool.executable)
+    if found is not None:
+        return found
+    entries = [entry for entry in os.environ.get("PATH", "").split(os.pathsep) if entry]
+    sbins = [os.path.join(os.path.dirname(entry.rstrip("/")), "sbin") for entry in entries
+             if os.path.basename(entry.rstrip("/")) == "bin"]
+    return shutil.which(tool.executable, path=os.pathsep.join(sbins)) if sbins else None
+
+
 def missing(*tools: Tool) -> str | None:
-    """``None`` if every tool is on ``PATH``, else a message naming what to install."""
-    absent = [tool for tool in tools if shutil.which(tool.executable) is None]
+    """``None`` if every tool is found (:func:`which`), else a message naming what to
+    install."""
+    absent = [tool for tool in tools if which(tool) is None]
     if not absent:
         return None
     names = ", ".join(tool.executable for tool in absent)
