@@ -231,8 +231,9 @@ def unconfirmed(conn: Conn) -> str | None:
 
 def confirm(conn: Conn, calls: Sequence[Call[Any]]) -> None:
     """Raise if the statement just sent for ``calls`` (one call, or the writes of a batch)
-    reported success with a warning: ``CommitOutcomeUnknown`` for a write (its commit may
-    not be on the synchronous standby; reconcile decides), ``StoreUnavailable`` otherwise."""
+    reported success with a warning: ``CommitOutcomeUnknown`` for a write, an idempotent one
+    included (its commit may not be on the synchronous standby; reconcile decides),
+    ``StoreUnavailable`` for a read."""
     warning = unconfirmed(conn)
     if warning is None:
         return
@@ -240,7 +241,9 @@ def confirm(conn: Conn, calls: Sequence[Call[Any]]) -> None:
     what = first.what if len(calls) == 1 else f"batch of {len(calls)} writes"
     detail = (f"{what} returned with a warning, so its commit is not confirmed on the "
               f"synchronous standby: {warning}")
-    if first.kind is Kind.WRITE and first.event_id is not None:
+    # An idempotent write (an audit append) committed locally too: it may survive the
+    # failover as well as vanish, so it is as unknown as any write, never "nothing changed".
+    if first.kind is not Kind.READ and first.event_id is not None:
         raise CommitOutcomeUnknown(first.event_id, detail)
     raise StoreUnavailable(f"{detail}; the outcome stays unknown")
 

@@ -143,6 +143,23 @@ def test_store_write_whose_sync_wait_is_cancelled_is_unknown(pair: ReplicatedPai
         assert raised.value.event_id == entry.event_id
 
 
+def test_audit_append_whose_sync_wait_is_cancelled_is_unknown(pair: ReplicatedPair) -> None:
+    """An audit append (a grant issue's, a refusal's) is an idempotent write: committed
+    locally, it may survive the failover, so "nothing changed" would be a false answer."""
+    dsn = migrated(pair)
+    identity = LeaseIdentity("t-cancel-append", "agent", "b")
+    _, entry = held_lease(dsn, identity)
+    pair.stop_standby()
+    with store(dsn, call_timeout=15.0, statement_timeout=timedelta(seconds=10)) as ha:
+        ha.load(identity)
+        canceller = CancelWhenWaiting(pair.primary.dsn(), "failover-store")
+        with pytest.raises(CommitOutcomeUnknown) as raised:
+            ha.record(entry)
+        assert canceller.join()
+        assert raised.value.event_id == entry.event_id
+    assert audited(pair.primary.dsn(_dbname(dsn)), entry.event_id)  # committed locally
+
+
 # --- hazard 1: no standby, the commit waits forever on the server ---------------------------
 
 
