@@ -62,15 +62,21 @@ class Rounds:
     after: tuple[float, float]
     seconds: float
     tail: float = 3.0
+    # Storm gateways run until ``seconds`` are over; steady ones stop with the kills.
+    storm: int = GATEWAYS
+    steady: int = 1
 
 
 # The storm: a few rounds with long load between them.
 STORM = Rounds(kills=3, least=2, pause=(1.2, 2.2), after=(0.4, 0.8), seconds=22.0)
 # The kill loop: many rounds with short load, so that the suite kills a primary 20+ times
 # (17 here, 3 in the storm) within CI time; MOS_LEASE_FAILOVER_KILLS runs more locally.
+# Its gateways are steady ones (heartbeats, releases, takeovers, grants and validations on
+# identities of their own), which stop as soon as the kills are done: a rebuild takes 3 to
+# 11 s on a loaded machine, so the time a run needs is not known in advance.
 LOOP_KILLS = int(os.environ.get("MOS_LEASE_FAILOVER_KILLS", "17"))
 LOOP = Rounds(kills=LOOP_KILLS, least=LOOP_KILLS, pause=(0.3, 0.7), after=(0.1, 0.3),
-              seconds=8.0 + 6.0 * LOOP_KILLS)
+              seconds=10.0 + 15.0 * LOOP_KILLS, storm=0, steady=3)
 # A worker reads the database clock on its own connection; while no primary answers, it
 # estimates the time from the host's monotonic clock and its last measured offset, and flags
 # the record. Such a reading is off by up to about half a round trip of the last real one
@@ -183,15 +189,17 @@ def storm_under_kills(pair: ReplicatedPair, tmp_path: Path, plan: Rounds, title:
     finally:
         setup.close()
     with workers_cleanup() as made:
-        for p in range(GATEWAYS):
+        for p in range(plan.storm):
             made.append(Worker("storm", gateway_config(
                 dsn, f"g{p}", tmp_path, index=p, tenant=prefix, bindings=bindings,
                 rounds=10**7, validators=1, keep=3, max_seconds=plan.seconds), tmp_path))
-        # One more gateway heartbeats, releases, takes over and mints on identities of its
+        # Steady gateways heartbeat, release, take over and mint on identities of their
         # own, until told to stop.
-        made.append(Worker("load", gateway_config(
-            dsn, "l0", tmp_path, tenant=prefix, bindings=["l-b0", "l-b1"], ttl=60, seed=1,
-            stop_file=str(tmp_path / "stop"), max_seconds=plan.seconds), tmp_path))
+        for p in range(plan.steady):
+            made.append(Worker("load", gateway_config(
+                dsn, f"l{p}", tmp_path, tenant=prefix, bindings=[f"l{p}-b0", f"l{p}-b1"],
+                ttl=60, seed=1 + p, stop_file=str(tmp_path / "stop"),
+                max_seconds=plan.seconds), tmp_path))
         start_together(made)
         promoted, writable, rebuilt = kill_rounds(pair, plan)
         (tmp_path / "stop").touch()
@@ -205,8 +213,8 @@ def storm_under_kills(pair: ReplicatedPair, tmp_path: Path, plan: Rounds, title:
     crashes = [c for s in summaries for c in s["crashes"]]
     statuses = Counter(f"{r.op}:{r.status}" for r in records)
     with capsys.disabled():
-        print(f"\n{title}: {GATEWAYS} storm gateways x {IDENTITIES} identities + 1 "
-              "steady gateway, "
+        print(f"\n{title}: {plan.storm} storm gateways x {IDENTITIES} identities + "
+              f"{plan.steady} steady gateways, "
               f"{len(promoted)} failovers; acknowledged writes checked on the last primary: "
               f"{len(acknowledged)} ({dict(Counter(str(r.op) for r in acknowledged))}); "
               f"promote -> writable (server) s: {spread(writable)}; "
