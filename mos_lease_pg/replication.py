@@ -31,7 +31,11 @@ a synchronous standby has flushed it), with two holes this module closes:
 The first-use check (:mod:`mos_lease_pg.preflight`) reads the server's replication facts
 with :data:`FACTS`, logs them once and judges them with :func:`judge`: a store is never
 used for writes on a standby, and ``require_synchronous_replication`` refuses a primary whose
-commits do not wait for a synchronous standby.
+commits do not wait for a synchronous standby. Every later new connection (a reconnect after
+a failover lands on another server) is judged again by :func:`recheck`, one round trip of
+:data:`FACTS` and no schema check; there a refusal is ``StoreUnavailable`` (the connection is
+not used, and the next call tries again): a new primary often runs without a synchronous
+standby for a while, until its HA manager attaches one.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ from psycopg.errors import Diagnostic
 
 from mos_lease.errors import CommitOutcomeUnknown, ConfigurationError, StoreUnavailable
 from mos_lease_pg.statements import Call, Kind, Row, Statement
+from mos_lease_pg.translate import statement_failure
 
 log = logging.getLogger("mos_lease_pg")
 
@@ -137,6 +142,39 @@ def judge(found: ReplicationFacts, needs: Needs, *, server: str) -> ReplicationF
     return found
 
 
+def _server(conn: Conn) -> str:
+    return f"{conn.info.host}:{conn.info.port}"
+
+
+def _rejudge(row: Row | None, needs: Needs, server: str) -> ReplicationFacts:
+    assert row is not None
+    try:
+        return judge(facts(row), needs, server=server)
+    except ConfigurationError as refused:
+        # The store was accepted at first use: what changed is the server behind the DSN,
+        # which its HA manager may yet fix (a standby attached to a new primary).
+        raise StoreUnavailable(f"refused a new connection: {refused}") from None
+
+
+def recheck(conn: psycopg.Connection[Any], needs: Needs) -> ReplicationFacts:
+    """Judge a store's new connection (not its first: :mod:`mos_lease_pg.preflight` checks
+    that one) against ``needs``; ``StoreUnavailable`` if it falls short or fails."""
+    try:
+        row = conn.execute(FACTS).fetchone()
+    except psycopg.Error as exc:
+        raise statement_failure(exc, what="replication check", write_event=None).error from exc
+    return _rejudge(row, needs, _server(conn))
+
+
+async def recheck_async(conn: psycopg.AsyncConnection[Any], needs: Needs) -> ReplicationFacts:
+    """The asyncio twin of :func:`recheck`."""
+    try:
+        row = await (await conn.execute(FACTS)).fetchone()
+    except psycopg.Error as exc:
+        raise statement_failure(exc, what="replication check", write_event=None).error from exc
+    return _rejudge(row, needs, _server(conn))
+
+
 def connect_attrs(given: Mapping[str, object], needs: Needs) -> dict[str, str]:
     """Connection parameters to add to a DSN: a DSN naming several hosts gets
     ``target_session_attrs=read-write`` unless it chose one (or the store may read from a
@@ -193,8 +231,9 @@ def unconfirmed(conn: Conn) -> str | None:
 
 def confirm(conn: Conn, calls: Sequence[Call[Any]]) -> None:
     """Raise if the statement just sent for ``calls`` (one call, or the writes of a batch)
-    reported success with a warning: ``CommitOutcomeUnknown`` for a write (its commit may
-    not be on the synchronous standby; reconcile decides), ``StoreUnavailable`` otherwise."""
+    reported success with a warning: ``CommitOutcomeUnknown`` for a write, an idempotent one
+    included (its commit may not be on the synchronous standby; reconcile decides),
+    ``StoreUnavailable`` for a read."""
     warning = unconfirmed(conn)
     if warning is None:
         return
@@ -202,7 +241,9 @@ def confirm(conn: Conn, calls: Sequence[Call[Any]]) -> None:
     what = first.what if len(calls) == 1 else f"batch of {len(calls)} writes"
     detail = (f"{what} returned with a warning, so its commit is not confirmed on the "
               f"synchronous standby: {warning}")
-    if first.kind is Kind.WRITE and first.event_id is not None:
+    # An idempotent write (an audit append) committed locally too: it may survive the
+    # failover as well as vanish, so it is as unknown as any write, never "nothing changed".
+    if first.kind is not Kind.READ and first.event_id is not None:
         raise CommitOutcomeUnknown(first.event_id, detail)
     raise StoreUnavailable(f"{detail}; the outcome stays unknown")
 

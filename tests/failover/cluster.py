@@ -82,6 +82,8 @@ class Node:
         self.log = os.path.join(base, f"{name}.log")
         self.port = free_port()
         self.running = False
+        # The postmaster's environment on top of ours (a shifted clock: faketime_env).
+        self.env: dict[str, str] | None = None
 
     def dsn(self, dbname: str = "postgres") -> str:
         return make_conninfo("", host="127.0.0.1", port=str(self.port), user="postgres",
@@ -94,6 +96,16 @@ class Node:
         with self.connect(dbname) as conn:
             row = conn.execute(query.encode()).fetchone()
             return None if row is None else row[0]
+
+
+def faketime_env(offset: str) -> dict[str, str]:
+    """The environment that runs a program on a wall clock shifted by ``offset`` (``+2s``,
+    ``-2s``) with libfaketime (Debian ``faketime``); its monotonic clock stays real."""
+    found = glob.glob("/usr/lib/*/faketime/libfaketime.so.1")
+    if not found:
+        raise ClusterError("libfaketime is not installed (Debian package faketime)")
+    return {"LD_PRELOAD": found[0], "FAKETIME": offset, "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+            "FAKETIME_NO_CACHE": "1"}
 
 
 class ReplicatedPair:
@@ -116,16 +128,18 @@ class ReplicatedPair:
 
     # -- tools ----------------------------------------------------------------------------
 
-    def _run(self, tool: str, *args: str, timeout: float = TOOL_TIMEOUT) -> None:
+    def _run(self, tool: str, *args: str, timeout: float = TOOL_TIMEOUT,
+             env: dict[str, str] | None = None) -> None:
         done = subprocess.run([f"{self.bindir}/{tool}", *args], user=self.user,
-                              capture_output=True, timeout=timeout, check=False)
+                              capture_output=True, timeout=timeout, check=False,
+                              env=None if env is None else {**os.environ, **env})
         if done.returncode != 0:
             raise ClusterError(f"{tool} {' '.join(args)} failed ({done.returncode}): "
                                f"{done.stderr.decode(errors='replace')[-2000:]}")
 
     def _start(self, node: Node) -> None:
         self._run("pg_ctl", "-D", node.data, "-l", node.log, "-w", "-t", "60", "-o",
-                  f"-p {node.port} -k {self.base}", "start")
+                  f"-p {node.port} -k {self.base}", "start", env=node.env)
         node.running = True
 
     def _stop(self, node: Node, mode: str) -> None:
@@ -226,6 +240,15 @@ class ReplicatedPair:
                 if time.monotonic() > deadline:
                     raise ClusterError(f"{self.standby.name} did not replay up to {target}")
                 time.sleep(0.02)
+
+    def shift_standby_clock(self, offset: str) -> None:
+        """Restart the standby with its wall clock shifted by ``offset`` (see
+        :func:`faketime_env`): a host whose clock differs from the primary's."""
+        self._stop(self.standby, "fast")
+        self.standby.env = faketime_env(offset)
+        self._start(self.standby)
+        if self.synchronous:
+            self.set_synchronous(True)
 
     def stop_standby(self) -> None:
         self._stop(self.standby, "fast")

@@ -16,6 +16,7 @@ import contextlib
 import logging
 import threading
 import time
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 from uuid import UUID, uuid4
@@ -37,7 +38,9 @@ from mos_lease.vocabulary import LifecycleEvent, Outcome
 from mos_lease_pg import (
     AsyncPostgresLeaseStore,
     ConnectionSettings,
+    PostgresLeaseStore,
     connect_kwargs,
+    make_pool,
     replication,
 )
 from mos_lease_pg.statements import Call, Kind, Statement
@@ -138,6 +141,23 @@ def test_store_write_whose_sync_wait_is_cancelled_is_unknown(pair: ReplicatedPai
             ha.apply(write, entry)
         assert canceller.join()
         assert raised.value.event_id == entry.event_id
+
+
+def test_audit_append_whose_sync_wait_is_cancelled_is_unknown(pair: ReplicatedPair) -> None:
+    """An audit append (a grant issue's, a refusal's) is an idempotent write: committed
+    locally, it may survive the failover, so "nothing changed" would be a false answer."""
+    dsn = migrated(pair)
+    identity = LeaseIdentity("t-cancel-append", "agent", "b")
+    _, entry = held_lease(dsn, identity)
+    pair.stop_standby()
+    with store(dsn, call_timeout=15.0, statement_timeout=timedelta(seconds=10)) as ha:
+        ha.load(identity)
+        canceller = CancelWhenWaiting(pair.primary.dsn(), "failover-store")
+        with pytest.raises(CommitOutcomeUnknown) as raised:
+            ha.record(entry)
+        assert canceller.join()
+        assert raised.value.event_id == entry.event_id
+    assert audited(pair.primary.dsn(_dbname(dsn)), entry.event_id)  # committed locally
 
 
 # --- hazard 1: no standby, the commit waits forever on the server ---------------------------
@@ -312,20 +332,55 @@ def test_multi_host_dsn_listing_the_standby_first_lands_on_the_primary(
     assert acquired.ok
 
 
-# --- failover: the same store follows the primary -------------------------------------------
+# --- failover: the same store follows the primary, and judges it again ------------------------
 
 
-def test_store_follows_the_primary_across_a_failover(pair: ReplicatedPair) -> None:
+def _audit_count(pair: ReplicatedPair, dsn: str, tenant: str) -> int:
+    with psycopg.connect(pair.primary.dsn(_dbname(dsn)), autocommit=True) as conn:
+        row = conn.execute(f"SELECT count(*) FROM {AUDIT} WHERE tenant_id = %s",
+                           (tenant,)).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def _pooled_store(dsn: str) -> contextlib.AbstractContextManager[PostgresLeaseStore]:
+    @contextlib.contextmanager
+    def opened() -> Iterator[PostgresLeaseStore]:
+        settings = ha_settings()
+        with make_pool(dsn, settings, min_size=1, max_size=2) as pool, \
+                PostgresLeaseStore(pool=pool, settings=settings) as ha:
+            yield ha
+    return opened()
+
+
+@pytest.mark.parametrize("source", ["dedicated", "pool"])
+def test_store_follows_the_primary_and_refuses_it_without_a_synchronous_standby(
+        pair: ReplicatedPair, source: str) -> None:
+    """After a failover the store reconnects to the new primary by itself, but with
+    require_synchronous_replication it writes there only once a synchronous standby is
+    attached: the new connection is judged again, not only the store's first."""
     dsn = migrated(pair)
-    identity = LeaseIdentity("t-follow", "agent", "b")
-    with store(dsn) as ha:
+    identity = LeaseIdentity(f"t-follow-{source}", "agent", "b")
+    with (store(dsn) if source == "dedicated" else _pooled_store(dsn)) as ha:
         coordinator = ConnectorLeaseCoordinator(ha, AllowAllPolicy())
         acquired = coordinator.acquire(identity, "c1", scopes=SCOPES, ttl=60)
         assert acquired.ok and acquired.lease is not None
         old_port = pair.primary.port
-        pair.fail_over()
+        pair.fail_over()  # the new primary runs alone: synchronous_standby_names = ''
         assert pair.primary.port != old_port
-        # The broken connection is replaced on the next call: a read is sent again once.
+        # The connections to the old primary fail first (a pool may hold max_size of
+        # them; a read is sent again once on a dedicated one), then the new one is refused.
+        seen: list[str] = []
+        while not seen or "no synchronous standby" not in seen[-1]:
+            assert len(seen) < 3, seen
+            with pytest.raises(StoreUnavailable) as raised:
+                ha.load(identity)
+            seen.append(str(raised.value))
+        for _ in range(3):  # every call, not only the first after the reconnect
+            with pytest.raises(StoreUnavailable, match="no synchronous standby"):
+                coordinator.heartbeat(acquired.lease, ttl=60)
+        assert _audit_count(pair, dsn, identity.tenant_id) == 1  # nothing written there
+        pair.rebuild_standby()
         snapshot = ha.load(identity)
         assert snapshot.row is not None and snapshot.row.epoch == 1
         beat = coordinator.heartbeat(acquired.lease, ttl=60)
@@ -338,3 +393,33 @@ def test_store_follows_the_primary_across_a_failover(pair: ReplicatedPair) -> No
         assert not conn.execute("SELECT pg_is_in_recovery()").fetchone()[0]  # type: ignore[index]
     assert rows == [("acquire", "acquired", 1), ("heartbeat", "renewed", 1),
                     ("takeover", "taken_over", 2)]
+
+
+def test_async_store_judges_its_new_connection_after_a_failover(pair: ReplicatedPair) -> None:
+    dsn = migrated(pair)
+    identity = LeaseIdentity("t-follow-async", "agent", "b")
+
+    async def scenario() -> None:
+        async with AsyncPostgresLeaseStore(dsn, settings=ha_settings()) as ha:
+            assert (await ha.load(identity)).row is None
+            pair.fail_over()
+            with pytest.raises(StoreUnavailable, match="no synchronous standby"):
+                await ha.load(identity)
+            pair.rebuild_standby()
+            assert (await ha.load(identity)).row is None
+
+    asyncio.run(scenario())
+
+
+def test_store_without_the_requirement_keeps_writing_on_a_lone_primary(
+        pair: ReplicatedPair) -> None:
+    dsn = migrated(pair)
+    identity = LeaseIdentity("t-follow-plain", "agent", "b")
+    with store(dsn, require_synchronous_replication=False) as plain:
+        coordinator = ConnectorLeaseCoordinator(plain, AllowAllPolicy())
+        acquired = coordinator.acquire(identity, "c1", scopes=SCOPES, ttl=60)
+        assert acquired.ok and acquired.lease is not None
+        pair.fail_over()
+        beat = coordinator.heartbeat(acquired.lease, ttl=60)
+        assert beat.ok, beat.reason
+    assert _audit_count(pair, dsn, identity.tenant_id) == 2

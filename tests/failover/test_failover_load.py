@@ -10,7 +10,9 @@ log and lease rows of the primary that is left at the end.
 from __future__ import annotations
 
 import dataclasses
+import os
 import random
+import statistics
 import time
 from collections import Counter
 from datetime import timedelta
@@ -45,13 +47,36 @@ from tests.faults.support import (
 
 GATEWAYS = 3  # in the takeover storm; one more runs steady work (``load``)
 IDENTITIES = 2
-ROUNDS = 3
-MIN_ROUNDS = 2
-# Each round: load for a random 1.2-2.2 s, kill and promote, load on the lone new primary
-# for 0.4-0.8 s, rebuild the old node as its synchronous standby. The gateways stop after
-# STORM_SECONDS; the last promotion must leave them AFTER_LAST seconds of load.
-STORM_SECONDS = 22.0
-AFTER_LAST = 3.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Rounds:
+    """How a run kills: up to ``kills`` times, each after ``pause`` seconds of load (a random
+    value in the range), then ``after`` seconds on the lone new primary before the old node
+    is rebuilt as its synchronous standby. The gateways stop after ``seconds``; the last
+    promotion must leave them ``tail`` seconds of load."""
+
+    kills: int
+    least: int  # fewer fitted in ``seconds`` (a slow machine) fails the test
+    pause: tuple[float, float]
+    after: tuple[float, float]
+    seconds: float
+    tail: float = 3.0
+    # Storm gateways run until ``seconds`` are over; steady ones stop with the kills.
+    storm: int = GATEWAYS
+    steady: int = 1
+
+
+# The storm: a few rounds with long load between them.
+STORM = Rounds(kills=3, least=2, pause=(1.2, 2.2), after=(0.4, 0.8), seconds=22.0)
+# The kill loop: many rounds with short load, so that the suite kills a primary 20+ times
+# (17 here, 3 in the storm) within CI time; MOS_LEASE_FAILOVER_KILLS runs more locally.
+# Its gateways are steady ones (heartbeats, releases, takeovers, grants and validations on
+# identities of their own), which stop as soon as the kills are done: a rebuild takes 3 to
+# 11 s on a loaded machine, so the time a run needs is not known in advance.
+LOOP_KILLS = int(os.environ.get("MOS_LEASE_FAILOVER_KILLS", "17"))
+LOOP = Rounds(kills=LOOP_KILLS, least=LOOP_KILLS, pause=(0.3, 0.7), after=(0.1, 0.3),
+              seconds=10.0 + 15.0 * LOOP_KILLS, storm=0, steady=3)
 # A worker reads the database clock on its own connection; while no primary answers, it
 # estimates the time from the host's monotonic clock and its last measured offset, and flags
 # the record. Such a reading is off by up to about half a round trip of the last real one
@@ -105,27 +130,36 @@ def reissued_epochs(records: list[OpRecord]) -> dict[tuple[Any, int], set[str]]:
     return {key: ids for key, ids in seen.items() if len(ids) > 1}
 
 
-def kill_rounds(pair: ReplicatedPair) -> tuple[list[float], list[float], list[float]]:
-    """Kill the primary at random moments, ROUNDS times if the run leaves room. Returns the
-    host monotonic time of each promote request, the seconds from it until the server took
-    a write, and the seconds each rebuild of a synchronous standby took."""
+def kill_rounds(pair: ReplicatedPair, plan: Rounds
+                ) -> tuple[list[float], list[float], list[float]]:
+    """Kill the primary at random moments, ``plan.kills`` times if the run leaves room.
+    Returns the host monotonic time of each promote request, the seconds from it until the
+    server took a write, and the seconds each rebuild of a synchronous standby took."""
     rng = random.Random()
     promoted: list[float] = []
     writable: list[float] = []
     rebuilt: list[float] = []
     started = time.monotonic()
-    for _ in range(ROUNDS):
-        pause = rng.uniform(1.2, 2.2)
-        if time.monotonic() + pause - started > STORM_SECONDS - AFTER_LAST:
+    for _ in range(plan.kills):
+        pause = rng.uniform(*plan.pause)
+        if time.monotonic() + pause - started > plan.seconds - plan.tail:
             break  # a slow machine: fewer rounds, each still followed by load
         time.sleep(pause)
         writable.append(pair.fail_over())
         promoted.append(pair.promoted_at)
-        time.sleep(rng.uniform(0.4, 0.8))
+        time.sleep(rng.uniform(*plan.after))
         began = time.monotonic()
         pair.rebuild_standby()
         rebuilt.append(time.monotonic() - began)
     return promoted, writable, rebuilt
+
+
+def spread(values: list[float]) -> str:
+    """min / median / max, in seconds."""
+    if not values:
+        return "none"
+    return (f"min {min(values):.2f} median {statistics.median(values):.2f} "
+            f"max {max(values):.2f}")
 
 
 def first_writes(acknowledged: list[OpRecord], promoted: list[float]) -> list[float]:
@@ -140,8 +174,10 @@ def first_writes(acknowledged: list[OpRecord], promoted: list[float]) -> list[fl
     return found
 
 
-def test_takeover_storm_survives_failovers(pair: ReplicatedPair, tmp_path: Path,
-                                           capsys: pytest.CaptureFixture[str]) -> None:
+def storm_under_kills(pair: ReplicatedPair, tmp_path: Path, plan: Rounds, title: str,
+                      capsys: pytest.CaptureFixture[str]) -> None:
+    """Gateways in a takeover storm (and one on steady work) while ``plan`` kills the
+    primary; the history is checked against the last primary."""
     dsn = migrated(pair)
     prefix = run_prefix("fo")
     bindings = [f"b{i}" for i in range(IDENTITIES)]
@@ -153,19 +189,21 @@ def test_takeover_storm_survives_failovers(pair: ReplicatedPair, tmp_path: Path,
     finally:
         setup.close()
     with workers_cleanup() as made:
-        for p in range(GATEWAYS):
+        for p in range(plan.storm):
             made.append(Worker("storm", gateway_config(
                 dsn, f"g{p}", tmp_path, index=p, tenant=prefix, bindings=bindings,
-                rounds=10**7, validators=1, keep=3, max_seconds=STORM_SECONDS), tmp_path))
-        # One more gateway heartbeats, releases, takes over and mints on identities of its
+                rounds=10**7, validators=1, keep=3, max_seconds=plan.seconds), tmp_path))
+        # Steady gateways heartbeat, release, take over and mint on identities of their
         # own, until told to stop.
-        made.append(Worker("load", gateway_config(
-            dsn, "l0", tmp_path, tenant=prefix, bindings=["l-b0", "l-b1"], ttl=60, seed=1,
-            stop_file=str(tmp_path / "stop"), max_seconds=STORM_SECONDS), tmp_path))
+        for p in range(plan.steady):
+            made.append(Worker("load", gateway_config(
+                dsn, f"l{p}", tmp_path, tenant=prefix, bindings=[f"l{p}-b0", f"l{p}-b1"],
+                ttl=60, seed=1 + p, stop_file=str(tmp_path / "stop"),
+                max_seconds=plan.seconds), tmp_path))
         start_together(made)
-        promoted, writable, rebuilt = kill_rounds(pair)
+        promoted, writable, rebuilt = kill_rounds(pair, plan)
         (tmp_path / "stop").touch()
-        summaries = [worker.finish(STORM_SECONDS + 60) for worker in made]
+        summaries = [worker.finish(plan.seconds + 60) for worker in made]
 
     records, audit, _, violations = final_history(pair, dsn, prefix, tmp_path)
     lost = lost_acknowledgements(records, audit)
@@ -175,16 +213,16 @@ def test_takeover_storm_survives_failovers(pair: ReplicatedPair, tmp_path: Path,
     crashes = [c for s in summaries for c in s["crashes"]]
     statuses = Counter(f"{r.op}:{r.status}" for r in records)
     with capsys.disabled():
-        print(f"\nfailover storm: {GATEWAYS} storm gateways x {IDENTITIES} identities + 1 "
-              "steady gateway, "
+        print(f"\n{title}: {plan.storm} storm gateways x {IDENTITIES} identities + "
+              f"{plan.steady} steady gateways, "
               f"{len(promoted)} failovers; acknowledged writes checked on the last primary: "
               f"{len(acknowledged)} ({dict(Counter(str(r.op) for r in acknowledged))}); "
-              f"promote -> writable (server) s: {[round(w, 2) for w in writable]}; "
-              f"rebuild s: {[round(w, 2) for w in rebuilt]}; "
-              f"promote -> first acknowledged gateway write s: "
+              f"promote -> writable (server) s: {spread(writable)}; "
+              f"rebuild s: {spread(rebuilt)}; "
+              f"promote -> first acknowledged gateway write s: {spread(first_write)} "
               f"{[round(w, 2) for w in first_write]}; ops: {dict(statuses)}")
     assert not crashes, crashes
-    assert len(promoted) >= MIN_ROUNDS, f"only {len(promoted)} failovers fitted the run"
+    assert len(promoted) >= plan.least, f"only {len(promoted)} failovers fitted the run"
     assert not lost, [str(r) for r in lost[:5]]
     assert not reissued, reissued
     # An audit append (a refusal's row, a grant issue's) lost with the primary after its
@@ -195,7 +233,17 @@ def test_takeover_storm_survives_failovers(pair: ReplicatedPair, tmp_path: Path,
         assert any(r.op is op for r in acknowledged), f"no acknowledged {op} was checked"
     # Every round's new primary served the gateways (they reconnected by themselves).
     assert all(w < 10 for w in first_write), first_write
-    assert sum(r.op is Op.TAKEOVER for r in acknowledged) > ROUNDS
+    assert sum(r.op is Op.TAKEOVER for r in acknowledged) > len(promoted)
+
+
+def test_takeover_storm_survives_failovers(pair: ReplicatedPair, tmp_path: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    storm_under_kills(pair, tmp_path, STORM, "failover storm", capsys)
+
+
+def test_kill_loop_survives_many_failovers(pair: ReplicatedPair, tmp_path: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    storm_under_kills(pair, tmp_path, LOOP, "failover kill loop", capsys)
 
 
 def _takeovers_then_failover(pair: ReplicatedPair, tmp_path: Path, *, synchronous: bool
