@@ -184,7 +184,8 @@ async def hold_and_work(args: argparse.Namespace, coordinator: AsyncConnectorLea
             # Waits up to a ttl, taking over an expired or released lease (never an active
             # one); the keeper's heartbeats go through ``heartbeats``. Loss cancels the block.
             async with hold(coordinator, identity, args.connector_id, scopes=SCOPES,
-                            ttl=args.ttl, wait=args.ttl, heartbeat_coordinator=heartbeats,
+                            ttl=args.ttl, wait=args.ttl, clock_step=args.clock_step,
+                            heartbeat_coordinator=heartbeats,
                             cancel_on_loss=True) as held:
                 emit("holding", epoch=held.lease.epoch, lease_id=str(held.lease.lease_id))
                 await work(args, coordinator, adapter, identity, held, stop, numbers)
@@ -293,6 +294,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--agent", default="agent-1")
     parser.add_argument("--binding", default="ledger")
     parser.add_argument("--ttl", type=float, default=3.0, help="lease TTL in seconds")
+    parser.add_argument("--clock-step", type=float, default=0.0,
+                        help="step in database time between hosts the keeper's margin covers "
+                             "(0: one database host, as in this example; 2 behind a failover "
+                             "pair, which needs a ttl of 5 s or more)")
     parser.add_argument("--interval", type=float, default=0.2,
                         help="seconds between effects")
     parser.add_argument("--key-hex", default=None,

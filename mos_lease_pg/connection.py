@@ -37,6 +37,7 @@ from psycopg.conninfo import conninfo_to_dict
 
 from mos_lease.errors import ConfigurationError, StoreUnavailable
 from mos_lease_pg import preflight, replication
+from mos_lease_pg.deadline import WATCHDOG, AsyncWatch
 from mos_lease_pg.statements import DEFAULT_SCHEMA, check_schema
 from mos_lease_pg.translate import unavailable_on_checkout
 from mos_lease_pg.wire import AsyncWire, Wire
@@ -182,6 +183,27 @@ def remaining(deadline: float | None, bound: float) -> float:
     ``bound`` from now), at least 0."""
     return bound if deadline is None else max(0.0, deadline - time.monotonic())
 
+def _recheck(conn: psycopg.Connection[Any], needs: replication.Needs, deadline: float | None,
+             bound: float) -> None:
+    """The replication check of a new connection, within the call's deadline: on a silent
+    network its query is cut off like any statement (``deadline.py``)."""
+    watch = WATCHDOG.arm(conn, time.monotonic() + bound if deadline is None else deadline,
+                         bound)
+    try:
+        replication.recheck(conn, needs)
+    finally:
+        WATCHDOG.disarm(watch)
+
+
+async def _recheck_async(conn: psycopg.AsyncConnection[Any], needs: replication.Needs,
+                         deadline: float | None, bound: float) -> None:
+    watch = AsyncWatch(conn, time.monotonic() + bound if deadline is None else deadline, bound)
+    try:
+        await replication.recheck_async(conn, needs)
+    finally:
+        await watch.done()
+
+
 
 def _busy(bound: float) -> StoreUnavailable:
     return StoreUnavailable(
@@ -289,7 +311,7 @@ class DedicatedConnection(_Dedicated[Wire]):
                         pooler_safe=self._pooler_safe)
                 else:
                     try:
-                        replication.recheck(conn, self._needs)
+                        _recheck(conn, self._needs, deadline, self._bound)
                     except BaseException:
                         conn.close()
                         raise
@@ -353,7 +375,7 @@ class PooledConnection(_Pooled[psycopg_pool.ConnectionPool[Any]]):
                     conn, self._schema, owned=False, needs=self._needs,
                     pooler_safe=self._pooler_safe)
             elif conn not in self._checked:
-                replication.recheck(conn, self._needs)
+                _recheck(conn, self._needs, deadline, self._bound)
             self._checked.add(conn)
             yield Wire(conn, prepare=self._prepare)
         finally:
@@ -395,7 +417,7 @@ class AsyncDedicatedConnection(_Dedicated[AsyncWire]):
                         pooler_safe=self._pooler_safe)
                 else:
                     try:
-                        await replication.recheck_async(conn, self._needs)
+                        await _recheck_async(conn, self._needs, deadline, self._bound)
                     except BaseException:
                         await conn.close()
                         raise
@@ -440,7 +462,7 @@ class AsyncPooledConnection(_Pooled[psycopg_pool.AsyncConnectionPool[Any]]):
                     conn, self._schema, owned=False, needs=self._needs,
                     pooler_safe=self._pooler_safe)
             elif conn not in self._checked:
-                await replication.recheck_async(conn, self._needs)
+                await _recheck_async(conn, self._needs, deadline, self._bound)
             self._checked.add(conn)
             yield AsyncWire(conn, prepare=self._prepare)
         finally:

@@ -160,7 +160,7 @@ def recheck(conn: psycopg.Connection[Any], needs: Needs) -> ReplicationFacts:
     """Judge a store's new connection (not its first: :mod:`mos_lease_pg.preflight` checks
     that one) against ``needs``; ``StoreUnavailable`` if it falls short or fails."""
     try:
-        row = conn.execute(FACTS).fetchone()
+        row = conn.execute(FACTS, prepare=False).fetchone()
     except psycopg.Error as exc:
         raise statement_failure(exc, what="replication check", write_event=None).error from exc
     return _rejudge(row, needs, _server(conn))
@@ -169,7 +169,7 @@ def recheck(conn: psycopg.Connection[Any], needs: Needs) -> ReplicationFacts:
 async def recheck_async(conn: psycopg.AsyncConnection[Any], needs: Needs) -> ReplicationFacts:
     """The asyncio twin of :func:`recheck`."""
     try:
-        row = await (await conn.execute(FACTS)).fetchone()
+        row = await (await conn.execute(FACTS, prepare=False)).fetchone()
     except psycopg.Error as exc:
         raise statement_failure(exc, what="replication check", write_event=None).error from exc
     return _rejudge(row, needs, _server(conn))

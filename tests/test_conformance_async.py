@@ -129,7 +129,7 @@ def test_kit_catches_a_flawed_async_store(loop: EventLoopThread, flaw: str) -> N
     with pytest.raises(AssertionError):
         run_store_contract(loop.harness_factory(_flawed(flaw)), steps=400)
     with pytest.raises(AssertionError):
-        _machine(loop.harness_factory(_flawed(flaw)), 100, shrink=False)
+        _machine(loop.harness_factory(_flawed(flaw)), 300, shrink=False)
 
 
 def test_unflawed_example_store_passes(loop: EventLoopThread) -> None:
