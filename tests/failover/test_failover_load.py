@@ -174,12 +174,9 @@ def first_writes(acknowledged: list[OpRecord], promoted: list[float]) -> list[fl
     return found
 
 
-def storm_under_kills(pair: ReplicatedPair, tmp_path: Path, plan: Rounds, title: str,
-                      capsys: pytest.CaptureFixture[str]) -> None:
-    """Gateways in a takeover storm (and one on steady work) while ``plan`` kills the
-    primary; the history is checked against the last primary."""
-    dsn = migrated(pair)
-    prefix = run_prefix("fo")
+def held_bindings(dsn: str, prefix: str, tmp_path: Path) -> list[str]:
+    """The storm's identities (``prefix``/agent/b0, b1, ...), each acquired once so that
+    every gateway of the storm starts with takeovers."""
     bindings = [f"b{i}" for i in range(IDENTITIES)]
     setup = Gateway(gateway_config(dsn, "setup", tmp_path))
     try:
@@ -188,6 +185,16 @@ def storm_under_kills(pair: ReplicatedPair, tmp_path: Path, plan: Rounds, title:
             assert result is not None and result.ok
     finally:
         setup.close()
+    return bindings
+
+
+def storm_under_kills(pair: ReplicatedPair, tmp_path: Path, plan: Rounds, title: str,
+                      capsys: pytest.CaptureFixture[str]) -> None:
+    """Gateways in a takeover storm (and one on steady work) while ``plan`` kills the
+    primary; the history is checked against the last primary."""
+    dsn = migrated(pair)
+    prefix = run_prefix("fo")
+    bindings = held_bindings(dsn, prefix, tmp_path)
     with workers_cleanup() as made:
         for p in range(plan.storm):
             made.append(Worker("storm", gateway_config(

@@ -20,19 +20,17 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
-from mos_lease import LeaseIdentity
 from mos_lease_pg import migrate
 from tests.failover.patroni import PatroniCluster, PatroniNode
 from tests.failover.test_failover_load import (
     GATEWAYS,
-    IDENTITIES,
     WRITES,
     gateway_config,
+    held_bindings,
     lost_acknowledgements,
     reissued_epochs,
     widened,
 )
-from tests.faults.gateway import Gateway
 from tests.faults.history import Op, OpRecord, Status, check_history, read_records
 from tests.faults.support import (
     Worker,
@@ -91,14 +89,7 @@ def _storm_through(cluster: PatroniCluster, tmp_path: Path, kind: str,
     and after."""
     dsn = _database(cluster)
     prefix = run_prefix("pt")
-    bindings = [f"b{i}" for i in range(IDENTITIES)]
-    setup = Gateway(gateway_config(dsn, "setup", tmp_path))
-    try:
-        for binding in bindings:
-            result = setup.acquire(LeaseIdentity(prefix, "agent", binding), ttl=30)
-            assert result is not None and result.ok
-    finally:
-        setup.close()
+    bindings = held_bindings(dsn, prefix, tmp_path)
     seconds = BEFORE_KILL + AFTER_KILL[kind]
     before = cluster.leader()
     assert before is not None
