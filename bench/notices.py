@@ -52,7 +52,8 @@ def _trial(holder: ConnectorLeaseCoordinator, rival: ConnectorLeaseCoordinator,
         lost_at.append(time.monotonic())
         lost.set()
 
-    with hold(holder, identity, "holder", scopes=SCOPES, ttl=TTL, notices=notices,
+    with hold(holder, identity, "holder", scopes=SCOPES, ttl=TTL, clock_step=0,
+              notices=notices,
               on_lost=on_lost) as held:
         taken = rival.takeover(identity, "rival", scopes=SCOPES, ttl=TTL,
                                expected_epoch=held.lease.epoch)
