@@ -25,7 +25,6 @@ from mos_lease.errors import (
     ConfigurationError,
     InternalInconsistency,
     InvalidInput,
-    MosLeaseError,
     StoreUnavailable,
 )
 from mos_lease.events import (
@@ -36,6 +35,7 @@ from mos_lease.events import (
     emitter,
     store_system,
 )
+from mos_lease.flowdrive import Drive, Failed, outcome_of, outcome_of_async
 from mos_lease.grants import ExecutionGrant, GrantRegistry
 from mos_lease.identity import (
     GRANT_TTL_CAP,
@@ -635,6 +635,29 @@ class _Observation:
                 duration, ctx.correlation_id))
 
 
+class _ObservedDrive(Drive[Op, T]):
+    """A :class:`Drive` that reports each store call and the operation's end to telemetry."""
+
+    __slots__ = ("_op", "_seen", "_started")
+
+    def __init__(self, flow: Flow[T], seen: _Observation) -> None:
+        self._seen = seen
+        super().__init__(flow)
+
+    def __next__(self) -> Op:
+        self._op = super().__next__()
+        self._started = self._seen.start(self._op)
+        return self._op
+
+    def send(self, outcome: object) -> None:
+        self._seen.called(self._op, self._started,
+                          outcome.error if isinstance(outcome, Failed) else None)
+        super().send(outcome)
+
+    def _finished(self, value: T) -> None:
+        self._seen.finish(value)
+
+
 class _Coordinator(Generic[S]):
     """What both coordinators share: the flows, the options and the process they live in."""
 
@@ -658,9 +681,11 @@ class _Coordinator(Generic[S]):
         self._system = store_system(store)
         self._pid = os.getpid()
 
-    def _observation(self) -> _Observation:
-        assert self._emit is not None
-        return _Observation(self._emit, self._flows._monotonic, self._system)
+    def _drive(self, flow: Flow[T]) -> Drive[Op, T]:
+        if self._emit is None:  # the one check telemetry costs when nothing listens
+            return Drive(flow)
+        return _ObservedDrive(flow, _Observation(self._emit, self._flows._monotonic,
+                                                 self._system))
 
     @property
     def live_grants(self) -> int:
@@ -696,39 +721,10 @@ class ConnectorLeaseCoordinator(_Coordinator[LeaseStore]):
         super().__init__(store, policy, **options)
 
     def _run(self, flow: Flow[T]) -> T:
-        if self._emit is not None:  # the one check telemetry costs when nothing listens
-            return self._run_observed(flow)
-        try:
-            op = next(flow)
-            while True:
-                try:
-                    result = _call(self.store, op)
-                except MosLeaseError as failure:
-                    op = flow.throw(failure)
-                else:
-                    op = flow.send(result)
-        except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
-
-    def _run_observed(self, flow: Flow[T]) -> T:
-        seen = self._observation()
-        try:
-            op = next(flow)
-            while True:
-                started = seen.start(op)
-                try:
-                    result = _call(self.store, op)
-                except BaseException as failure:
-                    seen.called(op, started, failure)
-                    if not isinstance(failure, MosLeaseError):
-                        raise
-                    op = flow.throw(failure)
-                else:
-                    seen.called(op, started, None)
-                    op = flow.send(result)
-        except StopIteration as done:
-            seen.finish(done.value)
-            return done.value  # type: ignore[no-any-return]
+        drive = self._drive(flow)
+        for op in drive:
+            drive.send(outcome_of(_call, self.store, op))
+        return drive.result
 
     def acquire(self, identity: LeaseIdentity, connector_id: str, *, scopes: object,
                 ttl: timedelta | float, correlation_id: str | None = None) -> LeaseResult:
@@ -811,39 +807,10 @@ class AsyncConnectorLeaseCoordinator(_Coordinator[AsyncLeaseStore]):
         super().__init__(store, policy, **options)
 
     async def _run(self, flow: Flow[T]) -> T:
-        if self._emit is not None:  # as in the synchronous driver
-            return await self._run_observed(flow)
-        try:
-            op = next(flow)
-            while True:
-                try:
-                    result = await _acall(self.store, op)
-                except MosLeaseError as failure:
-                    op = flow.throw(failure)
-                else:
-                    op = flow.send(result)
-        except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
-
-    async def _run_observed(self, flow: Flow[T]) -> T:
-        seen = self._observation()
-        try:
-            op = next(flow)
-            while True:
-                started = seen.start(op)
-                try:
-                    result = await _acall(self.store, op)
-                except BaseException as failure:
-                    seen.called(op, started, failure)
-                    if not isinstance(failure, MosLeaseError):
-                        raise
-                    op = flow.throw(failure)
-                else:
-                    seen.called(op, started, None)
-                    op = flow.send(result)
-        except StopIteration as done:
-            seen.finish(done.value)
-            return done.value  # type: ignore[no-any-return]
+        drive = self._drive(flow)
+        for op in drive:
+            drive.send(await outcome_of_async(_acall, self.store, op))
+        return drive.result
 
     async def acquire(self, identity: LeaseIdentity, connector_id: str, *, scopes: object,
                       ttl: timedelta | float, correlation_id: str | None = None) -> LeaseResult:

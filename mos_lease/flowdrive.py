@@ -1,0 +1,91 @@
+"""Driving a flow: a generator that yields the calls it needs, is sent their results and is
+thrown their failures. The synchronous and asyncio shells only perform each call; how an
+outcome goes back into the flow, and how the flow's value comes out, is written here once.
+
+    drive = Drive(flow)
+    for call in drive:
+        drive.send(outcome_of(perform, call))         # or: await outcome_of_async(...)
+    return drive.result
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Generator
+from typing import Any, Generic, TypeVar
+
+from mos_lease.errors import MosLeaseError
+
+C = TypeVar("C")
+T = TypeVar("T")
+
+
+class Failed:
+    """A call that raised: the shell hands it to :meth:`Drive.send` like a result."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+def outcome_of(perform: Callable[..., object], *args: object) -> object:
+    """``perform(*args)``, or the :class:`Failed` it raised."""
+    try:
+        return perform(*args)
+    except BaseException as error:  # Drive.send decides: into the flow, or raised on
+        return Failed(error)
+
+
+async def outcome_of_async(perform: Callable[..., Awaitable[object]], *args: object) -> object:
+    """As :func:`outcome_of`, awaiting ``perform(*args)``."""
+    try:
+        return await perform(*args)
+    except BaseException as error:  # as in outcome_of
+        return Failed(error)
+
+
+class Drive(Generic[C, T]):
+    """Iterating gives the flow's next call; :meth:`send` hands back its outcome; once the
+    flow returns, iteration stops and :attr:`result` holds its value. A failure that is an
+    instance of ``thrown`` is thrown into the flow (which may handle it); any other failure
+    (a bug, a cancellation, ``KeyboardInterrupt``) is raised on at once."""
+
+    __slots__ = ("_call", "_done", "_flow", "_thrown", "result")
+
+    result: T
+
+    def __init__(self, flow: Generator[C, Any, T],
+                 thrown: type[BaseException] | tuple[type[BaseException], ...] = MosLeaseError
+                 ) -> None:
+        self._flow = flow
+        self._thrown = thrown
+        self._done = False
+        self._advance(None)
+
+    def __iter__(self) -> Drive[C, T]:
+        return self
+
+    def __next__(self) -> C:
+        if self._done:
+            raise StopIteration
+        return self._call
+
+    def send(self, outcome: object) -> None:
+        """Hand the flow the outcome of the call it last yielded."""
+        if isinstance(outcome, Failed) and not isinstance(outcome.error, self._thrown):
+            raise outcome.error
+        self._advance(outcome)
+
+    def _advance(self, outcome: object) -> None:
+        try:
+            if isinstance(outcome, Failed):
+                self._call = self._flow.throw(outcome.error)
+            else:
+                self._call = self._flow.send(outcome)
+        except StopIteration as done:
+            self._done = True
+            self.result = done.value
+            self._finished(done.value)
+
+    def _finished(self, value: T) -> None:
+        """Called once with the flow's value; a subclass may observe it."""
