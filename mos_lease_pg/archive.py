@@ -23,12 +23,12 @@ from typing import Any, Final
 
 import attrs
 import psycopg
+from psycopg import sql
 
 from mos_lease.errors import ConfigurationError, MosLeaseError
-from mos_lease_pg.statements import quoted
+from mos_lease_pg.statements import schema_query
 
 AUDIT: Final = "connector_lease_audit_log"
-DEFAULT_PARTITION: Final = f"{AUDIT}_default"
 MANIFEST: Final = "manifest.json"
 FORMAT: Final = 1
 MONTHS_AHEAD: Final = 3
@@ -103,15 +103,13 @@ def _connect(conninfo: str) -> psycopg.Connection[Any]:
         raise ArchiveError(f"cannot connect to PostgreSQL: {exc}") from exc
 
 
-def _log(schema: str) -> str:
-    return f"{quoted(schema)}.{AUDIT}"
+def _sql(schema: str, name: str, **marks: str) -> sql.SQL | sql.Composed:
+    return schema_query(schema, "audit", name, **marks)
 
 
 def _require_owner(conn: psycopg.Connection[Any], schema: str) -> None:
-    row = conn.execute(
-        b"SELECT c.relkind::text, pg_get_userbyid(c.relowner), current_user::text"
-        b" FROM pg_class AS c JOIN pg_namespace AS n ON n.oid = c.relnamespace"
-        b" WHERE n.nspname = %s AND c.relname = %s", (schema, AUDIT)).fetchone()
+    row = conn.execute(_sql(schema, "log_owner.sql"),
+                       {"schema": schema, "name": AUDIT}).fetchone()
     if row is None or row[0] != "p":
         raise ArchiveError(f"schema {schema!r} has no partitioned audit log: run "
                            f"`mos-lease migrate --schema {schema}` as the owner role")
@@ -130,10 +128,7 @@ def _bound(text: str) -> datetime | None:
 def partitions(conn: psycopg.Connection[Any], schema: str) -> list[Partition]:
     """The audit log's partitions, oldest first, the DEFAULT last."""
     found = []
-    for name, bound in conn.execute(
-            b"SELECT c.relname, pg_get_expr(c.relpartbound, c.oid) FROM pg_inherits AS i"
-            b" JOIN pg_class AS c ON c.oid = i.inhrelid"
-            b" WHERE i.inhparent = %s::regclass", (_log(schema),)):
+    for name, bound in conn.execute(_sql(schema, "partitions.sql")):
         if bound == "DEFAULT":
             found.append(Partition(name, None, None, default=True))
             continue
@@ -154,22 +149,10 @@ def make_partitions(conninfo: str, schema: str, ahead: int = MONTHS_AHEAD) -> li
     with _connect(conninfo) as conn:
         _require_owner(conn, schema)
         try:
-            return [name for (name,) in conn.execute(
-                f"SELECT * FROM {quoted(schema)}.mos_lease_audit_partitions(%s::regclass, %s)"
-                .encode(), (_log(schema), ahead))]
+            return [name for (name,) in conn.execute(_sql(schema, "make_partitions.sql"),
+                                                     {"ahead": ahead})]
         except psycopg.Error as exc:
             raise ArchiveError(f"partition maintenance failed: {exc}") from exc
-
-
-# One line per row: a fixed key order and a UTC timestamp, so the same rows always give the
-# same bytes.
-_LINE: Final = (
-    "SELECT json_build_object('seq', a.seq, 'event_id', a.event_id, 'event', a.event,"
-    " 'outcome', a.outcome, 'reason', a.reason, 'tenant_id', a.tenant_id,"
-    " 'logical_agent_id', a.logical_agent_id, 'binding_id', a.binding_id,"
-    " 'connector_id', a.connector_id, 'epoch', a.epoch, 'correlation_id', a.correlation_id,"
-    " 'recorded_at', to_char(a.recorded_at AT TIME ZONE 'UTC',"
-    " 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'))::text FROM ONLY {table} AS a ORDER BY a.seq")
 
 
 class _Summing:
@@ -198,10 +181,9 @@ class _Summing:
 
 def _table_lines(conn: psycopg.Connection[Any], schema: str, part: str) -> Iterator[bytes]:
     # A server-side cursor: a partition can hold far more rows than fit in memory.
-    text = _LINE.format(table=f"{quoted(schema)}.{quoted(part)}")
     with conn.cursor(name=f"mos_lease_archive_{part}") as cur:
         cur.itersize = _FETCH
-        cur.execute(text.encode())
+        cur.execute(_sql(schema, "lines.sql", partition=part))
         for (line,) in cur:
             yield line.encode("utf-8")
 
@@ -270,8 +252,7 @@ def _archive_one(conn: psycopg.Connection[Any], schema: str, part: Partition,
     assert part.high is not None
     target = directory / f"{part.name}.jsonl"
     with conn.transaction():
-        # No row may join the partition between the export and the drop.
-        conn.execute(f"LOCK TABLE {quoted(schema)}.{quoted(part.name)} IN SHARE MODE".encode())
+        conn.execute(_sql(schema, "lock_partition.sql", partition=part.name))
         summing = _Summing()
 
         def exported() -> Iterator[bytes]:
@@ -291,9 +272,8 @@ def _archive_one(conn: psycopg.Connection[Any], schema: str, part: Partition,
         if not in_table == on_disk == entry.digest:
             raise ArchiveError(f"{target} does not match partition {part.name} (table "
                                f"{in_table}, file {on_disk}): not dropped")
-        conn.execute(f"ALTER TABLE {_log(schema)} DETACH PARTITION "
-                     f"{quoted(schema)}.{quoted(part.name)}".encode())
-        conn.execute(f"DROP TABLE {quoted(schema)}.{quoted(part.name)}".encode())
+        conn.execute(_sql(schema, "detach.sql", partition=part.name))
+        conn.execute(_sql(schema, "drop.sql", partition=part.name))
     return entry
 
 
@@ -308,8 +288,7 @@ def archive(conninfo: str, schema: str, before: date, directory: Path) -> Archiv
     cutoff = datetime(before.year, before.month, before.day, tzinfo=UTC)
     with _connect(conninfo) as conn:
         _require_owner(conn, schema)
-        row = conn.execute(b"SELECT date_trunc('month', clock_timestamp() AT TIME ZONE 'UTC')"
-                           b" AT TIME ZONE 'UTC'").fetchone()
+        row = conn.execute(_sql(schema, "month_start.sql")).fetchone()
         assert row is not None
         month_start = row[0].astimezone(UTC)
         if cutoff > month_start:
@@ -317,9 +296,7 @@ def archive(conninfo: str, schema: str, before: date, directory: Path) -> Archiv
                 f"--before {before.isoformat()} cuts through the current month (UTC): the "
                 f"latest cutoff is {month_start.date().isoformat()}; nothing was changed")
         found = partitions(conn, schema)
-        caught = conn.execute(
-            f"SELECT min(recorded_at) FROM ONLY {quoted(schema)}.{DEFAULT_PARTITION}".encode()
-        ).fetchone()
+        caught = conn.execute(_sql(schema, "default_oldest.sql")).fetchone()
         if caught is not None and caught[0] is not None and caught[0] < cutoff:
             raise ArchiveError(
                 f"the DEFAULT audit partition holds rows from {caught[0].isoformat()}, before "

@@ -28,7 +28,7 @@ import psycopg
 from mos_lease.errors import ConfigurationError
 from mos_lease_pg import preflight
 from mos_lease_pg.preflight import SchemaCheck
-from mos_lease_pg.statements import DEFAULT_SCHEMA, check_schema, checked, sql_text
+from mos_lease_pg.statements import DEFAULT_SCHEMA, check_schema, query_text
 from mos_lease_pg.translate import POOLER_SETTINGS
 
 CANNOT_CONNECT: Final = 2
@@ -41,7 +41,7 @@ CLOCK_SAMPLES: Final = 5
 
 
 def _check_sql(name: str) -> bytes:
-    return checked(name, sql_text("check", name)).encode("utf-8")
+    return query_text("check", name).encode("utf-8")
 
 
 SERVER_SQL: Final = _check_sql("server.sql")

@@ -25,9 +25,11 @@ from typing import Any
 import attrs
 import psycopg
 from psycopg import errors as pg_errors
+from psycopg import sql
 
 from mos_lease.errors import ConfigurationError, MosLeaseError
-from mos_lease_pg.statements import DEFAULT_SCHEMA, check_schema, quoted, render, sql_text
+from mos_lease_pg.archive import MONTHS_AHEAD
+from mos_lease_pg.statements import DEFAULT_SCHEMA, check_schema, schema_query
 
 _NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
 _CREATE_RACE_RETRIES = 5
@@ -73,16 +75,25 @@ def _connect(conninfo: str) -> psycopg.Connection[Any]:
         raise MigrationError(f"cannot connect to PostgreSQL: {exc}") from exc
 
 
-def _bookkeeping(schema: str) -> bytes:
-    return f"{quoted(schema)}.mos_lease_schema_migrations".encode()
+LEASES = "logical_agent_connector_leases"
+BOOKKEEPING = "mos_lease_schema_migrations"
+
+
+def _sql(schema: str, name: str, **marks: sql.Composable) -> sql.SQL | sql.Composed:
+    return schema_query(schema, "migrate", name, **marks)
+
+
+def _holds(conn: psycopg.Connection[Any], schema: str, relation: str) -> bool:
+    found = conn.execute(_sql(schema, "relation_in.sql"), {"schema": schema, "name": relation})
+    return found.fetchone() is not None
 
 
 def _ensure_schema(conn: psycopg.Connection[Any], schema: str) -> None:
-    found = conn.execute(b"SELECT 1 FROM pg_namespace WHERE nspname = %s", (schema,))
+    found = conn.execute(_sql(schema, "schema_exists.sql"), {"schema": schema})
     if found.fetchone() is not None:
         return
     try:
-        conn.execute(f"CREATE SCHEMA IF NOT EXISTS {quoted(schema)}".encode())
+        conn.execute(_sql(schema, "create_schema.sql"))
     except pg_errors.InsufficientPrivilege as exc:
         raise MigrationError(
             f"schema {schema!r} does not exist and this role may not create it: run the roles "
@@ -95,7 +106,7 @@ def _ensure_schema(conn: psycopg.Connection[Any], schema: str) -> None:
 def _ensure_bookkeeping(conn: psycopg.Connection[Any], schema: str) -> None:
     # CREATE TABLE IF NOT EXISTS is not atomic against a concurrent identical CREATE: the
     # loser can fail on the catalog's unique index. The table exists then, so try again.
-    create = render(sql_text("migrations_table.sql"), schema).encode("utf-8")
+    create = _sql(schema, "bookkeeping.sql")
     for _ in range(_CREATE_RACE_RETRIES):
         try:
             conn.execute(create)
@@ -106,15 +117,12 @@ def _ensure_bookkeeping(conn: psycopg.Connection[Any], schema: str) -> None:
 
 
 def _applied(conn: psycopg.Connection[Any], schema: str) -> set[int]:
-    return {v for (v,) in conn.execute(b"SELECT version FROM " + _bookkeeping(schema))}
+    return {v for (v,) in conn.execute(_sql(schema, "applied.sql"))}
 
 
 def other_copies(conn: psycopg.Connection[Any], schema: str) -> list[str]:
     """The other schemas of the connected database that hold the lease table."""
-    rows = conn.execute(
-        b"SELECT n.nspname FROM pg_class AS c JOIN pg_namespace AS n ON n.oid = c.relnamespace"
-        b" WHERE c.relname = 'logical_agent_connector_leases' AND c.relkind IN ('r', 'p')"
-        b" AND n.nspname <> %s ORDER BY 1", (schema,))
+    rows = conn.execute(_sql(schema, "other_copies.sql"), {"schema": schema, "name": LEASES})
     return [name for (name,) in rows]
 
 
@@ -122,18 +130,13 @@ def applied_versions(conninfo: str, *, schema: str = DEFAULT_SCHEMA) -> list[int
     """The versions recorded in ``schema`` (empty if it was never migrated)."""
     check_schema(schema)
     with _connect(conninfo) as conn:
-        exists = conn.execute(b"SELECT to_regclass(%s)",
-                              (_bookkeeping(schema).decode(),)).fetchone()
-        if exists is None or exists[0] is None:
+        if not _holds(conn, schema, BOOKKEEPING):
             return []
         return sorted(_applied(conn, schema))
 
 
 def _refuse_second_copy(conn: psycopg.Connection[Any], schema: str) -> None:
-    held = conn.execute(
-        b"SELECT 1 FROM pg_class AS c JOIN pg_namespace AS n ON n.oid = c.relnamespace"
-        b" WHERE c.relname = 'logical_agent_connector_leases' AND n.nspname = %s", (schema,))
-    if held.fetchone() is not None:
+    if _holds(conn, schema, LEASES):
         return  # this schema is the copy: migrating it further builds nothing new
     copies = other_copies(conn, schema)
     if copies:
@@ -149,37 +152,33 @@ def _apply(conn: psycopg.Connection[Any], schema: str, migration: Migration,
            allow_second_copy: bool) -> bool:
     """Apply one migration in its own transaction; False if it was applied already."""
     with conn.transaction():
-        conn.execute(b"LOCK TABLE " + _bookkeeping(schema) + b" IN ACCESS EXCLUSIVE MODE")
+        conn.execute(_sql(schema, "lock.sql"))
         if migration.version in _applied(conn, schema):
             return False  # another migrator got here first
         if migration.version == 1 and not allow_second_copy:
             _refuse_second_copy(conn, schema)  # again: a concurrent migrator of another one
-        # The files' DDL is unqualified: pin where it lands (and what it resolves) to this
-        # schema, then pg_catalog, then pg_temp last so no temporary object can shadow.
-        conn.execute(f"SET LOCAL search_path = {quoted(schema)}, pg_catalog, pg_temp".encode())
+        conn.execute(_sql(schema, "pin_search_path.sql"))
         # No parameters: sent as a simple query, so one file may hold many statements (and
         # "%" in it is not a placeholder).
         conn.execute(migration.sql.encode("utf-8"))
-        conn.execute(b"INSERT INTO " + _bookkeeping(schema) + b" (version, name)"
-                     b" VALUES (%s, %s)", (migration.version, migration.name))
+        conn.execute(_sql(schema, "record.sql"),
+                     {"version": migration.version, "name": migration.name})
     return True
 
 
 # Months of audit partitions ``migrate`` keeps ready after the current one (0003).
-AUDIT_MONTHS_AHEAD = 3
+AUDIT_MONTHS_AHEAD = MONTHS_AHEAD
 
 
 def _mark_version(conn: psycopg.Connection[Any], schema: str) -> None:
-    # The version every role can read (preflight.py): the gateway cannot read the table.
     with conn.transaction():
-        conn.execute(b"LOCK TABLE " + _bookkeeping(schema) + b" IN ACCESS EXCLUSIVE MODE")
+        conn.execute(_sql(schema, "lock.sql"))
         current = max(_applied(conn, schema), default=0)
         if current >= 3:  # every migrate also keeps the audit log's months ahead ready
-            conn.execute(f"SELECT count(*) FROM {quoted(schema)}.mos_lease_audit_partitions("
-                         f"'{quoted(schema)}.connector_lease_audit_log', %s)".encode(),
-                         (AUDIT_MONTHS_AHEAD,))
-        conn.execute(b"COMMENT ON TABLE " + _bookkeeping(schema) + b" IS "
-                     + f"'mos-lease schema version {current}'".encode())
+            conn.execute(schema_query(schema, "audit", "make_partitions.sql"),
+                         {"ahead": AUDIT_MONTHS_AHEAD})
+        conn.execute(_sql(schema, "version_comment.sql",
+                          comment=sql.Literal(f"mos-lease schema version {current}")))
 
 
 def migrate(conninfo: str, *, schema: str = DEFAULT_SCHEMA,

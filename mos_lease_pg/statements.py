@@ -32,6 +32,7 @@ from typing import Any, Final, Generic, TypeVar
 from uuid import UUID
 
 import attrs
+from psycopg import sql
 
 from mos_lease.errors import ConfigurationError, InvalidInput
 from mos_lease.identity import LeaseIdentity
@@ -103,11 +104,28 @@ def checked(name: str, text: str) -> str:
     return text
 
 
+def query_text(*path: str) -> str:
+    """A shipped ``.sql`` file as it is sent, refused if it names a library table without
+    ``{schema}.``. Whole-line comments are for readers of the file, not for the server:
+    dropping them keeps the text (sent and hashed on every call) short, and keeps a stray
+    "%" in a comment from being taken for a parameter."""
+    return checked("/".join(path), _COMMENT_LINE.sub("", sql_text(*path)))
+
+
 def statement_text(name: str) -> str:
-    # Whole-line comments are for readers of the file, not for the server: dropping them
-    # keeps the statement text (sent and hashed on every call) short, and keeps a stray "%"
-    # in a comment from being taken for a parameter.
-    return checked(name, _COMMENT_LINE.sub("", sql_text("statements", name)))
+    return query_text("statements", name)
+
+
+def schema_query(schema: str, *path: str,
+                 **marks: str | sql.Composable) -> sql.SQL | sql.Composed:
+    """An administrative ``.sql`` file (migrate, audit retention) for ``schema``: its
+    ``{schema}`` marks replaced, and each other ``{mark}`` by ``marks[mark]``: a string is
+    an identifier (a partition, say), quoted by psycopg; anything else is used as given."""
+    text = sql.SQL(render(query_text(*path), schema))
+    if not marks:
+        return text
+    return text.format(**{mark: sql.Identifier(value) if isinstance(value, str) else value
+                          for mark, value in marks.items()})
 
 
 @attrs.frozen(slots=True)

@@ -67,15 +67,25 @@ def test_the_loader_refuses_a_table_named_without_its_schema() -> None:
     assert unqualified("CREATE TRIGGER logical_agent_connector_leases_fencing") == []
 
 
+# Every folder of files sent as they are (the migrations themselves run with a pinned
+# search_path instead: see migrations.py).
+SENT_FOLDERS = ("statements", "migrate", "audit", "check")
+
+
 def _shipped() -> dict[str, str]:
-    folder = resources.files("mos_lease_pg").joinpath("sql", "statements")
-    return {item.name: item.read_text("utf-8") for item in folder.iterdir()
-            if item.name.endswith(".sql")}
+    found = {}
+    for name in SENT_FOLDERS:
+        folder = resources.files("mos_lease_pg").joinpath("sql", name)
+        found.update({f"{name}/{item.name}": item.read_text("utf-8")
+                      for item in folder.iterdir() if item.name.endswith(".sql")})
+    return found
 
 
 def test_every_shipped_statement_file_names_its_schema() -> None:
+    shipped = _shipped()
+    assert {"statements/renew.sql", "migrate/lock.sql", "audit/drop.sql"} <= set(shipped)
     bare = {name: unqualified(statements._COMMENT_LINE.sub("", text))
-            for name, text in _shipped().items()}
+            for name, text in shipped.items()}
     assert {name: found for name, found in bare.items() if found} == {}
 
 

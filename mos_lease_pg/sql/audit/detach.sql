@@ -1,0 +1,1 @@
+ALTER TABLE {schema}.connector_lease_audit_log DETACH PARTITION {schema}.{partition}

@@ -1,0 +1,1 @@
+SELECT version FROM {schema}.mos_lease_schema_migrations

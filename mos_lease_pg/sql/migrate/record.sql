@@ -1,0 +1,1 @@
+INSERT INTO {schema}.mos_lease_schema_migrations (version, name) VALUES (%(version)s, %(name)s)
