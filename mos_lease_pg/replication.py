@@ -51,7 +51,7 @@ import psycopg
 from psycopg.errors import Diagnostic
 
 from mos_lease.errors import CommitOutcomeUnknown, ConfigurationError, StoreUnavailable
-from mos_lease_pg.statements import Call, Kind, Row, Statement
+from mos_lease_pg.statements import Call, Kind, Row, Statement, statement_text
 from mos_lease_pg.translate import statement_failure
 
 log = logging.getLogger("mos_lease_pg")
@@ -105,9 +105,7 @@ class ReplicationFacts:
     synchronous_standby_names: str
 
 
-# One round trip, no privilege needed: every role may read these settings.
-FACTS: Final = (b"SELECT NOT pg_is_in_recovery(), current_setting('synchronous_commit'), "
-                b"current_setting('synchronous_standby_names')")
+FACTS: Final = statement_text("replication_facts.sql").encode("utf-8")
 
 
 def facts(row: Row) -> ReplicationFacts:
@@ -250,12 +248,7 @@ def confirm(conn: Conn, calls: Sequence[Call[Any]]) -> None:
 
 # --- durability of a found event ---------------------------------------------------------
 
-# set_config(..., true) lasts for this statement's transaction only: whatever the role's
-# synchronous_commit, the barrier's commit waits for the synchronous standby.
-BARRIER: Final = Statement.of("durability_barrier", (
-    "SELECT set_config('synchronous_commit', 'on', true), "
-    "pg_logical_emit_message(true, 'mos-lease', ''), "
-    "current_setting('synchronous_standby_names')"))
+BARRIER: Final = Statement.of("durability_barrier", statement_text("durability_barrier.sql"))
 
 
 def _barrier_passed(rows: Sequence[Row]) -> None:

@@ -22,7 +22,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from mos_lease.errors import ConfigurationError, MosLeaseError
 from mos_lease_pg.migrations import applied_versions, migrate
-from mos_lease_pg.statements import DEFAULT_SCHEMA, check_schema, sql_text
+from mos_lease_pg.statements import DEFAULT_SCHEMA, check_schema, query_text, sql_text
 
 DEFAULT_OWNER_ROLE: Final = "mos_lease_owner"
 DEFAULT_GATEWAY_ROLE: Final = "mos_lease_gateway"
@@ -95,12 +95,7 @@ def as_role(conninfo: str, role: str) -> str:
     return make_conninfo(conninfo, options=f"{options} -c role={role}".strip())
 
 
-# Which parts of the layout exist; read before and after, so the report says what it made.
-_PRESENT: Final = b"""
-SELECT EXISTS (SELECT FROM pg_roles WHERE rolname = %(owner)s),
-       EXISTS (SELECT FROM pg_roles WHERE rolname = %(gateway)s),
-       EXISTS (SELECT FROM pg_namespace WHERE nspname = %(schema)s)
-"""
+_PRESENT: Final = query_text("setup", "present.sql").encode("utf-8")
 
 
 @attrs.frozen(slots=True)
