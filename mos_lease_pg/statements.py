@@ -170,13 +170,24 @@ def _pieced(text: str, pieces: Mapping[str, str]) -> str:
     return text
 
 
+# The columns active_holder.sql matches, each written there as ``{column}``.
+_HOLDER_KEY: Final = ("tenant_id", "logical_agent_id", "binding_id", "connector_id",
+                      "lease_id", "epoch")
+
+
+def _with_active_holder(text: str, value: Callable[[str], str]) -> str:
+    # Heartbeat, release and the batched heartbeat share their guard, kept once in
+    # active_holder.sql; ``value`` names what each key column must equal.
+    guard = _pieced(statement_text("active_holder.sql"),
+                    {f"{{{column}}}": value(column) for column in _HOLDER_KEY})
+    return _pieced(text, {"    {active_holder}": guard}) if "{active_holder}" in text else text
+
+
 def _guarded(name: str, lock: str = "lock_row.sql", *, notify: bool = False,
              audit: bool = True) -> Template:
-    # Heartbeat and release share their guard, kept once in active_holder.sql. ``lock`` is
-    # the step that takes the row lock before the clock is read; ``notify``: the write sends
-    # a push notice; ``audit``: it appends its audit row (see guarded_write.sql).
-    write = statement_text(name).replace(
-        "    {active_holder}\n", statement_text("active_holder.sql"))
+    # ``lock`` is the step that takes the row lock before the clock is read; ``notify``: the
+    # write sends a push notice; ``audit``: it appends its audit row (see guarded_write.sql).
+    write = _with_active_holder(statement_text(name), lambda column: f"%({column})s")
     return Template(name, _pieced(statement_text("guarded_write.sql"), {
         "{lock}": statement_text(lock), "{write}": write,
         "{audit}": statement_text("audit_write.sql" if audit else "audit_none.sql"),
@@ -184,7 +195,8 @@ def _guarded(name: str, lock: str = "lock_row.sql", *, notify: bool = False,
 
 
 def _renew_many(*, audit: bool) -> Template:
-    return Template("renew_many.sql", _pieced(statement_text("renew_many.sql"), {
+    text = _with_active_holder(statement_text("renew_many.sql"), lambda column: f"r.{column}")
+    return Template("renew_many.sql", _pieced(text, {
         "{audit}": statement_text("audit_renewals.sql" if audit else "audit_none.sql")}))
 
 

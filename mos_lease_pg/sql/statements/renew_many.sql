@@ -1,6 +1,7 @@
 -- Batched heartbeat: many renewals in one statement, one round trip and one commit.
 --
--- Each lease is matched on its full key and guarded exactly as in renew.sql, and audited by
+-- Each lease is matched on its full key and guarded by active_holder.sql, as in renew.sql,
+-- with the request row's columns for values, and audited by
 -- its own row (inserted from the UPDATE's RETURNING, so it exists exactly when that lease was
 -- renewed). A lease whose guard fails is simply not renewed: it is not an error and does
 -- not affect the others. `locked` takes the row locks in identity order (LockRows sits
@@ -35,17 +36,10 @@ written AS (
     UPDATE {schema}.logical_agent_connector_leases AS l
     SET heartbeat_at = t.now, expires_at = t.now + r.ttl, updated_at = t.now
     FROM t, req AS r, locked AS k
-    WHERE k.tenant_id = l.tenant_id
+    {active_holder}
+      AND k.tenant_id = l.tenant_id
       AND k.logical_agent_id = l.logical_agent_id
       AND k.binding_id = l.binding_id
-      AND l.tenant_id = r.tenant_id
-      AND l.logical_agent_id = r.logical_agent_id
-      AND l.binding_id = r.binding_id
-      AND l.connector_id = r.connector_id
-      AND l.lease_id = r.lease_id
-      AND l.epoch = r.epoch
-      AND l.released_at IS NULL
-      AND l.expires_at > t.now
     RETURNING r.ord, r.event_id, r.correlation_id, l.tenant_id, l.logical_agent_id,
               l.binding_id, l.lease_id, l.connector_id, l.allowed_scopes, l.epoch,
               l.acquired_at, l.heartbeat_at, l.expires_at, l.released_at, l.updated_at
