@@ -15,9 +15,10 @@ Waiting is a generator of steps (:func:`waiting`, in :mod:`~mos_lease.holder.wai
 the coordinator's flows: it decides what to try, how long to pause and when to give up, and
 the two thin shells (:class:`Holder` in :mod:`~mos_lease.holder.thread_shell`,
 :class:`AsyncHolder` in :mod:`~mos_lease.holder.asyncio_shell`) only perform the steps.
-The options and exceptions are in :mod:`~mos_lease.holder.options`, what the shells share in
-:mod:`~mos_lease.holder.base`. Holding is a keeper
-(:mod:`mos_lease.keeper`), which already owns the renewal schedule and the local deadline.
+The options and exceptions are in :mod:`~mos_lease.holder.options`, what the shells share
+(entering and leaving the block, as steps too) in :mod:`~mos_lease.holder.base`. Holding is
+a keeper (:mod:`mos_lease.keeper`), which already owns the renewal schedule and the local
+deadline.
 
 While waiting, the lease is *read* (:meth:`~mos_lease.ConnectorLeaseCoordinator.
 current_holder`, no audit row), and a write is tried only when the read says it could
