@@ -408,6 +408,50 @@ def test_a_holder_holds_once_and_async_holders_need_async_with() -> None:
         pass
 
 
+class RecordingNotices:
+    """A notice source that only records who listens."""
+
+    def __init__(self) -> None:
+        self.listening: list[LeaseIdentity] = []
+
+    def subscribe(self, identity: LeaseIdentity, callback: Callable[[int, str], object]
+                  ) -> None:
+        self.listening.append(identity)
+
+    def unsubscribe(self, identity: LeaseIdentity, callback: Callable[[int, str], object]
+                    ) -> None:
+        self.listening.remove(identity)
+
+
+def test_a_wait_that_fails_or_is_cancelled_stops_listening_for_notices() -> None:
+    notices = RecordingNotices()
+    refusing = ConnectorLeaseCoordinator(policy=rules(False, connector_id="conn-z"))
+    with pytest.raises(LeaseNotAcquired), hold(refusing, IDENT, "conn-b", scopes=SCOPES,
+                                               clock_step=0, ttl=5, notices=notices):
+        pass
+    assert notices.listening == []
+
+    async def scenario() -> None:
+        store = AsyncInMemoryLeaseStore()
+        rival = AsyncConnectorLeaseCoordinator(store, ALLOW)
+        assert (await rival.acquire(IDENT, "conn-a", scopes=SCOPES, ttl=30)).ok
+
+        async def enter() -> None:
+            async with hold(AsyncConnectorLeaseCoordinator(store, ALLOW), IDENT, "conn-b",
+                            scopes=SCOPES, clock_step=0, ttl=5, notices=notices):
+                pass
+
+        waiting_task = asyncio.ensure_future(enter())
+        await asyncio.sleep(0.05)
+        assert notices.listening == [IDENT] and not waiting_task.done()
+        waiting_task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting_task
+        assert notices.listening == []
+
+    asyncio.run(scenario())
+
+
 def test_using_a_holder_outside_its_block_is_refused() -> None:
     holder = make_sim().hold()
     with pytest.raises(InvalidInput):

@@ -530,6 +530,38 @@ def test_adopt_uses_the_given_start() -> None:
         rig.keeper().adopt("lease", obtained_at=0)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("mode", ["down", "boom"])
+def test_a_start_whose_call_raises_leaves_the_keeper_free_to_try_again(mode: str) -> None:
+    rig = make_rig()
+    keeper = rig.keeper()
+    rig.faulty.mode = mode
+    with pytest.raises((StoreUnavailable, RuntimeError)):
+        keeper.acquire(IDENT, "conn-a", scopes=SCOPES)
+    assert keeper.lease is None and keeper.loss is None
+    rig.faulty.mode = None
+    assert keeper.acquire(IDENT, "conn-a", scopes=SCOPES).ok and keeper.lease is not None
+
+
+def test_a_cancelled_async_start_leaves_the_keeper_free_to_try_again() -> None:
+    async def scenario() -> None:
+        time_, faulty, coordinator, _ = _async_rig()
+        keeper = AsyncLeaseKeeper(coordinator, clock_step=0, ttl=TTL, clock=time_.clock,
+                                  sleep=time_.async_sleep, background=False)
+        faulty.mode = "hang"
+        starting = asyncio.ensure_future(keeper.acquire(IDENT, "conn-a", scopes=SCOPES))
+        for _ in range(5):
+            await asyncio.sleep(0)
+        starting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await starting
+        assert keeper.lease is None
+        faulty.mode = None
+        assert (await keeper.acquire(IDENT, "conn-a", scopes=SCOPES)).ok
+        assert keeper.lease is not None
+
+    asyncio.run(scenario())
+
+
 def test_a_failing_callback_is_logged_not_fatal(caplog: pytest.LogCaptureFixture) -> None:
     rig = make_rig()
 

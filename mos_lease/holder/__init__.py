@@ -15,9 +15,10 @@ Waiting is a generator of steps (:func:`waiting`, in :mod:`~mos_lease.holder.wai
 the coordinator's flows: it decides what to try, how long to pause and when to give up, and
 the two thin shells (:class:`Holder` in :mod:`~mos_lease.holder.thread_shell`,
 :class:`AsyncHolder` in :mod:`~mos_lease.holder.asyncio_shell`) only perform the steps.
-The options and exceptions are in :mod:`~mos_lease.holder.options`, what the shells share in
-:mod:`~mos_lease.holder.base`. Holding is a keeper
-(:mod:`mos_lease.keeper`), which already owns the renewal schedule and the local deadline.
+The options and exceptions are in :mod:`~mos_lease.holder.options`, what the shells share
+(entering and leaving the block, as steps too) in :mod:`~mos_lease.holder.base`. Holding is
+a keeper (:mod:`mos_lease.keeper`), which already owns the renewal schedule and the local
+deadline.
 
 While waiting, the lease is *read* (:meth:`~mos_lease.ConnectorLeaseCoordinator.
 current_holder`, no audit row), and a write is tried only when the read says it could
@@ -38,7 +39,7 @@ from __future__ import annotations
 import random as _random
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
-from typing import Any, overload
+from typing import Any, TypedDict, Unpack, overload
 
 from mos_lease.coordinator import (
     AsyncConnectorLeaseCoordinator,
@@ -88,45 +89,42 @@ __all__ = [
 ]
 
 
+class _HoldKeywords(TypedDict, total=False):
+    """The keyword options of :func:`hold` that do not depend on the coordinator's kind."""
+
+    wait: float | None
+    takeover: TakeoverPolicy | str
+    on_started: Callable[[LeaseHandle], object] | None
+    on_stopped: Callable[[], object] | None
+    on_new_holder: Callable[[str, int], object] | None
+    on_lost: Callable[[LeaseLoss], object] | None
+    on_expiring: Callable[[float], object] | None
+    expiring_within: float | None
+    cancel_on_loss: bool
+    min_backoff: float | None
+    max_backoff: float | None
+    clock_step: float | None
+    clock: Callable[[], float]
+    random: Callable[[], float]
+    on_event: EventHook | None
+    notices: NoticeSource | None
+
+
 # The two signatures differ in the coordinator types, ``sleep`` and the holder returned.
 @overload
 def hold(coordinator: ConnectorLeaseCoordinator, identity: LeaseIdentity, connector_id: str,
-         *, scopes: object,
-         ttl: float | timedelta, wait: float | None = ...,
-         takeover: TakeoverPolicy | str = ...,
-         on_started: Callable[[LeaseHandle], object] | None = ...,
-         on_stopped: Callable[[], object] | None = ...,
-         on_new_holder: Callable[[str, int], object] | None = ...,
-         on_lost: Callable[[LeaseLoss], object] | None = ...,
-         on_expiring: Callable[[float], object] | None = ...,
-         expiring_within: float | None = ..., cancel_on_loss: bool = ...,
-         min_backoff: float | None = ..., max_backoff: float | None = ...,
-         clock_step: float | None = ...,
+         *, scopes: object, ttl: float | timedelta,
          heartbeat_coordinator: ConnectorLeaseCoordinator | None = ...,
-         clock: Callable[[], float] = ..., random: Callable[[], float] = ...,
          sleep: Callable[[float], object] | None = ...,
-         on_event: EventHook | None = ...,
-         notices: NoticeSource | None = ...) -> Holder: ...
+         **options: Unpack[_HoldKeywords]) -> Holder: ...
 
 
 @overload
 def hold(coordinator: AsyncConnectorLeaseCoordinator, identity: LeaseIdentity,
-         connector_id: str, *, scopes: object,
-         ttl: float | timedelta, wait: float | None = ...,
-         takeover: TakeoverPolicy | str = ...,
-         on_started: Callable[[LeaseHandle], object] | None = ...,
-         on_stopped: Callable[[], object] | None = ...,
-         on_new_holder: Callable[[str, int], object] | None = ...,
-         on_lost: Callable[[LeaseLoss], object] | None = ...,
-         on_expiring: Callable[[float], object] | None = ...,
-         expiring_within: float | None = ..., cancel_on_loss: bool = ...,
-         min_backoff: float | None = ..., max_backoff: float | None = ...,
-         clock_step: float | None = ...,
+         connector_id: str, *, scopes: object, ttl: float | timedelta,
          heartbeat_coordinator: AsyncConnectorLeaseCoordinator | None = ...,
-         clock: Callable[[], float] = ..., random: Callable[[], float] = ...,
          sleep: Callable[[float], Awaitable[object]] | None = ...,
-         on_event: EventHook | None = ...,
-         notices: NoticeSource | None = ...) -> AsyncHolder: ...
+         **options: Unpack[_HoldKeywords]) -> AsyncHolder: ...
 
 
 def hold(coordinator: ConnectorLeaseCoordinator | AsyncConnectorLeaseCoordinator,

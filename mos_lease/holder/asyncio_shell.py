@@ -6,28 +6,32 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Generator
 from datetime import timedelta
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 from mos_lease.coordinator import AsyncConnectorLeaseCoordinator
-from mos_lease.errors import InvalidInput, MosLeaseError
+from mos_lease.errors import MosLeaseError
 from mos_lease.events import EventHook
-from mos_lease.holder.base import _Callbacks, _HolderBase, _log_release_failure
+from mos_lease.flowdrive import Drive, outcome_of_async
+from mos_lease.holder.base import Adopt, HolderStep, Stop, _Callbacks, _HolderBase
 from mos_lease.holder.options import HoldOptions, LeaseLost, NoticeSource
-from mos_lease.holder.waiting import Acquired, ReadHolder, Step, TryAcquire, TryTakeover, waiting
+from mos_lease.holder.waiting import ReadHolder, TryAcquire, TryTakeover
 from mos_lease.keeper import AsyncLeaseKeeper, LeaseLoss
 from mos_lease.results import GrantResult
 
+T = TypeVar("T")
 
-class AsyncHolder(_HolderBase):
+
+class AsyncHolder(_HolderBase[AsyncLeaseKeeper]):
     """:func:`hold` for an :class:`~mos_lease.AsyncConnectorLeaseCoordinator`
     (``async with``). With ``cancel_on_loss`` the task running the block is cancelled when
     the lease is lost, and the ``async with`` raises :class:`LeaseLost` instead of
     :class:`asyncio.CancelledError` (a cancellation from elsewhere still propagates)."""
 
-    _keeper: AsyncLeaseKeeper | None
+    coordinator: AsyncConnectorLeaseCoordinator
+    _sleep: Callable[[float], Awaitable[object]] | None
 
     def __init__(self, coordinator: AsyncConnectorLeaseCoordinator, options: HoldOptions,
                  callbacks: _Callbacks, *, clock: Callable[[], float],
@@ -35,13 +39,11 @@ class AsyncHolder(_HolderBase):
                  heartbeat_coordinator: AsyncConnectorLeaseCoordinator | None,
                  cancel_on_loss: bool, on_event: EventHook | None = None,
                  notices: NoticeSource | None = None) -> None:
-        super().__init__(options, callbacks, clock, random, notices)
+        super().__init__(coordinator, options, callbacks, clock=clock, random=random,
+                         sleep=sleep, heartbeat_coordinator=heartbeat_coordinator,
+                         on_event=on_event, notices=notices)
         self._loop: asyncio.AbstractEventLoop | None = None
-        self.coordinator = coordinator
         self._confirming: set[asyncio.Task[None]] = set()
-        self._heartbeat_coordinator = heartbeat_coordinator
-        self._on_event = on_event
-        self._sleep = sleep
         self._cancel_on_loss = cancel_on_loss
         self._wakeup = asyncio.Event()
         self._watcher: asyncio.Task[None] | None = None
@@ -52,7 +54,14 @@ class AsyncHolder(_HolderBase):
         self.lost_event = asyncio.Event()
         """Set once the lease is lost while held (``await lost_event.wait()``)."""
 
-    async def _perform(self, step: Step) -> object:
+    async def _run(self, steps: Generator[HolderStep, Any, T],
+                   thrown: type[BaseException]) -> T:
+        drive = Drive(steps, thrown)
+        for step in drive:
+            drive.send(await outcome_of_async(self._perform, step))
+        return drive.result
+
+    async def _perform(self, step: HolderStep) -> object:
         o = self.options
         if isinstance(step, TryAcquire):
             return await self.coordinator.acquire(o.identity, o.connector_id, scopes=o.scopes,
@@ -63,6 +72,11 @@ class AsyncHolder(_HolderBase):
                 expected_epoch=step.expected_epoch)
         if isinstance(step, ReadHolder):
             return await self.coordinator.current_holder(o.identity)
+        if isinstance(step, Adopt):
+            await self._require_keeper().adopt(step.lease, obtained_at=step.started)
+            return None
+        if isinstance(step, Stop):
+            return await self._require_keeper().stop(release=True)
         if self._sleep is not None:
             await self._sleep(step.seconds)
         else:
@@ -71,20 +85,6 @@ class AsyncHolder(_HolderBase):
             self._wakeup.clear()
         return None
 
-    async def _wait(self) -> Acquired:
-        flow = waiting(self.options, self._clock, self._random, self._new_holder)
-        try:
-            step = next(flow)
-            while True:
-                try:
-                    outcome = await self._perform(step)
-                except MosLeaseError as failure:
-                    step = flow.throw(failure)
-                else:
-                    step = flow.send(outcome)
-        except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
-
     def __enter__(self) -> None:
         raise TypeError("hold() on an AsyncConnectorLeaseCoordinator: use `async with`")
 
@@ -92,27 +92,7 @@ class AsyncHolder(_HolderBase):
         return None
 
     async def __aenter__(self) -> AsyncHolder:
-        if self._keeper is not None:
-            raise InvalidInput("holder", "a holder holds once; call hold() again")
-        self._loop = asyncio.get_running_loop()
-        self._subscribe()
-        try:
-            acquired = await self._wait()
-        except BaseException:
-            self._unsubscribe()
-            raise
-        lease = acquired.result.lease
-        assert lease is not None
-        timing = self.options.timing
-        keeper = AsyncLeaseKeeper(self.coordinator, ttl=timing.ttl,
-                                  min_backoff=timing.min_backoff,
-                                  max_backoff=timing.max_backoff,
-                                  clock_step=timing.clock_step, on_lost=self._keeper_lost,
-                                  clock=self._clock, random=self._random,
-                                  heartbeat_coordinator=self._heartbeat_coordinator,
-                                  on_event=self._on_event)
-        self._keeper = keeper
-        await keeper.adopt(lease, obtained_at=acquired.started)
+        lease = await self._run(self._entering(AsyncLeaseKeeper), BaseException)
         self._task = asyncio.current_task()
         if self._task is not None:
             self._base_cancelling = self._task.cancelling()
@@ -120,7 +100,7 @@ class AsyncHolder(_HolderBase):
         self._callbacks("on_started", lease)
         if self._callbacks.has("on_expiring"):
             self._watcher = asyncio.get_running_loop().create_task(
-                self._watch(), name=f"mos-lease-holder {lease.identity}")
+                self._watch(), name=self._watcher_name(lease))
         return self
 
     async def _watch(self) -> None:
@@ -152,6 +132,10 @@ class AsyncHolder(_HolderBase):
         self._confirming.add(task)  # keep a reference until it is done
         task.add_done_callback(self._confirming.discard)
 
+    def _subscribe(self) -> None:
+        self._loop = asyncio.get_running_loop()  # where _on_notice hands each notice
+        super()._subscribe()
+
     def _on_notice(self, epoch: int, kind: str) -> None:
         # The notice source calls from its own thread; the holder's state lives on the loop.
         loop = self._loop
@@ -168,32 +152,24 @@ class AsyncHolder(_HolderBase):
     async def issue_grant(self, *, scopes: object, ttl: float | timedelta,
                           correlation_id: str | None = None) -> GrantResult:
         """As :meth:`Holder.issue_grant`."""
-        keeper = self._keeper
-        self._raise_if_lost()
-        assert isinstance(keeper, AsyncLeaseKeeper)
-        result = await keeper.issue_grant(scopes=scopes, ttl=ttl, correlation_id=correlation_id)
-        if not result.ok:
-            self._raise_if_lost()
-        return result
+        return self._granted(await self._granting().issue_grant(
+            scopes=scopes, ttl=ttl, correlation_id=correlation_id))
 
     async def __aexit__(self, exc_type: type[BaseException] | None,
                         exc: BaseException | None, tb: TracebackType | None) -> None:
-        keeper = self._keeper
-        if keeper is None:
+        if self._keeper is None:
             return
         self._unsubscribe()
         self._inside = False
         if self._watcher is not None:
             self._watcher.cancel()
         try:
-            self._released(await keeper.stop(release=True))
+            await self._run(self._leaving(), Exception)
         except asyncio.CancelledError:
             if not self._cancel_sent:
                 raise
             # Our own cancellation, reaching the task here rather than in the block (which
             # ended first); counted and taken back below.
-        except Exception:
-            _log_release_failure(self.options.identity)
         self._callbacks("on_stopped")
         if not self._cancel_sent:
             return

@@ -1,21 +1,45 @@
-"""What the thread and asyncio holders share: the user's callbacks, the held lease, loss and
+"""What the thread and asyncio holders share: the user's callbacks, entering and leaving
+the block (generators of steps, like :func:`~mos_lease.holder.waiting.waiting`, which the
+shells drive with :class:`~mos_lease.flowdrive.Drive`), the held lease, loss and
 ``on_expiring`` reports, and the handling of notices."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Generator
+from typing import Any, Generic, TypeVar
+
+import attrs
 
 from mos_lease.errors import InvalidInput
+from mos_lease.events import EventHook
 from mos_lease.holder.options import HoldOptions, LeaseLost, NoticeSource, _check_callable
-from mos_lease.holder.waiting import expiring_check
+from mos_lease.holder.waiting import Step, expiring_check, waiting
 from mos_lease.identity import LeaseIdentity
 from mos_lease.keeper import AsyncLeaseKeeper, LeaseKeeper, LeaseLoss, LossCause
 from mos_lease.records import LeaseHandle
-from mos_lease.results import HolderView, LeaseResult
+from mos_lease.results import GrantResult, HolderView, LeaseResult
 from mos_lease.vocabulary import Reason
 
 log = logging.getLogger("mos_lease.holder")  # the name docs/telemetry.md gives operators
+
+K = TypeVar("K", LeaseKeeper, AsyncLeaseKeeper)
+
+
+@attrs.frozen(slots=True)
+class Adopt:
+    """Hand the lease just won to the new keeper (``keeper.adopt``)."""
+
+    lease: LeaseHandle
+    started: float
+
+
+@attrs.frozen(slots=True)
+class Stop:
+    """Stop the keeper and release the lease (``keeper.stop(release=True)``)."""
+
+
+HolderStep = Step | Adopt | Stop
 
 
 class _Callbacks:
@@ -39,15 +63,21 @@ class _Callbacks:
             log.exception("mos_lease: %s callback failed", name)
 
 
-class _HolderBase:
-    """State and behaviour that do not depend on threads or asyncio."""
+class _HolderBase(Generic[K]):
+    """State and behaviour that do not depend on threads or asyncio. ``K`` is the keeper
+    class; a shell performs the steps (``_perform``) and adds what only it has."""
 
-    _keeper: LeaseKeeper | AsyncLeaseKeeper | None
+    _keeper: K | None
 
-    def __init__(self, options: HoldOptions, callbacks: _Callbacks,
-                 clock: Callable[[], float], random: Callable[[], float],
-                 notices: NoticeSource | None = None) -> None:
+    def __init__(self, coordinator: Any, options: HoldOptions, callbacks: _Callbacks, *,
+                 clock: Callable[[], float], random: Callable[[], float], sleep: Any,
+                 heartbeat_coordinator: Any, on_event: EventHook | None,
+                 notices: NoticeSource | None) -> None:
+        self.coordinator = coordinator
         self.options = options
+        self._heartbeat_coordinator = heartbeat_coordinator
+        self._on_event = on_event
+        self._sleep = sleep
         self._notices = notices
         self._callbacks = callbacks
         self._clock = clock
@@ -55,6 +85,54 @@ class _HolderBase:
         self._keeper = None
         self._loss: LeaseLoss | None = None
         self._expiring_fired_for: float | None = None
+
+    # -- entering and leaving, as steps --------------------------------------------------
+
+    def _entering(self, kind: type[K]) -> Generator[HolderStep, Any, LeaseHandle]:
+        """Wait for the lease, then hand it to a new keeper of ``kind``; the held lease.
+        Drive it with every failure thrown in, so a wait that fails or is cancelled stops
+        listening for notices."""
+        if self._keeper is not None:
+            raise InvalidInput("holder", "a holder holds once; call hold() again")
+        # Subscribed before the first read, so a change between that read and the pause
+        # still ends the pause.
+        self._subscribe()
+        try:
+            acquired = yield from waiting(self.options, self._clock, self._random,
+                                          self._new_holder)
+        except BaseException:
+            self._unsubscribe()
+            raise
+        lease = acquired.result.lease
+        assert lease is not None
+        timing = self.options.timing
+        self._keeper = kind(self.coordinator, ttl=timing.ttl, min_backoff=timing.min_backoff,
+                            max_backoff=timing.max_backoff, clock_step=timing.clock_step,
+                            on_lost=self._keeper_lost, clock=self._clock, random=self._random,
+                            heartbeat_coordinator=self._heartbeat_coordinator,
+                            on_event=self._on_event)
+        yield Adopt(lease, acquired.started)
+        return lease
+
+    def _leaving(self) -> Generator[HolderStep, Any, None]:
+        """Stop the keeper, giving the lease back. Drive it with ordinary failures thrown
+        in: a failed release is logged, never raised over the block's own exception (or its
+        clean exit: the lease expires on its own at the store's time, and nobody can act on
+        it meanwhile)."""
+        try:
+            result: LeaseResult | None = yield Stop()
+        except Exception:
+            log.exception("mos_lease: release of %s failed", self.options.identity)
+            return
+        if result is not None and not result.ok:
+            log.info("mos_lease: release of %s refused: %s", self.options.identity,
+                     result.reason)
+
+    @staticmethod
+    def _watcher_name(lease: LeaseHandle) -> str:
+        # Named by identity only: a thread or task name can reach log records, a lease UUID
+        # and scopes must not.
+        return f"mos-lease-holder {lease.identity}"
 
     # -- what the body uses ----------------------------------------------------------------
 
@@ -75,10 +153,24 @@ class _HolderBase:
             self._keeper.enforce_deadline()  # a passed deadline is recorded (and reported) now
         return self._loss
 
-    def _require_keeper(self) -> LeaseKeeper | AsyncLeaseKeeper:
+    def _require_keeper(self) -> K:
         if self._keeper is None:
             raise InvalidInput("holder", "holds no lease: use it as a context manager")
         return self._keeper
+
+    def _granting(self) -> K:
+        """The keeper to ask for a grant; raises :class:`LeaseLost` once the lease is lost
+        (refused locally: nothing reaches the store)."""
+        keeper = self._require_keeper()
+        self._raise_if_lost()
+        return keeper
+
+    def _granted(self, result: GrantResult) -> GrantResult:
+        """A refusal that revealed the loss raises :class:`LeaseLost`; any other result is
+        returned."""
+        if not result.ok:
+            self._raise_if_lost()
+        return result
 
     def _raise_if_lost(self) -> None:
         keeper = self._require_keeper()
@@ -160,14 +252,3 @@ class _HolderBase:
     def _unsubscribe(self) -> None:
         if self._notices is not None:
             self._notices.unsubscribe(self.options.identity, self._on_notice)
-
-    def _released(self, result: LeaseResult | None) -> None:
-        if result is not None and not result.ok:
-            log.info("mos_lease: release of %s refused: %s", self.options.identity,
-                     result.reason)
-
-
-def _log_release_failure(identity: LeaseIdentity) -> None:
-    # Logged, never raised over the body's own exception (or its clean exit: the lease
-    # expires on its own at the store's time, and nobody can act on it meanwhile).
-    log.exception("mos_lease: release of %s failed", identity)

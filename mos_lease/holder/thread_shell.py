@@ -5,24 +5,29 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from datetime import timedelta
 from types import TracebackType
+from typing import Any, TypeVar
 
 from mos_lease.coordinator import ConnectorLeaseCoordinator
-from mos_lease.errors import InvalidInput, MosLeaseError
+from mos_lease.errors import MosLeaseError
 from mos_lease.events import EventHook
-from mos_lease.holder.base import _Callbacks, _HolderBase, _log_release_failure
+from mos_lease.flowdrive import Drive, outcome_of
+from mos_lease.holder.base import Adopt, HolderStep, Stop, _Callbacks, _HolderBase
 from mos_lease.holder.options import HoldOptions, NoticeSource
-from mos_lease.holder.waiting import Acquired, ReadHolder, Step, TryAcquire, TryTakeover, waiting
+from mos_lease.holder.waiting import ReadHolder, TryAcquire, TryTakeover
 from mos_lease.keeper import LeaseKeeper, LeaseLoss
 from mos_lease.results import GrantResult
 
+T = TypeVar("T")
 
-class Holder(_HolderBase):
+
+class Holder(_HolderBase[LeaseKeeper]):
     """:func:`hold` for a :class:`~mos_lease.ConnectorLeaseCoordinator` (``with``)."""
 
-    _keeper: LeaseKeeper | None
+    coordinator: ConnectorLeaseCoordinator
+    _sleep: Callable[[float], object] | None
 
     def __init__(self, coordinator: ConnectorLeaseCoordinator, options: HoldOptions,
                  callbacks: _Callbacks, *, clock: Callable[[], float],
@@ -30,18 +35,22 @@ class Holder(_HolderBase):
                  heartbeat_coordinator: ConnectorLeaseCoordinator | None,
                  on_event: EventHook | None = None,
                  notices: NoticeSource | None = None) -> None:
-        super().__init__(options, callbacks, clock, random, notices)
-        self.coordinator = coordinator
-        self._heartbeat_coordinator = heartbeat_coordinator
-        self._on_event = on_event
-        self._sleep = sleep
+        super().__init__(coordinator, options, callbacks, clock=clock, random=random,
+                         sleep=sleep, heartbeat_coordinator=heartbeat_coordinator,
+                         on_event=on_event, notices=notices)
         self._wakeup = threading.Event()
         self._closing = threading.Event()
         self._watcher: threading.Thread | None = None
         self.lost_event = threading.Event()
         """Set once the lease is lost while held (``lost_event.wait(timeout)``)."""
 
-    def _perform(self, step: Step) -> object:
+    def _run(self, steps: Generator[HolderStep, Any, T], thrown: type[BaseException]) -> T:
+        drive = Drive(steps, thrown)
+        for step in drive:
+            drive.send(outcome_of(self._perform, step))
+        return drive.result
+
+    def _perform(self, step: HolderStep) -> object:
         o = self.options
         if isinstance(step, TryAcquire):
             return self.coordinator.acquire(o.identity, o.connector_id, scopes=o.scopes,
@@ -51,6 +60,11 @@ class Holder(_HolderBase):
                                              ttl=o.ttl, expected_epoch=step.expected_epoch)
         if isinstance(step, ReadHolder):
             return self.coordinator.current_holder(o.identity)
+        if isinstance(step, Adopt):
+            self._require_keeper().adopt(step.lease, obtained_at=step.started)
+            return None
+        if isinstance(step, Stop):
+            return self._require_keeper().stop(release=True)
         if self._sleep is not None:
             self._sleep(step.seconds)
         else:
@@ -58,48 +72,12 @@ class Holder(_HolderBase):
             self._wakeup.clear()
         return None
 
-    def _wait(self) -> Acquired:
-        flow = waiting(self.options, self._clock, self._random, self._new_holder)
-        try:
-            step = next(flow)
-            while True:
-                try:
-                    outcome = self._perform(step)
-                except MosLeaseError as failure:
-                    step = flow.throw(failure)
-                else:
-                    step = flow.send(outcome)
-        except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
-
     def __enter__(self) -> Holder:
-        if self._keeper is not None:
-            raise InvalidInput("holder", "a holder holds once; call hold() again")
-        # Subscribed before the first read, so a change between that read and the pause
-        # still ends the pause.
-        self._subscribe()
-        try:
-            acquired = self._wait()
-        except BaseException:
-            self._unsubscribe()
-            raise
-        lease = acquired.result.lease
-        assert lease is not None
-        timing = self.options.timing
-        keeper = LeaseKeeper(self.coordinator, ttl=timing.ttl, min_backoff=timing.min_backoff,
-                             max_backoff=timing.max_backoff, clock_step=timing.clock_step,
-                             on_lost=self._keeper_lost,
-                             clock=self._clock, random=self._random,
-                             heartbeat_coordinator=self._heartbeat_coordinator,
-                             on_event=self._on_event)
-        self._keeper = keeper
-        keeper.adopt(lease, obtained_at=acquired.started)
+        lease = self._run(self._entering(LeaseKeeper), BaseException)
         self._callbacks("on_started", lease)
         if self._callbacks.has("on_expiring"):
-            # Named by identity only: a thread name can reach log records, a lease UUID
-            # and scopes must not.
             self._watcher = threading.Thread(target=self._watch, daemon=True,
-                                             name=f"mos-lease-holder {lease.identity}")
+                                             name=self._watcher_name(lease))
             self._watcher.start()
         return self
 
@@ -132,25 +110,16 @@ class Holder(_HolderBase):
                     correlation_id: str | None = None) -> GrantResult:
         """Mint a grant for the held lease. Raises :class:`LeaseLost` once the lease is lost
         (refused locally: nothing reaches the store); other refusals come back as results."""
-        keeper = self._keeper
-        self._raise_if_lost()
-        assert isinstance(keeper, LeaseKeeper)
-        result = keeper.issue_grant(scopes=scopes, ttl=ttl, correlation_id=correlation_id)
-        if not result.ok:
-            self._raise_if_lost()
-        return result
+        return self._granted(self._granting().issue_grant(scopes=scopes, ttl=ttl,
+                                                          correlation_id=correlation_id))
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        keeper = self._keeper
-        if keeper is None:
+        if self._keeper is None:
             return
         self._unsubscribe()
         self._closing.set()
-        try:
-            self._released(keeper.stop(release=True))
-        except Exception:
-            _log_release_failure(self.options.identity)
+        self._run(self._leaving(), Exception)
         if self._watcher is not None:
             self._watcher.join(1.0)
         self._callbacks("on_stopped")

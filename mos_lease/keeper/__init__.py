@@ -5,45 +5,9 @@
 Why the local deadline is safe is explained in ``docs/keeper.md``.
 """
 
+from mos_lease.keeper import schedule
 from mos_lease.keeper.drivers import AsyncLeaseKeeper, LeaseKeeper
-from mos_lease.keeper.schedule import (
-    DEFAULT_CLOCK_STEP,
-    LEASE_GONE_REASONS,
-    TRANSIENT_ERRORS,
-    Action,
-    HeartbeatDue,
-    KeeperState,
-    KeeperTiming,
-    LeaseLoss,
-    LossCause,
-    Lost,
-    Wait,
-    after_renewal,
-    grant_loss,
-    held,
-    local_refusal,
-    lose,
-    next_action,
-)
+from mos_lease.keeper.schedule import *  # noqa: F403  (the names schedule.__all__ lists)
 
-__all__ = [
-    "DEFAULT_CLOCK_STEP",
-    "LEASE_GONE_REASONS",
-    "TRANSIENT_ERRORS",
-    "Action",
-    "AsyncLeaseKeeper",
-    "HeartbeatDue",
-    "KeeperState",
-    "KeeperTiming",
-    "LeaseKeeper",
-    "LeaseLoss",
-    "LossCause",
-    "Lost",
-    "Wait",
-    "after_renewal",
-    "grant_loss",
-    "held",
-    "local_refusal",
-    "lose",
-    "next_action",
-]
+__all__ = ["AsyncLeaseKeeper", "LeaseKeeper"]
+__all__ += schedule.__all__

@@ -12,15 +12,16 @@ import threading
 import warnings
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from mos_lease.coordinator import (
     AsyncConnectorLeaseCoordinator,
     ConnectorLeaseCoordinator,
     default_clock,  # CLOCK_BOOTTIME: a resumed process finds its deadline already passed
 )
-from mos_lease.errors import ConfigurationError, InvalidInput
+from mos_lease.errors import ConfigurationError, InvalidInput, MosLeaseError
 from mos_lease.events import EventHook
+from mos_lease.flowdrive import Drive, outcome_of, outcome_of_async
 from mos_lease.identity import LeaseIdentity
 from mos_lease.keeper import flow
 from mos_lease.keeper.flow import OVERDUE, Call, Flow, Heartbeat, KeeperCore, Sleep
@@ -32,6 +33,7 @@ from mos_lease.vocabulary import Outcome
 log = logging.getLogger("mos_lease.keeper")
 
 C = TypeVar("C", ConnectorLeaseCoordinator, AsyncConnectorLeaseCoordinator)
+S = TypeVar("S")
 
 
 def _renewer(coordinator: C, heartbeat_coordinator: C | None, kind: type[C]) -> C:
@@ -47,6 +49,7 @@ def _renewer(coordinator: C, heartbeat_coordinator: C | None, kind: type[C]) -> 
 
 
 def _timing(ttl: float | timedelta, **options: float | None) -> KeeperTiming:
+    # An option left at None takes KeeperTiming's default.
     seconds = ttl.total_seconds() if isinstance(ttl, timedelta) else ttl
     return KeeperTiming(seconds, **{k: v for k, v in options.items() if v is not None})
 
@@ -57,20 +60,38 @@ def _adopted(lease: object) -> LeaseResult:
     return LeaseResult(Outcome.ACQUIRED, None, "adopted", lease=lease)
 
 
-class _Keeper:
-    """What both keepers share: construction and the read-only view of the core."""
+class _Keeper(Generic[C, S]):
+    """What both keepers share: construction and the read-only view of the core. ``C`` is
+    the coordinator class, ``S`` the type of ``sleep``; a shell adds ``_setup``, which makes
+    its own parts, and ``_perform``, which performs one call of a flow."""
 
-    def __init__(self, coordinator: Any, heartbeat_coordinator: Any, kind: type[Any], *,
-                 ttl: float | timedelta, timing: dict[str, float | None],
-                 on_lost: Callable[[LeaseLoss], object] | None, clock: Callable[[], float],
-                 random: Callable[[], float], background: bool,
-                 on_event: EventHook | None, signal: Callable[[], object]) -> None:
-        self.coordinator = coordinator
-        self.heartbeat_coordinator = _renewer(coordinator, heartbeat_coordinator, kind)
-        self._core = KeeperCore(_timing(ttl, **timing), clock, random, on_lost, on_event,
-                                signal)
-        self.ttl = self._core.timing.ttl
+    _kind: type[C]  # the class heartbeat_coordinator must be
+
+    def __init__(self, coordinator: C, *, ttl: float | timedelta,
+                 renew_fraction: float | None = None, jitter: float | None = None,
+                 safety_margin: float | None = None, min_backoff: float | None = None,
+                 max_backoff: float | None = None, clock_step: float | None = None,
+                 on_lost: Callable[[LeaseLoss], object] | None = None,
+                 clock: Callable[[], float] = default_clock,
+                 sleep: S | None = None,
+                 random: Callable[[], float] = _random.random,
+                 background: bool = True,
+                 heartbeat_coordinator: C | None = None,
+                 on_event: EventHook | None = None) -> None:
+        signal = self._setup(sleep)
+        self.coordinator: C = coordinator
+        self.heartbeat_coordinator: C = _renewer(coordinator, heartbeat_coordinator,
+                                                 self._kind)
+        timing = _timing(ttl, renew_fraction=renew_fraction, jitter=jitter,
+                         safety_margin=safety_margin, min_backoff=min_backoff,
+                         max_backoff=max_backoff, clock_step=clock_step)
+        self._core = KeeperCore(timing, clock, random, on_lost, on_event, signal)
+        self.ttl = timing.ttl
         self._background = background
+
+    def _setup(self, sleep: S | None) -> Callable[[], object]:
+        """Make the shell's own parts (its ``lost`` event first); return the loss signal."""
+        raise NotImplementedError
 
     @property
     def timing(self) -> KeeperTiming:
@@ -113,8 +134,23 @@ class _Keeper:
         # handle's repr carries the lease UUID and the scopes.
         return f"mos-lease-keeper {self._core.require_state().lease.identity}"
 
+    # -- what a flow's calls are, and which flows the public methods run ----------------
 
-class LeaseKeeper(_Keeper):
+    def _acquire(self, identity: LeaseIdentity, connector_id: str, scopes: object,
+                 correlation_id: str | None) -> Flow:
+        return flow.start(self._core, flow.Acquire(identity, connector_id, scopes,
+                                                   correlation_id))
+
+    def _takeover(self, identity: LeaseIdentity, connector_id: str, scopes: object,
+                  expected_epoch: int, correlation_id: str | None) -> Flow:
+        return flow.start(self._core, flow.Takeover(identity, connector_id, scopes,
+                                                    expected_epoch, correlation_id))
+
+    def _adopt(self, lease: LeaseHandle, obtained_at: float) -> Flow:
+        return flow.start(self._core, _adopted(lease), obtained_at)
+
+
+class LeaseKeeper(_Keeper[ConnectorLeaseCoordinator, Callable[[float], object]]):
     """Holds one lease for a :class:`ConnectorLeaseCoordinator`, renewing it on a thread.
 
     Typical use::
@@ -143,46 +179,27 @@ class LeaseKeeper(_Keeper):
     The timing options are :class:`KeeperTiming`'s; ``docs/keeper.md`` explains them.
     """
 
-    coordinator: ConnectorLeaseCoordinator
-    heartbeat_coordinator: ConnectorLeaseCoordinator
+    _kind = ConnectorLeaseCoordinator
+    lost: threading.Event
+    """Set once the lease is lost (or the keeper stopped); never cleared."""
 
-    def __init__(self, coordinator: ConnectorLeaseCoordinator, *, ttl: float | timedelta,
-                 renew_fraction: float | None = None, jitter: float | None = None,
-                 safety_margin: float | None = None, min_backoff: float | None = None,
-                 max_backoff: float | None = None, clock_step: float | None = None,
-                 on_lost: Callable[[LeaseLoss], object] | None = None,
-                 clock: Callable[[], float] = default_clock,
-                 sleep: Callable[[float], object] | None = None,
-                 random: Callable[[], float] = _random.random,
-                 background: bool = True,
-                 heartbeat_coordinator: ConnectorLeaseCoordinator | None = None,
-                 on_event: EventHook | None = None) -> None:
+    def _setup(self, sleep: Callable[[float], object] | None) -> Callable[[], object]:
         self.lost = threading.Event()
-        """Set once the lease is lost (or the keeper stopped); never cleared."""
         self._wakeup = threading.Event()
-        super().__init__(
-            coordinator, heartbeat_coordinator, ConnectorLeaseCoordinator, ttl=ttl,
-            timing={"renew_fraction": renew_fraction, "jitter": jitter,
-                    "safety_margin": safety_margin, "min_backoff": min_backoff,
-                    "max_backoff": max_backoff, "clock_step": clock_step},
-            on_lost=on_lost, clock=clock, random=random, background=background,
-            on_event=on_event, signal=self._signal)
         self._sleep = sleep if sleep is not None else self._wakeup.wait
         self._thread: threading.Thread | None = None
+        return self._signal
 
     def _signal(self) -> None:
         self.lost.set()
         self._wakeup.set()
 
-    def _drive(self, running: Flow) -> Any:
+    def _drive(self, running: Flow, thrown: type[BaseException] = MosLeaseError) -> Any:
         """Run ``running`` to its end, performing each call it yields."""
-        answer: Any = None
-        while True:
-            try:
-                call: Call = running.send(answer)
-            except StopIteration as done:
-                return done.value
-            answer = self._perform(call)
+        drive = Drive(running, thrown)
+        for call in drive:
+            drive.send(outcome_of(self._perform, call))
+        return drive.result
 
     def _perform(self, call: Call) -> Any:
         if isinstance(call, Sleep):
@@ -194,6 +211,14 @@ class LeaseKeeper(_Keeper):
         if isinstance(call, flow.IssueGrant):
             return self.coordinator.issue_grant(call.lease, scopes=call.scopes, ttl=call.ttl,
                                                 correlation_id=call.correlation_id)
+        if isinstance(call, flow.Acquire):
+            return self.coordinator.acquire(call.identity, call.connector_id,
+                                            scopes=call.scopes, ttl=self.ttl,
+                                            correlation_id=call.correlation_id)
+        if isinstance(call, flow.Takeover):
+            return self.coordinator.takeover(
+                call.identity, call.connector_id, scopes=call.scopes, ttl=self.ttl,
+                expected_epoch=call.expected_epoch, correlation_id=call.correlation_id)
         return self.coordinator.release(call.lease)
 
     # -- getting a lease -----------------------------------------------------------------
@@ -202,30 +227,21 @@ class LeaseKeeper(_Keeper):
                 correlation_id: str | None = None) -> LeaseResult:
         """:meth:`ConnectorLeaseCoordinator.acquire` with the keeper's ttl; on success the
         keeper holds the lease and starts renewing it. A refusal leaves the keeper unused."""
-        return self._start(lambda: self.coordinator.acquire(
-            identity, connector_id, scopes=scopes, ttl=self.ttl,
-            correlation_id=correlation_id))
+        return self._start(self._acquire(identity, connector_id, scopes, correlation_id))
 
     def takeover(self, identity: LeaseIdentity, connector_id: str, *, scopes: object,
                  expected_epoch: int, correlation_id: str | None = None) -> LeaseResult:
-        return self._start(lambda: self.coordinator.takeover(
-            identity, connector_id, scopes=scopes, ttl=self.ttl, expected_epoch=expected_epoch,
-            correlation_id=correlation_id))
+        return self._start(self._takeover(identity, connector_id, scopes, expected_epoch,
+                                          correlation_id))
 
     def adopt(self, lease: LeaseHandle, *, obtained_at: float) -> None:
         """Keep a lease obtained elsewhere with this keeper's ttl. ``obtained_at`` must be
         the keeper clock's reading taken *before* the call that produced ``lease``."""
-        adopted = _adopted(lease)
-        self._start(lambda: adopted, started=obtained_at)
+        self._start(self._adopt(lease, obtained_at))
 
-    def _start(self, call: Callable[[], LeaseResult], started: float | None = None) -> LeaseResult:
-        self._core.claim_start()
-        result = None
-        started = self._core.clock() if started is None else started
-        try:
-            result = call()
-        finally:
-            holding = self._core.started(result, started)
+    def _start(self, starting: Flow) -> LeaseResult:
+        result: LeaseResult
+        result, holding = self._drive(starting, BaseException)
         if holding and self._background:
             self._thread = threading.Thread(target=self._run, daemon=True, name=self._name())
             self._thread.start()
@@ -301,7 +317,8 @@ def _bounded(call: Callable[[], T], timeout: float) -> T | BaseException:
     return box[0]
 
 
-class AsyncLeaseKeeper(_Keeper):
+class AsyncLeaseKeeper(_Keeper[AsyncConnectorLeaseCoordinator,
+                               Callable[[float], Awaitable[object]]]):
     """The asyncio keeper, for an :class:`AsyncConnectorLeaseCoordinator`.
 
     Renewal runs as a task on the running loop. ``lost`` is an :class:`asyncio.Event`
@@ -312,41 +329,23 @@ class AsyncLeaseKeeper(_Keeper):
     The options are :class:`LeaseKeeper`'s.
     """
 
-    coordinator: AsyncConnectorLeaseCoordinator
-    heartbeat_coordinator: AsyncConnectorLeaseCoordinator
+    _kind = AsyncConnectorLeaseCoordinator
+    lost: asyncio.Event
+    """Set once the lease is lost (or the keeper stopped); never cleared."""
 
-    def __init__(self, coordinator: AsyncConnectorLeaseCoordinator, *, ttl: float | timedelta,
-                 renew_fraction: float | None = None, jitter: float | None = None,
-                 safety_margin: float | None = None, min_backoff: float | None = None,
-                 max_backoff: float | None = None, clock_step: float | None = None,
-                 on_lost: Callable[[LeaseLoss], object] | None = None,
-                 clock: Callable[[], float] = default_clock,
-                 sleep: Callable[[float], Awaitable[object]] | None = None,
-                 random: Callable[[], float] = _random.random,
-                 background: bool = True,
-                 heartbeat_coordinator: AsyncConnectorLeaseCoordinator | None = None,
-                 on_event: EventHook | None = None) -> None:
+    def _setup(self, sleep: Callable[[float], Awaitable[object]] | None
+               ) -> Callable[[], object]:
         self.lost = asyncio.Event()
-        """Set once the lease is lost (or the keeper stopped); never cleared."""
-        super().__init__(
-            coordinator, heartbeat_coordinator, AsyncConnectorLeaseCoordinator, ttl=ttl,
-            timing={"renew_fraction": renew_fraction, "jitter": jitter,
-                    "safety_margin": safety_margin, "min_backoff": min_backoff,
-                    "max_backoff": max_backoff, "clock_step": clock_step},
-            on_lost=on_lost, clock=clock, random=random, background=background,
-            on_event=on_event, signal=self.lost.set)
         self._sleep = sleep if sleep is not None else asyncio.sleep
         self._task: asyncio.Task[None] | None = None
         self._abandoned: set[asyncio.Future[LeaseResult]] = set()
+        return self.lost.set
 
-    async def _drive(self, running: Flow) -> Any:
-        answer: Any = None
-        while True:
-            try:
-                call: Call = running.send(answer)
-            except StopIteration as done:
-                return done.value
-            answer = await self._perform(call)
+    async def _drive(self, running: Flow, thrown: type[BaseException] = MosLeaseError) -> Any:
+        drive = Drive(running, thrown)
+        for call in drive:
+            drive.send(await outcome_of_async(self._perform, call))
+        return drive.result
 
     async def _perform(self, call: Call) -> Any:
         if isinstance(call, Sleep):
@@ -356,8 +355,15 @@ class AsyncLeaseKeeper(_Keeper):
         if isinstance(call, flow.IssueGrant):
             return await self.coordinator.issue_grant(
                 call.lease, scopes=call.scopes, ttl=call.ttl, correlation_id=call.correlation_id)
+        if isinstance(call, flow.Acquire):
+            return await self.coordinator.acquire(
+                call.identity, call.connector_id, scopes=call.scopes, ttl=self.ttl,
+                correlation_id=call.correlation_id)
+        if isinstance(call, flow.Takeover):
+            return await self.coordinator.takeover(
+                call.identity, call.connector_id, scopes=call.scopes, ttl=self.ttl,
+                expected_epoch=call.expected_epoch, correlation_id=call.correlation_id)
         return await self.coordinator.release(call.lease)
-
     async def _bounded_heartbeat(self, call: Heartbeat) -> object:
         # The heartbeat runs as a task of its own and is waited for, not awaited under a
         # timeout: cancelling a call only ends it once the call lets go, and a driver may
@@ -396,33 +402,19 @@ class AsyncLeaseKeeper(_Keeper):
 
     async def acquire(self, identity: LeaseIdentity, connector_id: str, *, scopes: object,
                       correlation_id: str | None = None) -> LeaseResult:
-        return await self._start(lambda: self.coordinator.acquire(
-            identity, connector_id, scopes=scopes, ttl=self.ttl,
-            correlation_id=correlation_id))
+        return await self._start(self._acquire(identity, connector_id, scopes, correlation_id))
 
     async def takeover(self, identity: LeaseIdentity, connector_id: str, *, scopes: object,
                        expected_epoch: int, correlation_id: str | None = None) -> LeaseResult:
-        return await self._start(lambda: self.coordinator.takeover(
-            identity, connector_id, scopes=scopes, ttl=self.ttl, expected_epoch=expected_epoch,
-            correlation_id=correlation_id))
+        return await self._start(self._takeover(identity, connector_id, scopes,
+                                                expected_epoch, correlation_id))
 
     async def adopt(self, lease: LeaseHandle, *, obtained_at: float) -> None:
-        adopted = _adopted(lease)
+        await self._start(self._adopt(lease, obtained_at))
 
-        async def call() -> LeaseResult:
-            return adopted
-
-        await self._start(call, started=obtained_at)
-
-    async def _start(self, call: Callable[[], Awaitable[LeaseResult]],
-                     started: float | None = None) -> LeaseResult:
-        self._core.claim_start()
-        result = None
-        started = self._core.clock() if started is None else started
-        try:
-            result = await call()
-        finally:
-            holding = self._core.started(result, started)
+    async def _start(self, starting: Flow) -> LeaseResult:
+        result: LeaseResult
+        result, holding = await self._drive(starting, BaseException)
         if holding and self._background:
             self._task = asyncio.get_running_loop().create_task(self._run(), name=self._name())
         return result

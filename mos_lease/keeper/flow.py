@@ -1,9 +1,11 @@
-"""The keeper's flow: one heartbeat step, grant issue, start and stop, written once.
+"""The keeper's flow: start, one heartbeat step, grant issue and stop, written once.
 
-Each flow is a generator that yields the calls it needs (:class:`Heartbeat`,
-:class:`Sleep`, :class:`IssueGrant`, :class:`Release`) and is resumed with their results,
-as the coordinator's flows are; the thread keeper and the asyncio keeper in
-``drivers.py`` only perform those calls, so the two cannot disagree.
+Each flow is a generator that yields the calls it needs (:class:`Acquire`,
+:class:`Takeover`, :class:`Heartbeat`, :class:`Sleep`, :class:`IssueGrant`,
+:class:`Release`) and is resumed with their results, as the coordinator's flows are; the
+thread keeper and the asyncio keeper in ``drivers.py`` drive them with
+:class:`~mos_lease.flowdrive.Drive` and only perform those calls, so the two cannot
+disagree.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import attrs
 from mos_lease.errors import InvalidInput
 from mos_lease.events import Emitter, EventHook, RenewalRetry, Renewed, emitter
 from mos_lease.events import Lost as LostEvent
-from mos_lease.identity import check_correlation_id
+from mos_lease.identity import LeaseIdentity, check_correlation_id
 from mos_lease.keeper.schedule import (
     Action,
     HeartbeatDue,
@@ -44,6 +46,27 @@ from mos_lease.vocabulary import Reason
 log = logging.getLogger("mos_lease.keeper")
 
 # --- the calls a flow asks its driver to make ---------------------------------------------
+
+
+@attrs.frozen(slots=True)
+class Acquire:
+    """Acquire with the keeper's ttl."""
+
+    identity: LeaseIdentity
+    connector_id: str
+    scopes: object
+    correlation_id: str | None
+
+
+@attrs.frozen(slots=True)
+class Takeover:
+    """Take over at ``expected_epoch`` with the keeper's ttl."""
+
+    identity: LeaseIdentity
+    connector_id: str
+    scopes: object
+    expected_epoch: int
+    correlation_id: str | None
 
 
 @attrs.frozen(slots=True)
@@ -75,7 +98,7 @@ class Release:
     lease: LeaseHandle
 
 
-Call = Heartbeat | Sleep | IssueGrant | Release
+Call = Acquire | Takeover | Heartbeat | Sleep | IssueGrant | Release
 Flow = Generator[Call, Any, Any]
 
 OVERDUE: Any = object()
@@ -231,6 +254,22 @@ class KeeperCore:
 
 
 # --- the flows ----------------------------------------------------------------------------
+
+
+def start(core: KeeperCore, begin: Acquire | Takeover | LeaseResult,
+          started: float | None = None) -> Flow:
+    """Get the lease the keeper keeps: by the call ``begin``, or adopt ``begin``, a result
+    in hand obtained at ``started``. Returns ``(result, holding)``; when ``holding``, the
+    driver starts renewing. Drive it with every failure thrown in, so a failed or
+    cancelled call still ends the start (and a later one may try again)."""
+    core.claim_start()
+    result = None
+    started = core.clock() if started is None else started
+    try:
+        result = begin if isinstance(begin, LeaseResult) else (yield begin)
+    finally:
+        holding = core.started(result, started)
+    return result, holding
 
 
 def step(core: KeeperCore) -> Flow:

@@ -17,6 +17,12 @@ from mos_lease.records import LeaseHandle
 from mos_lease.results import GrantResult, LeaseResult
 from mos_lease.vocabulary import Outcome, Reason
 
+__all__ = [  # re-exported by mos_lease.keeper
+    "DEFAULT_CLOCK_STEP", "LEASE_GONE_REASONS", "TRANSIENT_ERRORS", "Action", "HeartbeatDue",
+    "KeeperState", "KeeperTiming", "LeaseLoss", "LossCause", "Lost", "Wait", "after_renewal",
+    "grant_loss", "held", "local_refusal", "lose", "next_action",
+]
+
 DEFAULT_CLOCK_STEP: Final = 2.0
 """Seconds of database-clock difference between hosts that the keeper's default safety
 margin covers. A failover may hand the lease table to a standby whose clock differs from
