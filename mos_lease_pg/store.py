@@ -57,8 +57,88 @@ from mos_lease_pg.wire import AnyWire, forgotten
 
 T = TypeVar("T")
 
+
 def _check_optional_id(field: str, value: object) -> str | None:
     return None if value is None else check_id(field, value)
+
+
+class _Attempts:
+    """One call's attempts (at most two): what a failure means, and whether the call goes
+    out once more. Both stores' ``_run`` only check a connection out, watch the deadline,
+    send, and close a connection this says to discard."""
+
+    __slots__ = ("_bound", "_call", "_covers", "_lost", "_resent", "deadline")
+
+    def __init__(self, call: Call[Any], covers: Callable[[], Sequence[Call[Any]]] | None,
+                 deadline: float, bound: float) -> None:
+        self._call = call
+        self._covers = covers
+        self.deadline = deadline
+        self._bound = bound
+        self._resent = False
+        self._lost: MosLeaseError | None = None  # the resent call's first failure
+
+    def calls(self) -> Sequence[Call[Any]]:
+        """The call, or the writes a combined statement stands for (``covers``): a lost
+        connection leaves each of them in doubt, not only the first."""
+        return [self._call] if self._covers is None else self._covers()
+
+    def failed(self, exc: psycopg.Error, wire: AnyWire, timed_out: bool) -> MosLeaseError | None:
+        """The error to raise for ``exc``, or ``None``: the call goes out once more, on a
+        fresh connection (the caller closes this one first)."""
+        # Never past the call's deadline, and only once.
+        again = not self._resent and time.monotonic() < self.deadline
+        self._resent = again
+        # The server forgot a statement psycopg prepared on this connection: it ran nothing,
+        # so any call, a write too, is sent once more. The connection's prepared-statement
+        # cache is wrong from now on, so it is discarded (the pool replaces a closed one).
+        if again and forgotten(exc, wire):
+            return None
+        failure = self._failure(exc, wire, timed_out)
+        # Only a call that cannot change anything twice is sent again, and only when the
+        # connection (not the statement) failed: typically the first use of a connection
+        # that died while idle, e.g. across a database restart.
+        if again and failure.connection_lost and self._call.kind is not Kind.WRITE:
+            self._lost = failure.error
+            return None
+        return failure.error
+
+    def _failure(self, exc: psycopg.Error, wire: AnyWire, timed_out: bool) -> Failure:
+        """Translate a failure of one call, or of a batch of writes sent together."""
+        calls = self.calls()
+        first = calls[0]
+        what = first.what if len(calls) == 1 else f"batch of {len(calls)} writes"
+        if timed_out:
+            what = f"{what} (no reply within the {self._bound:g} s call bound)"
+        # An idempotent write (an audit append) lost with its connection may have committed
+        # too: unless a resend settles it, its outcome is unknown, never "nothing changed".
+        failure = statement_failure(
+            exc, what=what, write_event=first.event_id if first.kind is not Kind.READ else None)
+        if failure.connection_lost:
+            # The backend that ran these writes may still commit them: note it, so that
+            # reconciling ends it first (reconcile.py).
+            IN_DOUBT.note([call.event_id for call in calls
+                           if call.kind is not Kind.READ and call.event_id is not None],
+                          Lost(wire.server, wire.backend_pid))
+        if isinstance(failure.error, CommitOutcomeUnknown):
+            UNAUDITED.note([call.event_id for call in calls
+                            if not call.audited and call.event_id is not None])
+        return failure
+
+    def confirm(self, wire: AnyWire) -> None:
+        """A commit answered with a warning may not be on the synchronous standby."""
+        replication.confirm(wire.conn, self.calls())
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        # Around each attempt: when the resend of an audit append fails too (no connection,
+        # no reply), the first attempt may have committed, so the outcome is unknown, not
+        # "nothing changed".
+        if isinstance(exc, StoreUnavailable) and isinstance(self._lost, CommitOutcomeUnknown):
+            raise self._lost from exc
 
 
 class _StoreCore:
@@ -86,46 +166,6 @@ class _StoreCore:
 
     def _deadline(self, deadline: float | None) -> float:
         return time.monotonic() + self._bound if deadline is None else deadline
-
-    def _failed(self, calls: Sequence[Call[Any]], exc: psycopg.Error, wire: AnyWire,
-                timed_out: bool) -> Failure:
-        """Translate a failure of one call, or of a batch of writes sent together."""
-        first = calls[0]
-        what = first.what if len(calls) == 1 else f"batch of {len(calls)} writes"
-        if timed_out:
-            what = f"{what} (no reply within the {self._bound:g} s call bound)"
-        # An idempotent write (an audit append) lost with its connection may have committed
-        # too: unless a resend settles it, its outcome is unknown, never "nothing changed".
-        failure = statement_failure(
-            exc, what=what, write_event=first.event_id if first.kind is not Kind.READ else None)
-        if failure.connection_lost:
-            # The backend that ran these writes may still commit them: note it, so that
-            # reconciling ends it first (reconcile.py).
-            IN_DOUBT.note([call.event_id for call in calls
-                           if call.kind is not Kind.READ and call.event_id is not None],
-                          Lost(wire.server, wire.backend_pid))
-        if isinstance(failure.error, CommitOutcomeUnknown):
-            UNAUDITED.note([call.event_id for call in calls
-                            if not call.audited and call.event_id is not None])
-        return failure
-
-    @staticmethod
-    def _resend(call: Call[Any], failure: Failure, attempt: int, deadline: float) -> bool:
-        # Only a call that cannot change anything twice is sent again, once, and only when
-        # the connection (not the statement) failed: typically the first use of a
-        # connection that died while idle, e.g. across a database restart. Never past the
-        # call's deadline.
-        return (failure.connection_lost and call.kind is not Kind.WRITE and attempt == 0
-                and time.monotonic() < deadline)
-
-    @staticmethod
-    def _resend_forgotten(exc: psycopg.Error, wire: AnyWire, attempt: int,
-                          deadline: float) -> bool:
-        # The server forgot a statement psycopg prepared on this connection: it ran nothing,
-        # so any call, a write too, is sent once more. The connection's prepared-statement
-        # cache is wrong from now on, so the caller discards the connection first and the
-        # call goes out on a fresh one (the pool replaces a closed connection).
-        return forgotten(exc, wire) and attempt == 0 and time.monotonic() < deadline
 
     def _lost_here(self, event_id: UUID, wire: AnyWire) -> Lost | None:
         """The backend to end before ``event_id`` is looked for, if this process knows it
@@ -205,43 +245,22 @@ class PostgresLeaseStore(_StoreCore):
              covers: Callable[[], Sequence[Call[Any]]] | None = None,
              deadline: float | None = None) -> T:
         """Send one statement, within ``deadline`` (``time.monotonic()``; default: the call
-        bound from now). ``covers`` names the writes a combined statement stands for, so
-        that a lost connection leaves each of them in doubt, not only the first."""
-        deadline = self._deadline(deadline)
-        lost: MosLeaseError | None = None  # a resent call's first failure
-        for attempt in range(2):
-            try:
-                with self._source.checkout(deadline) as wire:
-                    conn = wire.conn
-                    watch = WATCHDOG.arm(conn, deadline, self._bound)
-                    replication.watch(conn)
-                    try:
-                        try:
-                            rows = wire.execute(call.statement.text, call.params)
-                        finally:
-                            WATCHDOG.disarm(watch)
-                            if watch.fired:
-                                conn.close()  # its reply may still be outstanding: never reuse
-                    except psycopg.Error as exc:
-                        if self._resend_forgotten(exc, wire, attempt, deadline):
-                            conn.close()
-                            continue
-                        failure = self._failed([call] if covers is None else covers(), exc, wire,
-                                               watch.fired)
-                        if self._resend(call, failure, attempt, deadline):
-                            lost = failure.error
-                            continue
-                        raise failure.error from exc
-                    # A commit answered with a warning may not be on the synchronous standby.
-                    replication.confirm(conn, [call] if covers is None else covers())
-            except StoreUnavailable as down:
-                # The resend of an audit append failed too: the first attempt may
-                # have committed, so the outcome is unknown, not "nothing changed".
-                if isinstance(lost, CommitOutcomeUnknown):
-                    raise lost from down
-                raise
+        bound from now). ``covers`` names the writes a combined statement stands for."""
+        attempts = _Attempts(call, covers, self._deadline(deadline), self._bound)
+        while True:
+            with attempts, self._source.checkout(attempts.deadline) as wire:
+                replication.watch(wire.conn)
+                try:
+                    with WATCHDOG.arm(wire.conn, attempts.deadline, self._bound) as watch:
+                        rows = wire.execute(call.statement.text, call.params)
+                except psycopg.Error as exc:
+                    error = attempts.failed(exc, wire, watch.fired)
+                    if error is not None:
+                        raise error from exc
+                    wire.conn.close()
+                    continue
+                attempts.confirm(wire)
             return call.parse(rows)
-        raise AssertionError("unreachable")
 
     def _end_lost_backend(self, event_id: UUID, deadline: float) -> None:
         """Make sure the write behind ``event_id`` can no longer commit (reconcile.py)."""
@@ -354,41 +373,22 @@ class AsyncPostgresLeaseStore(_StoreCore):
                    covers: Callable[[], Sequence[Call[Any]]] | None = None,
                    deadline: float | None = None) -> T:
         """Send one statement, as :meth:`PostgresLeaseStore._run`."""
-        deadline = self._deadline(deadline)
-        lost: MosLeaseError | None = None  # a resent call's first failure
-        for attempt in range(2):
-            try:
-                async with self._source.checkout(deadline) as wire:
-                    conn = wire.conn
-                    watch = AsyncWatch(conn, deadline, self._bound)
-                    replication.watch(conn)
+        attempts = _Attempts(call, covers, self._deadline(deadline), self._bound)
+        while True:
+            with attempts:
+                async with self._source.checkout(attempts.deadline) as wire:
+                    replication.watch(wire.conn)
                     try:
-                        try:
+                        async with AsyncWatch(wire.conn, attempts.deadline, self._bound) as watch:
                             rows = await wire.execute(call.statement.text, call.params)
-                        finally:
-                            await watch.done()
-                            if watch.fired:
-                                await conn.close()  # its reply may still be outstanding
                     except psycopg.Error as exc:
-                        if self._resend_forgotten(exc, wire, attempt, deadline):
-                            await conn.close()
-                            continue
-                        failure = self._failed([call] if covers is None else covers(), exc, wire,
-                                               watch.fired)
-                        if self._resend(call, failure, attempt, deadline):
-                            lost = failure.error
-                            continue
-                        raise failure.error from exc
-                    # A commit answered with a warning may not be on the synchronous standby.
-                    replication.confirm(conn, [call] if covers is None else covers())
-            except StoreUnavailable as down:
-                # The resend of an audit append failed too: the first attempt may
-                # have committed, so the outcome is unknown, not "nothing changed".
-                if isinstance(lost, CommitOutcomeUnknown):
-                    raise lost from down
-                raise
+                        error = attempts.failed(exc, wire, watch.fired)
+                        if error is not None:
+                            raise error from exc
+                        await wire.conn.close()
+                        continue
+                    attempts.confirm(wire)
             return call.parse(rows)
-        raise AssertionError("unreachable")
 
     async def _end_lost_backend(self, event_id: UUID, deadline: float) -> None:
         """As :meth:`PostgresLeaseStore._end_lost_backend`."""
