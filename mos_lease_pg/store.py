@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Any, ClassVar, Self, TypeVar
@@ -37,6 +37,7 @@ from mos_lease.errors import (
     MosLeaseError,
     StoreUnavailable,
 )
+from mos_lease.flowdrive import Drive, outcome_of, outcome_of_async
 from mos_lease.identity import LeaseIdentity, check_count, check_id, check_identity
 from mos_lease.machine import Renew, Write
 from mos_lease.ports import MAX_AUDIT_PAGE
@@ -56,7 +57,11 @@ from mos_lease_pg.translate import Failure, statement_failure
 from mos_lease_pg.wire import AnyWire, forgotten
 
 T = TypeVar("T")
-
+# What a store flow (record, event_committed) yields: a statement to send within the
+# operation's deadline, or seconds to wait before looking again. Each store's ``_drive``
+# only performs them.
+Step = Call[Any] | float
+Flow = Generator[Step, Any, T]
 
 def _check_optional_id(field: str, value: object) -> str | None:
     return None if value is None else check_id(field, value)
@@ -183,12 +188,56 @@ class _StoreCore:
                                                 audit_heartbeats=self._audit_heartbeats)
                                for write, entry in renewals]
 
-    def _unaudited(self, event_id: UUID) -> None:
-        """Raise if ``event_id`` is a lost heartbeat that wrote no audit row (its backend is
-        ended by now): the log cannot tell whether it committed."""
+    def _recording(self, entry: AuditEntry) -> Flow[None]:
+        """``record``: append the audit record; if its event id is taken (its own first
+        attempt, whose reply was lost, or another attempt), make sure the row is this one."""
+        insert, matches = self._record_calls(entry)
+        if (yield insert):
+            return
+        try:
+            same = yield matches
+        except StoreUnavailable as down:
+            raise reconcile.unmatched_record(entry, down) from down
+        if not same:
+            raise reconcile.conflicting_record(entry)
+
+    def _settling(self, event_id: UUID, lost: Lost | None, deadline: float) -> Flow[bool]:
+        """``event_committed``: end the session that may still commit the write (``lost``,
+        if this process knows it: see :meth:`_lost_here`), then look the event up."""
+        yield from self._ending(lost, deadline)
         if event_id in UNAUDITED:
+            # A lost heartbeat that wrote no audit row (its backend is ended by now): the
+            # log cannot tell whether it committed.
             IN_DOUBT.forget(event_id)
             raise reconcile.unaudited_outcome(event_id)
+        committed: bool = yield statements.event_committed(event_id, schema=self._schema)
+        if committed and self.settings.require_synchronous_replication:
+            # Found is not yet durable: only a write on the synchronous standby survives a
+            # failover (replication.py); the barrier raises if that cannot be confirmed.
+            yield replication.durability_barrier()
+        IN_DOUBT.forget(event_id)  # settled for good: its backend is gone
+        return committed
+
+    def _ending(self, lost: Lost | None, deadline: float) -> Flow[None]:
+        """Make sure the write in doubt can no longer commit (reconcile.py): end its backend
+        and wait until it is gone, or, where none is known, wait until every transaction of
+        this role that was running when the wait began has finished."""
+        if lost is not None:
+            yield reconcile.terminate(lost.pid, schema=self._schema)
+            while (yield reconcile.backend_alive(lost.pid, schema=self._schema)):
+                self._poll(f"backend {lost.pid}", deadline)
+                yield reconcile.POLL
+            return
+        since, running = yield reconcile.running_before(None, schema=self._schema)
+        while running:
+            self._poll(f"{running} transaction(s) of this role", deadline)
+            yield reconcile.POLL
+            since, running = yield reconcile.running_before(since, schema=self._schema)
+
+    def _poll(self, what: str, deadline: float) -> None:
+        """Raise if one more look would come too late for ``deadline``."""
+        if time.monotonic() + reconcile.POLL >= deadline:
+            raise reconcile.still_running(what, self._bound)
 
     def _record_calls(self, entry: AuditEntry) -> tuple[Call[int], Call[bool]]:
         call = reconcile.record(entry, self._offset, schema=self._schema)
@@ -262,27 +311,17 @@ class PostgresLeaseStore(_StoreCore):
                 attempts.confirm(wire)
             return call.parse(rows)
 
-    def _end_lost_backend(self, event_id: UUID, deadline: float) -> None:
-        """Make sure the write behind ``event_id`` can no longer commit (reconcile.py)."""
-        with self._source.checkout(deadline) as wire:
-            lost = self._lost_here(event_id, wire)
-        if lost is not None:
-            self._run(reconcile.terminate(lost.pid, schema=self._schema), deadline=deadline)
-            while self._run(reconcile.backend_alive(lost.pid, schema=self._schema),
-                            deadline=deadline):
-                if time.monotonic() + reconcile.POLL >= deadline:
-                    raise reconcile.still_running(f"backend {lost.pid}", self._bound)
-                time.sleep(reconcile.POLL)
-            return
-        since, running = self._run(reconcile.running_before(None, schema=self._schema),
-                                   deadline=deadline)
-        while running:
-            if time.monotonic() + reconcile.POLL >= deadline:
-                raise reconcile.still_running(f"{running} transaction(s) of this role",
-                                              self._bound)
-            time.sleep(reconcile.POLL)
-            since, running = self._run(reconcile.running_before(since, schema=self._schema),
-                                       deadline=deadline)
+    def _drive(self, flow: Flow[T], deadline: float) -> T:
+        drive = Drive(flow)
+        for step in drive:
+            drive.send(outcome_of(self._perform, step, deadline))
+        return drive.result
+
+    def _perform(self, step: Step, deadline: float) -> object:
+        if isinstance(step, float):
+            time.sleep(step)
+            return None
+        return self._run(step, deadline=deadline)
 
     # -- LeaseStore ---------------------------------------------------------------------
 
@@ -300,29 +339,13 @@ class PostgresLeaseStore(_StoreCore):
         return self._run(batch, covers=each)
 
     def record(self, entry: AuditEntry) -> None:
-        deadline = self._deadline(None)
-        insert, matches = self._record_calls(entry)
-        if self._run(insert, deadline=deadline):
-            return
-        try:
-            same = self._run(matches, deadline=deadline)
-        except StoreUnavailable as down:
-            raise reconcile.unmatched_record(entry, down) from down
-        if not same:
-            raise reconcile.conflicting_record(entry)
+        self._drive(self._recording(entry), self._deadline(None))
 
     def event_committed(self, event_id: UUID) -> bool:
         deadline = self._deadline(None)
-        self._end_lost_backend(event_id, deadline)
-        self._unaudited(event_id)
-        committed = self._run(statements.event_committed(event_id, schema=self._schema),
-                              deadline=deadline)
-        if committed and self.settings.require_synchronous_replication:
-            # Found is not yet durable: only a write on the synchronous standby survives a
-            # failover (replication.py); the barrier raises if that cannot be confirmed.
-            self._run(replication.durability_barrier(), deadline=deadline)
-        IN_DOUBT.forget(event_id)  # settled for good: its backend is gone
-        return committed
+        with self._source.checkout(deadline) as wire:
+            lost = self._lost_here(event_id, wire)
+        return self._drive(self._settling(event_id, lost, deadline), deadline)
 
     # -- LeaseInspector and operator views ----------------------------------------------
 
@@ -390,28 +413,17 @@ class AsyncPostgresLeaseStore(_StoreCore):
                     attempts.confirm(wire)
             return call.parse(rows)
 
-    async def _end_lost_backend(self, event_id: UUID, deadline: float) -> None:
-        """As :meth:`PostgresLeaseStore._end_lost_backend`."""
-        async with self._source.checkout(deadline) as wire:
-            lost = self._lost_here(event_id, wire)
-        if lost is not None:
-            await self._run(reconcile.terminate(lost.pid, schema=self._schema),
-                            deadline=deadline)
-            while await self._run(reconcile.backend_alive(lost.pid, schema=self._schema),
-                                  deadline=deadline):
-                if time.monotonic() + reconcile.POLL >= deadline:
-                    raise reconcile.still_running(f"backend {lost.pid}", self._bound)
-                await asyncio.sleep(reconcile.POLL)
-            return
-        since, running = await self._run(
-            reconcile.running_before(None, schema=self._schema), deadline=deadline)
-        while running:
-            if time.monotonic() + reconcile.POLL >= deadline:
-                raise reconcile.still_running(f"{running} transaction(s) of this role",
-                                              self._bound)
-            await asyncio.sleep(reconcile.POLL)
-            since, running = await self._run(
-                reconcile.running_before(since, schema=self._schema), deadline=deadline)
+    async def _drive(self, flow: Flow[T], deadline: float) -> T:
+        drive = Drive(flow)
+        for step in drive:
+            drive.send(await outcome_of_async(self._perform, step, deadline))
+        return drive.result
+
+    async def _perform(self, step: Step, deadline: float) -> object:
+        if isinstance(step, float):
+            await asyncio.sleep(step)
+            return None
+        return await self._run(step, deadline=deadline)
 
     async def load(self, identity: LeaseIdentity) -> Snapshot:
         return await self._run(statements.load(identity, self._offset, schema=self._schema))
@@ -428,27 +440,13 @@ class AsyncPostgresLeaseStore(_StoreCore):
         return await self._run(batch, covers=each)
 
     async def record(self, entry: AuditEntry) -> None:
-        deadline = self._deadline(None)
-        insert, matches = self._record_calls(entry)
-        if await self._run(insert, deadline=deadline):
-            return
-        try:
-            same = await self._run(matches, deadline=deadline)
-        except StoreUnavailable as down:
-            raise reconcile.unmatched_record(entry, down) from down
-        if not same:
-            raise reconcile.conflicting_record(entry)
+        await self._drive(self._recording(entry), self._deadline(None))
 
     async def event_committed(self, event_id: UUID) -> bool:
         deadline = self._deadline(None)
-        await self._end_lost_backend(event_id, deadline)
-        self._unaudited(event_id)
-        committed = await self._run(
-            statements.event_committed(event_id, schema=self._schema), deadline=deadline)
-        if committed and self.settings.require_synchronous_replication:
-            await self._run(replication.durability_barrier(), deadline=deadline)
-        IN_DOUBT.forget(event_id)
-        return committed
+        async with self._source.checkout(deadline) as wire:
+            lost = self._lost_here(event_id, wire)
+        return await self._drive(self._settling(event_id, lost, deadline), deadline)
 
     async def leases(self, tenant_id: str | None = None) -> Sequence[LeaseRow]:
         return await self._run(statements.leases(
