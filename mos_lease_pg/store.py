@@ -57,6 +57,8 @@ from mos_lease_pg.translate import Failure, statement_failure
 from mos_lease_pg.wire import AnyWire, forgotten
 
 T = TypeVar("T")
+D = TypeVar("D")
+P = TypeVar("P")
 # What a store flow (record, event_committed) yields: a statement to send within the
 # operation's deadline, or seconds to wait before looking again. Each store's ``_drive``
 # only performs them.
@@ -263,13 +265,19 @@ class _StoreCore:
             limit=check_count("limit", limit, 1, MAX_AUDIT_PAGE), schema=self._schema)
 
 
-def _source_args(conninfo: str | None, pool: object, settings: ConnectionSettings | None
-                 ) -> ConnectionSettings:
+def _source_of(conninfo: str | None, pool: object, settings: ConnectionSettings | None,
+               dedicated: Callable[[str, ConnectionSettings], D],
+               pooled: Callable[[Any, ConnectionSettings], P]
+               ) -> tuple[ConnectionSettings, D | P]:
+    """A store's settings and connection source: a dedicated connection for ``conninfo``,
+    else the caller's ``pool``."""
     if (conninfo is None) == (pool is None):
         raise ConfigurationError("pass exactly one of conninfo or pool")
     if conninfo is not None and not isinstance(conninfo, str):
         raise ConfigurationError("conninfo must be a libpq connection string or URL")
-    return settings if settings is not None else ConnectionSettings()
+    settings = settings if settings is not None else ConnectionSettings()
+    return settings, (dedicated(conninfo, settings) if conninfo is not None
+                      else pooled(pool, settings))
 
 
 class PostgresLeaseStore(_StoreCore):
@@ -285,10 +293,8 @@ class PostgresLeaseStore(_StoreCore):
     def __init__(self, conninfo: str | None = None, *,
                  pool: psycopg_pool.ConnectionPool[Any] | None = None,
                  settings: ConnectionSettings | None = None) -> None:
-        self.settings = _source_args(conninfo, pool, settings)
-        self._source: DedicatedConnection | PooledConnection = (
-            DedicatedConnection(conninfo, self.settings) if conninfo is not None
-            else PooledConnection(pool, self.settings))  # type: ignore[arg-type]
+        self.settings, self._source = _source_of(conninfo, pool, settings,
+                                                 DedicatedConnection, PooledConnection)
 
     def _run(self, call: Call[T], *,
              covers: Callable[[], Sequence[Call[Any]]] | None = None,
@@ -387,10 +393,8 @@ class AsyncPostgresLeaseStore(_StoreCore):
     def __init__(self, conninfo: str | None = None, *,
                  pool: psycopg_pool.AsyncConnectionPool[Any] | None = None,
                  settings: ConnectionSettings | None = None) -> None:
-        self.settings = _source_args(conninfo, pool, settings)
-        self._source: AsyncDedicatedConnection | AsyncPooledConnection = (
-            AsyncDedicatedConnection(conninfo, self.settings) if conninfo is not None
-            else AsyncPooledConnection(pool, self.settings))  # type: ignore[arg-type]
+        self.settings, self._source = _source_of(conninfo, pool, settings,
+                                                 AsyncDedicatedConnection, AsyncPooledConnection)
 
     async def _run(self, call: Call[T], *,
                    covers: Callable[[], Sequence[Call[Any]]] | None = None,
