@@ -195,9 +195,10 @@ class _Source:
     """What every connection source shares: what a connection is judged by before its first
     statement, and which connections were judged. The source's first connection gets the
     schema check (:func:`mos_lease_pg.preflight.first_use`); every later new one the
-    replication re-check (:func:`mos_lease_pg.replication.recheck`), within the call's
-    deadline: after a failover it is another server. A dedicated connection that fails its
-    check is closed; a pooled one goes back to its pool."""
+    replication re-check (:func:`mos_lease_pg.replication.recheck`): after a failover it is
+    another server. Either runs within the call's deadline, like a statement (a silent
+    network cuts it off, ``deadline.py``). A dedicated connection that fails its check is
+    closed; a pooled one goes back to its pool."""
 
     def __init__(self, settings: ConnectionSettings) -> None:
         self._bound = settings.call_bound()
@@ -223,41 +224,45 @@ class _Source:
             self.schema_check = schema_check
         self._judged.add(conn)
 
-    def _recheck_deadline(self, deadline: float | None) -> float:
+    def _check_deadline(self, deadline: float | None) -> float:
         return time.monotonic() + self._bound if deadline is None else deadline
 
 
 def _vet(source: _Source, conn: psycopg.Connection[Any], deadline: float | None) -> None:
     """Judge ``conn`` as :class:`_Source` says, if it still needs it."""
     due = source._due(conn)
-    if due is _Check.FIRST_USE:
-        source._passed(conn, preflight.first_use(conn, source._schema, needs=source._needs,
-                                                 pooler_safe=source._pooler_safe))
-    elif due is _Check.RECHECK:
-        # Watched like a statement, but not closed if the watch fired: a check that got
-        # its answer passed, and the store's call then fails on the cut connection.
-        watch = WATCHDOG.arm(conn, source._recheck_deadline(deadline), source._bound)
-        try:
+    if due is None:
+        return
+    # Watched like a statement, but not closed if the watch fired: a check that got its
+    # answer passed, and the store's call then fails on the cut connection.
+    watch = WATCHDOG.arm(conn, source._check_deadline(deadline), source._bound)
+    try:
+        if due is _Check.FIRST_USE:
+            source._passed(conn, preflight.first_use(conn, source._schema, needs=source._needs,
+                                                     pooler_safe=source._pooler_safe))
+        else:
             replication.recheck(conn, source._needs)
-        finally:
-            WATCHDOG.disarm(watch)
-        source._passed(conn, None)
+            source._passed(conn, None)
+    finally:
+        WATCHDOG.disarm(watch)
 
 
 async def _vet_async(source: _Source, conn: psycopg.AsyncConnection[Any],
                      deadline: float | None) -> None:
     """The asyncio twin of :func:`_vet`."""
     due = source._due(conn)
-    if due is _Check.FIRST_USE:
-        source._passed(conn, await preflight.first_use_async(
-            conn, source._schema, needs=source._needs, pooler_safe=source._pooler_safe))
-    elif due is _Check.RECHECK:
-        watch = AsyncWatch(conn, source._recheck_deadline(deadline), source._bound)  # see _vet
-        try:
+    if due is None:
+        return
+    watch = AsyncWatch(conn, source._check_deadline(deadline), source._bound)  # see _vet
+    try:
+        if due is _Check.FIRST_USE:
+            source._passed(conn, await preflight.first_use_async(
+                conn, source._schema, needs=source._needs, pooler_safe=source._pooler_safe))
+        else:
             await replication.recheck_async(conn, source._needs)
-        finally:
-            await watch.done()
-        source._passed(conn, None)
+            source._passed(conn, None)
+    finally:
+        await watch.done()
 
 
 def _busy(bound: float) -> StoreUnavailable:
