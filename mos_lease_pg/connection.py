@@ -21,6 +21,7 @@ connection after the first is judged again against the replication the store req
 from __future__ import annotations
 
 import asyncio
+import enum
 import math
 import threading
 import time
@@ -183,26 +184,85 @@ def remaining(deadline: float | None, bound: float) -> float:
     ``bound`` from now), at least 0."""
     return bound if deadline is None else max(0.0, deadline - time.monotonic())
 
-def _recheck(conn: psycopg.Connection[Any], needs: replication.Needs, deadline: float | None,
-             bound: float) -> None:
-    """The replication check of a new connection, within the call's deadline: on a silent
-    network its query is cut off like any statement (``deadline.py``)."""
-    watch = WATCHDOG.arm(conn, time.monotonic() + bound if deadline is None else deadline,
-                         bound)
+class _Check(enum.Enum):
+    """Which check a connection needs before its first statement (see :class:`_Source`)."""
+
+    FIRST_USE = "schema check"
+    RECHECK = "replication re-check"
+
+
+class _Source:
+    """What every connection source shares: what a connection is judged by before its first
+    statement, and which connections were judged. The source's first connection gets the
+    schema check (:func:`mos_lease_pg.preflight.first_use`); every later new one the
+    replication re-check (:func:`mos_lease_pg.replication.recheck`): after a failover it is
+    another server. Either runs within the call's deadline, like a statement (a silent
+    network cuts it off, ``deadline.py``). A dedicated connection that fails its check is
+    closed; a pooled one goes back to its pool."""
+
+    def __init__(self, settings: ConnectionSettings) -> None:
+        self._bound = settings.call_bound()
+        self._prepare = settings.prepare
+        self._schema = settings.schema
+        self._needs = replication.needs_of(settings)
+        # Behind a transaction pooler only these settings work (preflight.py refuses others).
+        self._pooler_safe = not (settings.prepare or settings.session_options)
+        # Set by the first connection's schema check, which runs once.
+        self.schema_check: preflight.SchemaCheck | None = None
+        # Connections judged so far: a pool opens new ones after a failover, on whichever
+        # server is the primary then.
+        self._judged: weakref.WeakSet[Any] = weakref.WeakSet()
+
+    def _due(self, conn: object) -> _Check | None:
+        """The check ``conn`` needs before its first statement, if any."""
+        if self.schema_check is None:
+            return _Check.FIRST_USE
+        return None if conn in self._judged else _Check.RECHECK
+
+    def _passed(self, conn: object, schema_check: preflight.SchemaCheck | None) -> None:
+        if schema_check is not None:
+            self.schema_check = schema_check
+        self._judged.add(conn)
+
+    def _check_deadline(self, deadline: float | None) -> float:
+        return time.monotonic() + self._bound if deadline is None else deadline
+
+
+def _vet(source: _Source, conn: psycopg.Connection[Any], deadline: float | None) -> None:
+    """Judge ``conn`` as :class:`_Source` says, if it still needs it."""
+    due = source._due(conn)
+    if due is None:
+        return
+    # Watched like a statement, but not closed if the watch fired: a check that got its
+    # answer passed, and the store's call then fails on the cut connection.
+    watch = WATCHDOG.arm(conn, source._check_deadline(deadline), source._bound)
     try:
-        replication.recheck(conn, needs)
+        if due is _Check.FIRST_USE:
+            source._passed(conn, preflight.first_use(conn, source._schema, needs=source._needs,
+                                                     pooler_safe=source._pooler_safe))
+        else:
+            replication.recheck(conn, source._needs)
+            source._passed(conn, None)
     finally:
         WATCHDOG.disarm(watch)
 
 
-async def _recheck_async(conn: psycopg.AsyncConnection[Any], needs: replication.Needs,
-                         deadline: float | None, bound: float) -> None:
-    watch = AsyncWatch(conn, time.monotonic() + bound if deadline is None else deadline, bound)
+async def _vet_async(source: _Source, conn: psycopg.AsyncConnection[Any],
+                     deadline: float | None) -> None:
+    """The asyncio twin of :func:`_vet`."""
+    due = source._due(conn)
+    if due is None:
+        return
+    watch = AsyncWatch(conn, source._check_deadline(deadline), source._bound)  # see _vet
     try:
-        await replication.recheck_async(conn, needs)
+        if due is _Check.FIRST_USE:
+            source._passed(conn, await preflight.first_use_async(
+                conn, source._schema, needs=source._needs, pooler_safe=source._pooler_safe))
+        else:
+            await replication.recheck_async(conn, source._needs)
+            source._passed(conn, None)
     finally:
         await watch.done()
-
 
 
 def _busy(bound: float) -> StoreUnavailable:
@@ -241,24 +301,17 @@ def _check_autocommit(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[An
             "mos_lease_pg.make_pool or pass kwargs=connect_kwargs(conninfo, settings)")
 
 
-class _Dedicated(Generic[W]):
+class _Dedicated(_Source, Generic[W]):
     """What both dedicated connections share: how to connect, and the current connection's
     sender (whose ``conn`` is the connection itself)."""
 
     def __init__(self, conninfo: str, settings: ConnectionSettings) -> None:
+        super().__init__(settings)
         self._conninfo = conninfo
         self._kwargs = connect_kwargs(conninfo, settings)
         self._given = conninfo_to_dict(conninfo)  # valid: connect_kwargs parsed it
-        self._prepare = settings.prepare
         self._wire: W | None = None
         self._closed = False
-        self._bound = settings.call_bound()
-        self._schema = settings.schema
-        self._needs = replication.needs_of(settings)
-        # Behind a transaction pooler only these settings work (preflight.py refuses others).
-        self._pooler_safe = not (settings.prepare or settings.session_options)
-        # Set by the first connection's schema check (preflight.py), which runs once.
-        self.schema_check: preflight.SchemaCheck | None = None
 
     def _usable(self) -> W | None:
         """The current sender if its connection is still open (a broken one is closed)."""
@@ -305,16 +358,11 @@ class DedicatedConnection(_Dedicated[Wire]):
                                                       **self._connect_kwargs(deadline))
                 except psycopg.Error as exc:
                     raise unavailable_on_checkout(exc, pool_timeout=0) from exc
-                if self.schema_check is None:
-                    self.schema_check = preflight.first_use(
-                        conn, self._schema, owned=True, needs=self._needs,
-                        pooler_safe=self._pooler_safe)
-                else:
-                    try:
-                        _recheck(conn, self._needs, deadline, self._bound)
-                    except BaseException:
-                        conn.close()
-                        raise
+                try:
+                    _vet(self, conn, deadline)
+                except BaseException:
+                    conn.close()
+                    raise
                 wire = self._wire = Wire(conn, prepare=self._prepare)
             return wire
 
@@ -336,22 +384,17 @@ class DedicatedConnection(_Dedicated[Wire]):
                 self._wire = None
 
 
-class _Pooled(Generic[P]):
+class _Pooled(_Source, Generic[P]):
     """What both pooled sources share: the caller's pool and how long to wait for it."""
 
     def __init__(self, pool: P, settings: ConnectionSettings) -> None:
+        super().__init__(settings)
         self._pool: P = pool
         self._timeout = settings.pool_timeout
-        self._bound = settings.call_bound()
-        self._prepare = settings.prepare
-        self._schema = settings.schema
-        self._needs = replication.needs_of(settings)
-        self._pooler_safe = not (settings.prepare or settings.session_options)  # see above
-        # Set by the first checkout's schema check (preflight.py), which runs once.
-        self.schema_check: preflight.SchemaCheck | None = None
-        # Connections whose server was judged (replication.recheck): the pool opens new
-        # ones after a failover, on whichever server is the primary then.
-        self._checked: weakref.WeakSet[Any] = weakref.WeakSet()
+
+    def _wait(self, deadline: float | None) -> float:
+        # Never longer than the pool's own timeout, nor past the call's deadline.
+        return min(self._timeout, remaining(deadline, self._bound))
 
     def _unavailable(self, exc: psycopg.Error) -> StoreUnavailable | ConfigurationError:
         # PoolTimeout, PoolClosed, ... are psycopg errors too.
@@ -364,19 +407,12 @@ class PooledConnection(_Pooled[psycopg_pool.ConnectionPool[Any]]):
     @contextmanager
     def checkout(self, deadline: float | None = None) -> Iterator[Wire]:
         try:
-            conn = self._pool.getconn(
-                timeout=min(self._timeout, remaining(deadline, self._bound)))
+            conn = self._pool.getconn(timeout=self._wait(deadline))
         except psycopg.Error as exc:
             raise self._unavailable(exc) from exc
         try:
             _check_autocommit(conn)
-            if self.schema_check is None:
-                self.schema_check = preflight.first_use(
-                    conn, self._schema, owned=False, needs=self._needs,
-                    pooler_safe=self._pooler_safe)
-            elif conn not in self._checked:
-                _recheck(conn, self._needs, deadline, self._bound)
-            self._checked.add(conn)
+            _vet(self, conn, deadline)
             yield Wire(conn, prepare=self._prepare)
         finally:
             # The pool replaces a connection that comes back broken.
@@ -411,16 +447,11 @@ class AsyncDedicatedConnection(_Dedicated[AsyncWire]):
                         self._conninfo, **self._connect_kwargs(deadline))
                 except psycopg.Error as exc:
                     raise unavailable_on_checkout(exc, pool_timeout=0) from exc
-                if self.schema_check is None:
-                    self.schema_check = await preflight.first_use_async(
-                        conn, self._schema, owned=True, needs=self._needs,
-                        pooler_safe=self._pooler_safe)
-                else:
-                    try:
-                        await _recheck_async(conn, self._needs, deadline, self._bound)
-                    except BaseException:
-                        await conn.close()
-                        raise
+                try:
+                    await _vet_async(self, conn, deadline)
+                except BaseException:
+                    await conn.close()
+                    raise
                 wire = self._wire = AsyncWire(conn, prepare=self._prepare)
             return wire
 
@@ -451,19 +482,12 @@ class AsyncPooledConnection(_Pooled[psycopg_pool.AsyncConnectionPool[Any]]):
     async def checkout(self, deadline: float | None = None
                        ) -> AsyncIterator[AsyncWire]:
         try:
-            conn = await self._pool.getconn(
-                timeout=min(self._timeout, remaining(deadline, self._bound)))
+            conn = await self._pool.getconn(timeout=self._wait(deadline))
         except psycopg.Error as exc:
             raise self._unavailable(exc) from exc
         try:
             _check_autocommit(conn)
-            if self.schema_check is None:
-                self.schema_check = await preflight.first_use_async(
-                    conn, self._schema, owned=False, needs=self._needs,
-                    pooler_safe=self._pooler_safe)
-            elif conn not in self._checked:
-                await _recheck_async(conn, self._needs, deadline, self._bound)
-            self._checked.add(conn)
+            await _vet_async(self, conn, deadline)
             yield AsyncWire(conn, prepare=self._prepare)
         finally:
             await self._pool.putconn(conn)

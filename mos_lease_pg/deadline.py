@@ -15,7 +15,9 @@ acts on the socket itself, so the waiter's ``poll`` wakes, while the descriptor 
 is left for libpq to close (closing it under another thread's ``poll`` would be a race).
 
 Sync calls are watched by one daemon thread per process, which sleeps while nothing is
-armed; async calls by a timer on their own event loop.
+armed; async calls by a timer on their own event loop. Either watch is a context manager
+around a statement (``with WATCHDOG.arm(...)``, ``async with AsyncWatch(...)``): leaving
+it disarms the watch and, if it fired, closes the connection.
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ import os
 import socket
 import threading
 import time
-from typing import Any, Final
+from types import TracebackType
+from typing import Any, Final, Self
 
 import psycopg
 
@@ -53,17 +56,28 @@ def shut_down(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> N
 
 class Watch:
     """One call's deadline on one sync connection. :meth:`done` disarms it; afterwards
-    :attr:`fired` says whether the connection must be discarded."""
+    :attr:`fired` says whether the connection must be discarded. Leaving it as a context
+    manager disarms it and closes a connection it fired on."""
 
-    __slots__ = ("_conn", "_lock", "_state", "cancel_timeout", "fire_at")
+    __slots__ = ("_conn", "_dog", "_lock", "_state", "cancel_timeout", "fire_at")
 
     def __init__(self, conn: psycopg.Connection[Any], fire_at: float,
-                 cancel_timeout: float) -> None:
+                 cancel_timeout: float, dog: Watchdog) -> None:
         self._conn = conn
         self.fire_at = fire_at
         self.cancel_timeout = cancel_timeout
+        self._dog = dog
         self._lock = threading.Lock()
         self._state = _ARMED
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self._dog.disarm(self)
+        if self._state == _FIRED:
+            self._conn.close()  # its reply may still be outstanding: never reuse it
 
     @property
     def fired(self) -> bool:
@@ -98,7 +112,7 @@ class Watchdog:
     def arm(self, conn: psycopg.Connection[Any], deadline: float,
             call_timeout: float) -> Watch:
         cancel = grace(call_timeout)
-        watch = Watch(conn, deadline - cancel, cancel)
+        watch = Watch(conn, deadline - cancel, cancel, self)
         self._armed[id(watch)] = watch
         if self._thread is None:
             self._launch()
@@ -141,7 +155,8 @@ WATCHDOG: Final = Watchdog()
 
 
 class AsyncWatch:
-    """One call's deadline on one async connection, a timer on the running loop."""
+    """One call's deadline on one async connection, a timer on the running loop; as
+    :class:`Watch`, an (async) context manager."""
 
     __slots__ = ("_conn", "_handle", "_task", "fired")
 
@@ -169,3 +184,12 @@ class AsyncWatch:
         if self._task is not None:
             # Finish cutting before the caller discards the connection (bounded by grace).
             await self._task
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: TracebackType | None) -> None:
+        await self.done()
+        if self.fired:
+            await self._conn.close()  # its reply may still be outstanding

@@ -265,13 +265,12 @@ def _server(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> str
     return f"{conn.info.host}:{conn.info.port}"
 
 
-def first_use(conn: psycopg.Connection[Any], schema: str, *, owned: bool,
-              needs: Needs = NO_NEEDS, pooler_safe: bool = False) -> SchemaCheck:
+def first_use(conn: psycopg.Connection[Any], schema: str, *, needs: Needs = NO_NEEDS,
+              pooler_safe: bool = False) -> SchemaCheck:
     """:func:`check` for a connection source, then the replication check against
-    ``needs``: a failure closes ``conn`` if the source ``owned`` it (a pooled one goes back
-    to its pool), and a database error is a ``StoreUnavailable`` like any statement's.
-    Unless the store's settings are ``pooler_safe``, a pooler in front of the server is
-    refused first."""
+    ``needs``; a database error is a ``StoreUnavailable`` like any statement's (the source
+    closes a connection of its own that failed, see ``connection.py``). Unless the store's
+    settings are ``pooler_safe``, a pooler in front of the server is refused first."""
     try:
         if not pooler_safe:
             _pooler_check(conn)
@@ -280,18 +279,11 @@ def first_use(conn: psycopg.Connection[Any], schema: str, *, owned: bool,
         found = replication.judge(replication.facts(row), needs, server=_server(conn))
         return attrs.evolve(check(conn, schema), replication=found)
     except psycopg.Error as exc:
-        if owned:
-            conn.close()
         raise statement_failure(exc, what="schema check", write_event=None).error from exc
-    except BaseException:
-        if owned:
-            conn.close()
-        raise
 
 
 async def first_use_async(conn: psycopg.AsyncConnection[Any], schema: str, *,
-                          owned: bool, needs: Needs = NO_NEEDS,
-                          pooler_safe: bool = False) -> SchemaCheck:
+                          needs: Needs = NO_NEEDS, pooler_safe: bool = False) -> SchemaCheck:
     """The asyncio twin of :func:`first_use`."""
     try:
         if not pooler_safe:
@@ -301,10 +293,4 @@ async def first_use_async(conn: psycopg.AsyncConnection[Any], schema: str, *,
         found = replication.judge(replication.facts(row), needs, server=_server(conn))
         return attrs.evolve(await check_async(conn, schema), replication=found)
     except psycopg.Error as exc:
-        if owned:
-            await conn.close()
         raise statement_failure(exc, what="schema check", write_event=None).error from exc
-    except BaseException:
-        if owned:
-            await conn.close()
-        raise

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Any, ClassVar, Self, TypeVar
@@ -37,6 +37,7 @@ from mos_lease.errors import (
     MosLeaseError,
     StoreUnavailable,
 )
+from mos_lease.flowdrive import Drive, outcome_of, outcome_of_async
 from mos_lease.identity import LeaseIdentity, check_count, check_id, check_identity
 from mos_lease.machine import Renew, Write
 from mos_lease.ports import MAX_AUDIT_PAGE
@@ -56,9 +57,95 @@ from mos_lease_pg.translate import Failure, statement_failure
 from mos_lease_pg.wire import AnyWire, forgotten
 
 T = TypeVar("T")
+D = TypeVar("D")
+P = TypeVar("P")
+# What a store flow (record, event_committed) yields: a statement to send within the
+# operation's deadline, or seconds to wait before looking again. Each store's ``_drive``
+# only performs them.
+Step = Call[Any] | float
+Flow = Generator[Step, Any, T]
 
 def _check_optional_id(field: str, value: object) -> str | None:
     return None if value is None else check_id(field, value)
+
+
+class _Attempts:
+    """One call's attempts (at most two): what a failure means, and whether the call goes
+    out once more. Both stores' ``_run`` only check a connection out, watch the deadline,
+    send, and close a connection this says to discard."""
+
+    __slots__ = ("_bound", "_call", "_covers", "_lost", "_resent", "deadline")
+
+    def __init__(self, call: Call[Any], covers: Callable[[], Sequence[Call[Any]]] | None,
+                 deadline: float, bound: float) -> None:
+        self._call = call
+        self._covers = covers
+        self.deadline = deadline
+        self._bound = bound
+        self._resent = False
+        self._lost: MosLeaseError | None = None  # the resent call's first failure
+
+    def calls(self) -> Sequence[Call[Any]]:
+        """The call, or the writes a combined statement stands for (``covers``): a lost
+        connection leaves each of them in doubt, not only the first."""
+        return [self._call] if self._covers is None else self._covers()
+
+    def failed(self, exc: psycopg.Error, wire: AnyWire, timed_out: bool) -> MosLeaseError | None:
+        """The error to raise for ``exc``, or ``None``: the call goes out once more, on a
+        fresh connection (the caller closes this one first)."""
+        # Never past the call's deadline, and only once.
+        again = not self._resent and time.monotonic() < self.deadline
+        self._resent = again
+        # The server forgot a statement psycopg prepared on this connection: it ran nothing,
+        # so any call, a write too, is sent once more. The connection's prepared-statement
+        # cache is wrong from now on, so it is discarded (the pool replaces a closed one).
+        if again and forgotten(exc, wire):
+            return None
+        failure = self._failure(exc, wire, timed_out)
+        # Only a call that cannot change anything twice is sent again, and only when the
+        # connection (not the statement) failed: typically the first use of a connection
+        # that died while idle, e.g. across a database restart.
+        if again and failure.connection_lost and self._call.kind is not Kind.WRITE:
+            self._lost = failure.error
+            return None
+        return failure.error
+
+    def _failure(self, exc: psycopg.Error, wire: AnyWire, timed_out: bool) -> Failure:
+        """Translate a failure of one call, or of a batch of writes sent together."""
+        calls = self.calls()
+        first = calls[0]
+        what = first.what if len(calls) == 1 else f"batch of {len(calls)} writes"
+        if timed_out:
+            what = f"{what} (no reply within the {self._bound:g} s call bound)"
+        # An idempotent write (an audit append) lost with its connection may have committed
+        # too: unless a resend settles it, its outcome is unknown, never "nothing changed".
+        failure = statement_failure(
+            exc, what=what, write_event=first.event_id if first.kind is not Kind.READ else None)
+        if failure.connection_lost:
+            # The backend that ran these writes may still commit them: note it, so that
+            # reconciling ends it first (reconcile.py).
+            IN_DOUBT.note([call.event_id for call in calls
+                           if call.kind is not Kind.READ and call.event_id is not None],
+                          Lost(wire.server, wire.backend_pid))
+        if isinstance(failure.error, CommitOutcomeUnknown):
+            UNAUDITED.note([call.event_id for call in calls
+                            if not call.audited and call.event_id is not None])
+        return failure
+
+    def confirm(self, wire: AnyWire) -> None:
+        """A commit answered with a warning may not be on the synchronous standby."""
+        replication.confirm(wire.conn, self.calls())
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        # Around each attempt: when the resend of an audit append fails too (no connection,
+        # no reply), the first attempt may have committed, so the outcome is unknown, not
+        # "nothing changed".
+        if isinstance(exc, StoreUnavailable) and isinstance(self._lost, CommitOutcomeUnknown):
+            raise self._lost from exc
 
 
 class _StoreCore:
@@ -87,46 +174,6 @@ class _StoreCore:
     def _deadline(self, deadline: float | None) -> float:
         return time.monotonic() + self._bound if deadline is None else deadline
 
-    def _failed(self, calls: Sequence[Call[Any]], exc: psycopg.Error, wire: AnyWire,
-                timed_out: bool) -> Failure:
-        """Translate a failure of one call, or of a batch of writes sent together."""
-        first = calls[0]
-        what = first.what if len(calls) == 1 else f"batch of {len(calls)} writes"
-        if timed_out:
-            what = f"{what} (no reply within the {self._bound:g} s call bound)"
-        # An idempotent write (an audit append) lost with its connection may have committed
-        # too: unless a resend settles it, its outcome is unknown, never "nothing changed".
-        failure = statement_failure(
-            exc, what=what, write_event=first.event_id if first.kind is not Kind.READ else None)
-        if failure.connection_lost:
-            # The backend that ran these writes may still commit them: note it, so that
-            # reconciling ends it first (reconcile.py).
-            IN_DOUBT.note([call.event_id for call in calls
-                           if call.kind is not Kind.READ and call.event_id is not None],
-                          Lost(wire.server, wire.backend_pid))
-        if isinstance(failure.error, CommitOutcomeUnknown):
-            UNAUDITED.note([call.event_id for call in calls
-                            if not call.audited and call.event_id is not None])
-        return failure
-
-    @staticmethod
-    def _resend(call: Call[Any], failure: Failure, attempt: int, deadline: float) -> bool:
-        # Only a call that cannot change anything twice is sent again, once, and only when
-        # the connection (not the statement) failed: typically the first use of a
-        # connection that died while idle, e.g. across a database restart. Never past the
-        # call's deadline.
-        return (failure.connection_lost and call.kind is not Kind.WRITE and attempt == 0
-                and time.monotonic() < deadline)
-
-    @staticmethod
-    def _resend_forgotten(exc: psycopg.Error, wire: AnyWire, attempt: int,
-                          deadline: float) -> bool:
-        # The server forgot a statement psycopg prepared on this connection: it ran nothing,
-        # so any call, a write too, is sent once more. The connection's prepared-statement
-        # cache is wrong from now on, so the caller discards the connection first and the
-        # call goes out on a fresh one (the pool replaces a closed connection).
-        return forgotten(exc, wire) and attempt == 0 and time.monotonic() < deadline
-
     def _lost_here(self, event_id: UUID, wire: AnyWire) -> Lost | None:
         """The backend to end before ``event_id`` is looked for, if this process knows it
         and it ran on the server ``wire`` talks to."""
@@ -143,12 +190,56 @@ class _StoreCore:
                                                 audit_heartbeats=self._audit_heartbeats)
                                for write, entry in renewals]
 
-    def _unaudited(self, event_id: UUID) -> None:
-        """Raise if ``event_id`` is a lost heartbeat that wrote no audit row (its backend is
-        ended by now): the log cannot tell whether it committed."""
+    def _recording(self, entry: AuditEntry) -> Flow[None]:
+        """``record``: append the audit record; if its event id is taken (its own first
+        attempt, whose reply was lost, or another attempt), make sure the row is this one."""
+        insert, matches = self._record_calls(entry)
+        if (yield insert):
+            return
+        try:
+            same = yield matches
+        except StoreUnavailable as down:
+            raise reconcile.unmatched_record(entry, down) from down
+        if not same:
+            raise reconcile.conflicting_record(entry)
+
+    def _settling(self, event_id: UUID, lost: Lost | None, deadline: float) -> Flow[bool]:
+        """``event_committed``: end the session that may still commit the write (``lost``,
+        if this process knows it: see :meth:`_lost_here`), then look the event up."""
+        yield from self._ending(lost, deadline)
         if event_id in UNAUDITED:
+            # A lost heartbeat that wrote no audit row (its backend is ended by now): the
+            # log cannot tell whether it committed.
             IN_DOUBT.forget(event_id)
             raise reconcile.unaudited_outcome(event_id)
+        committed: bool = yield statements.event_committed(event_id, schema=self._schema)
+        if committed and self.settings.require_synchronous_replication:
+            # Found is not yet durable: only a write on the synchronous standby survives a
+            # failover (replication.py); the barrier raises if that cannot be confirmed.
+            yield replication.durability_barrier()
+        IN_DOUBT.forget(event_id)  # settled for good: its backend is gone
+        return committed
+
+    def _ending(self, lost: Lost | None, deadline: float) -> Flow[None]:
+        """Make sure the write in doubt can no longer commit (reconcile.py): end its backend
+        and wait until it is gone, or, where none is known, wait until every transaction of
+        this role that was running when the wait began has finished."""
+        if lost is not None:
+            yield reconcile.terminate(lost.pid, schema=self._schema)
+            while (yield reconcile.backend_alive(lost.pid, schema=self._schema)):
+                self._poll(f"backend {lost.pid}", deadline)
+                yield reconcile.POLL
+            return
+        since, running = yield reconcile.running_before(None, schema=self._schema)
+        while running:
+            self._poll(f"{running} transaction(s) of this role", deadline)
+            yield reconcile.POLL
+            since, running = yield reconcile.running_before(since, schema=self._schema)
+
+    def _poll(self, what: str, deadline: float) -> None:
+        """Raise if one more look would come too late for ``deadline``."""
+        if time.monotonic() + reconcile.POLL >= deadline:
+            raise reconcile.still_running(what, self._bound)
 
     def _record_calls(self, entry: AuditEntry) -> tuple[Call[int], Call[bool]]:
         call = reconcile.record(entry, self._offset, schema=self._schema)
@@ -174,13 +265,19 @@ class _StoreCore:
             limit=check_count("limit", limit, 1, MAX_AUDIT_PAGE), schema=self._schema)
 
 
-def _source_args(conninfo: str | None, pool: object, settings: ConnectionSettings | None
-                 ) -> ConnectionSettings:
+def _source_of(conninfo: str | None, pool: object, settings: ConnectionSettings | None,
+               dedicated: Callable[[str, ConnectionSettings], D],
+               pooled: Callable[[Any, ConnectionSettings], P]
+               ) -> tuple[ConnectionSettings, D | P]:
+    """A store's settings and connection source: a dedicated connection for ``conninfo``,
+    else the caller's ``pool``."""
     if (conninfo is None) == (pool is None):
         raise ConfigurationError("pass exactly one of conninfo or pool")
     if conninfo is not None and not isinstance(conninfo, str):
         raise ConfigurationError("conninfo must be a libpq connection string or URL")
-    return settings if settings is not None else ConnectionSettings()
+    settings = settings if settings is not None else ConnectionSettings()
+    return settings, (dedicated(conninfo, settings) if conninfo is not None
+                      else pooled(pool, settings))
 
 
 class PostgresLeaseStore(_StoreCore):
@@ -196,74 +293,41 @@ class PostgresLeaseStore(_StoreCore):
     def __init__(self, conninfo: str | None = None, *,
                  pool: psycopg_pool.ConnectionPool[Any] | None = None,
                  settings: ConnectionSettings | None = None) -> None:
-        self.settings = _source_args(conninfo, pool, settings)
-        self._source: DedicatedConnection | PooledConnection = (
-            DedicatedConnection(conninfo, self.settings) if conninfo is not None
-            else PooledConnection(pool, self.settings))  # type: ignore[arg-type]
+        self.settings, self._source = _source_of(conninfo, pool, settings,
+                                                 DedicatedConnection, PooledConnection)
 
     def _run(self, call: Call[T], *,
              covers: Callable[[], Sequence[Call[Any]]] | None = None,
              deadline: float | None = None) -> T:
         """Send one statement, within ``deadline`` (``time.monotonic()``; default: the call
-        bound from now). ``covers`` names the writes a combined statement stands for, so
-        that a lost connection leaves each of them in doubt, not only the first."""
-        deadline = self._deadline(deadline)
-        lost: MosLeaseError | None = None  # a resent call's first failure
-        for attempt in range(2):
-            try:
-                with self._source.checkout(deadline) as wire:
-                    conn = wire.conn
-                    watch = WATCHDOG.arm(conn, deadline, self._bound)
-                    replication.watch(conn)
-                    try:
-                        try:
-                            rows = wire.execute(call.statement.text, call.params)
-                        finally:
-                            WATCHDOG.disarm(watch)
-                            if watch.fired:
-                                conn.close()  # its reply may still be outstanding: never reuse
-                    except psycopg.Error as exc:
-                        if self._resend_forgotten(exc, wire, attempt, deadline):
-                            conn.close()
-                            continue
-                        failure = self._failed([call] if covers is None else covers(), exc, wire,
-                                               watch.fired)
-                        if self._resend(call, failure, attempt, deadline):
-                            lost = failure.error
-                            continue
-                        raise failure.error from exc
-                    # A commit answered with a warning may not be on the synchronous standby.
-                    replication.confirm(conn, [call] if covers is None else covers())
-            except StoreUnavailable as down:
-                # The resend of an audit append failed too: the first attempt may
-                # have committed, so the outcome is unknown, not "nothing changed".
-                if isinstance(lost, CommitOutcomeUnknown):
-                    raise lost from down
-                raise
+        bound from now). ``covers`` names the writes a combined statement stands for."""
+        attempts = _Attempts(call, covers, self._deadline(deadline), self._bound)
+        while True:
+            with attempts, self._source.checkout(attempts.deadline) as wire:
+                replication.watch(wire.conn)
+                try:
+                    with WATCHDOG.arm(wire.conn, attempts.deadline, self._bound) as watch:
+                        rows = wire.execute(call.statement.text, call.params)
+                except psycopg.Error as exc:
+                    error = attempts.failed(exc, wire, watch.fired)
+                    if error is not None:
+                        raise error from exc
+                    wire.conn.close()
+                    continue
+                attempts.confirm(wire)
             return call.parse(rows)
-        raise AssertionError("unreachable")
 
-    def _end_lost_backend(self, event_id: UUID, deadline: float) -> None:
-        """Make sure the write behind ``event_id`` can no longer commit (reconcile.py)."""
-        with self._source.checkout(deadline) as wire:
-            lost = self._lost_here(event_id, wire)
-        if lost is not None:
-            self._run(reconcile.terminate(lost.pid, schema=self._schema), deadline=deadline)
-            while self._run(reconcile.backend_alive(lost.pid, schema=self._schema),
-                            deadline=deadline):
-                if time.monotonic() + reconcile.POLL >= deadline:
-                    raise reconcile.still_running(f"backend {lost.pid}", self._bound)
-                time.sleep(reconcile.POLL)
-            return
-        since, running = self._run(reconcile.running_before(None, schema=self._schema),
-                                   deadline=deadline)
-        while running:
-            if time.monotonic() + reconcile.POLL >= deadline:
-                raise reconcile.still_running(f"{running} transaction(s) of this role",
-                                              self._bound)
-            time.sleep(reconcile.POLL)
-            since, running = self._run(reconcile.running_before(since, schema=self._schema),
-                                       deadline=deadline)
+    def _drive(self, flow: Flow[T], deadline: float) -> T:
+        drive = Drive(flow)
+        for step in drive:
+            drive.send(outcome_of(self._perform, step, deadline))
+        return drive.result
+
+    def _perform(self, step: Step, deadline: float) -> object:
+        if isinstance(step, float):
+            time.sleep(step)
+            return None
+        return self._run(step, deadline=deadline)
 
     # -- LeaseStore ---------------------------------------------------------------------
 
@@ -281,29 +345,13 @@ class PostgresLeaseStore(_StoreCore):
         return self._run(batch, covers=each)
 
     def record(self, entry: AuditEntry) -> None:
-        deadline = self._deadline(None)
-        insert, matches = self._record_calls(entry)
-        if self._run(insert, deadline=deadline):
-            return
-        try:
-            same = self._run(matches, deadline=deadline)
-        except StoreUnavailable as down:
-            raise reconcile.unmatched_record(entry, down) from down
-        if not same:
-            raise reconcile.conflicting_record(entry)
+        self._drive(self._recording(entry), self._deadline(None))
 
     def event_committed(self, event_id: UUID) -> bool:
         deadline = self._deadline(None)
-        self._end_lost_backend(event_id, deadline)
-        self._unaudited(event_id)
-        committed = self._run(statements.event_committed(event_id, schema=self._schema),
-                              deadline=deadline)
-        if committed and self.settings.require_synchronous_replication:
-            # Found is not yet durable: only a write on the synchronous standby survives a
-            # failover (replication.py); the barrier raises if that cannot be confirmed.
-            self._run(replication.durability_barrier(), deadline=deadline)
-        IN_DOUBT.forget(event_id)  # settled for good: its backend is gone
-        return committed
+        with self._source.checkout(deadline) as wire:
+            lost = self._lost_here(event_id, wire)
+        return self._drive(self._settling(event_id, lost, deadline), deadline)
 
     # -- LeaseInspector and operator views ----------------------------------------------
 
@@ -345,73 +393,41 @@ class AsyncPostgresLeaseStore(_StoreCore):
     def __init__(self, conninfo: str | None = None, *,
                  pool: psycopg_pool.AsyncConnectionPool[Any] | None = None,
                  settings: ConnectionSettings | None = None) -> None:
-        self.settings = _source_args(conninfo, pool, settings)
-        self._source: AsyncDedicatedConnection | AsyncPooledConnection = (
-            AsyncDedicatedConnection(conninfo, self.settings) if conninfo is not None
-            else AsyncPooledConnection(pool, self.settings))  # type: ignore[arg-type]
+        self.settings, self._source = _source_of(conninfo, pool, settings,
+                                                 AsyncDedicatedConnection, AsyncPooledConnection)
 
     async def _run(self, call: Call[T], *,
                    covers: Callable[[], Sequence[Call[Any]]] | None = None,
                    deadline: float | None = None) -> T:
         """Send one statement, as :meth:`PostgresLeaseStore._run`."""
-        deadline = self._deadline(deadline)
-        lost: MosLeaseError | None = None  # a resent call's first failure
-        for attempt in range(2):
-            try:
-                async with self._source.checkout(deadline) as wire:
-                    conn = wire.conn
-                    watch = AsyncWatch(conn, deadline, self._bound)
-                    replication.watch(conn)
+        attempts = _Attempts(call, covers, self._deadline(deadline), self._bound)
+        while True:
+            with attempts:
+                async with self._source.checkout(attempts.deadline) as wire:
+                    replication.watch(wire.conn)
                     try:
-                        try:
+                        async with AsyncWatch(wire.conn, attempts.deadline, self._bound) as watch:
                             rows = await wire.execute(call.statement.text, call.params)
-                        finally:
-                            await watch.done()
-                            if watch.fired:
-                                await conn.close()  # its reply may still be outstanding
                     except psycopg.Error as exc:
-                        if self._resend_forgotten(exc, wire, attempt, deadline):
-                            await conn.close()
-                            continue
-                        failure = self._failed([call] if covers is None else covers(), exc, wire,
-                                               watch.fired)
-                        if self._resend(call, failure, attempt, deadline):
-                            lost = failure.error
-                            continue
-                        raise failure.error from exc
-                    # A commit answered with a warning may not be on the synchronous standby.
-                    replication.confirm(conn, [call] if covers is None else covers())
-            except StoreUnavailable as down:
-                # The resend of an audit append failed too: the first attempt may
-                # have committed, so the outcome is unknown, not "nothing changed".
-                if isinstance(lost, CommitOutcomeUnknown):
-                    raise lost from down
-                raise
+                        error = attempts.failed(exc, wire, watch.fired)
+                        if error is not None:
+                            raise error from exc
+                        await wire.conn.close()
+                        continue
+                    attempts.confirm(wire)
             return call.parse(rows)
-        raise AssertionError("unreachable")
 
-    async def _end_lost_backend(self, event_id: UUID, deadline: float) -> None:
-        """As :meth:`PostgresLeaseStore._end_lost_backend`."""
-        async with self._source.checkout(deadline) as wire:
-            lost = self._lost_here(event_id, wire)
-        if lost is not None:
-            await self._run(reconcile.terminate(lost.pid, schema=self._schema),
-                            deadline=deadline)
-            while await self._run(reconcile.backend_alive(lost.pid, schema=self._schema),
-                                  deadline=deadline):
-                if time.monotonic() + reconcile.POLL >= deadline:
-                    raise reconcile.still_running(f"backend {lost.pid}", self._bound)
-                await asyncio.sleep(reconcile.POLL)
-            return
-        since, running = await self._run(
-            reconcile.running_before(None, schema=self._schema), deadline=deadline)
-        while running:
-            if time.monotonic() + reconcile.POLL >= deadline:
-                raise reconcile.still_running(f"{running} transaction(s) of this role",
-                                              self._bound)
-            await asyncio.sleep(reconcile.POLL)
-            since, running = await self._run(
-                reconcile.running_before(since, schema=self._schema), deadline=deadline)
+    async def _drive(self, flow: Flow[T], deadline: float) -> T:
+        drive = Drive(flow)
+        for step in drive:
+            drive.send(await outcome_of_async(self._perform, step, deadline))
+        return drive.result
+
+    async def _perform(self, step: Step, deadline: float) -> object:
+        if isinstance(step, float):
+            await asyncio.sleep(step)
+            return None
+        return await self._run(step, deadline=deadline)
 
     async def load(self, identity: LeaseIdentity) -> Snapshot:
         return await self._run(statements.load(identity, self._offset, schema=self._schema))
@@ -428,27 +444,13 @@ class AsyncPostgresLeaseStore(_StoreCore):
         return await self._run(batch, covers=each)
 
     async def record(self, entry: AuditEntry) -> None:
-        deadline = self._deadline(None)
-        insert, matches = self._record_calls(entry)
-        if await self._run(insert, deadline=deadline):
-            return
-        try:
-            same = await self._run(matches, deadline=deadline)
-        except StoreUnavailable as down:
-            raise reconcile.unmatched_record(entry, down) from down
-        if not same:
-            raise reconcile.conflicting_record(entry)
+        await self._drive(self._recording(entry), self._deadline(None))
 
     async def event_committed(self, event_id: UUID) -> bool:
         deadline = self._deadline(None)
-        await self._end_lost_backend(event_id, deadline)
-        self._unaudited(event_id)
-        committed = await self._run(
-            statements.event_committed(event_id, schema=self._schema), deadline=deadline)
-        if committed and self.settings.require_synchronous_replication:
-            await self._run(replication.durability_barrier(), deadline=deadline)
-        IN_DOUBT.forget(event_id)
-        return committed
+        async with self._source.checkout(deadline) as wire:
+            lost = self._lost_here(event_id, wire)
+        return await self._drive(self._settling(event_id, lost, deadline), deadline)
 
     async def leases(self, tenant_id: str | None = None) -> Sequence[LeaseRow]:
         return await self._run(statements.leases(
