@@ -40,16 +40,18 @@ from __future__ import annotations
 
 import logging
 import re
-from typing import Any, Final
+from collections.abc import Generator, Mapping
+from typing import Any, Final, TypeVar
 
 import attrs
 import psycopg
 
 from mos_lease.errors import ConfigurationError
+from mos_lease.flowdrive import Drive, outcome_of, outcome_of_async
 from mos_lease_pg import replication
 from mos_lease_pg.migrations import available_migrations
 from mos_lease_pg.replication import NO_NEEDS, Needs, ReplicationFacts
-from mos_lease_pg.statements import quoted
+from mos_lease_pg.statements import Row, query_text, render
 from mos_lease_pg.translate import pooler_misconfigured, statement_failure
 
 log = logging.getLogger("mos_lease_pg")
@@ -57,6 +59,7 @@ log = logging.getLogger("mos_lease_pg")
 LEASES: Final = "logical_agent_connector_leases"
 AUDIT: Final = "connector_lease_audit_log"
 MIGRATIONS: Final = "mos_lease_schema_migrations"
+T = TypeVar("T")
 VERSION_COMMENT: Final = "mos-lease schema version {version}"
 _VERSION_IN_COMMENT: Final = re.compile(r"^mos-lease schema version (\d+)$")
 
@@ -79,34 +82,7 @@ SURPLUS: Final[tuple[tuple[str, str, str | None], ...]] = (
     (AUDIT, "TRIGGER", None),
 )
 
-# One row per privilege asked about: whether the table (and column) exists and whether the
-# current role holds it; the schema's facts are repeated on every row. Only catalogs and
-# privilege functions, readable by every role, so it never fails for lack of a grant.
-_QUERY: Final = b"""
-SELECT n.oid IS NOT NULL, coalesce(has_schema_privilege(n.oid, 'USAGE'), false),
-       coalesce(has_schema_privilege(n.oid, 'CREATE'), false),
-       (SELECT r.rolsuper FROM pg_roles AS r WHERE r.rolname = current_user),
-       current_user::text, current_database()::text,
-       (SELECT obj_description(m.oid, 'pg_class') FROM pg_class AS m
-        WHERE m.relnamespace = n.oid AND m.relname = %(migrations)s),
-       (SELECT has_table_privilege(m.oid, 'SELECT') FROM pg_class AS m
-        WHERE m.relnamespace = n.oid AND m.relname = %(migrations)s),
-       w.relname, w.privilege, w.attname, c.oid IS NOT NULL,
-       CASE WHEN c.oid IS NULL THEN false
-            WHEN w.attname IS NULL THEN has_table_privilege(c.oid, w.privilege)
-            WHEN a.attnum IS NULL THEN false
-            ELSE has_column_privilege(c.oid, a.attnum, w.privilege) END,
-       (SELECT count(*) FROM pg_inherits AS i JOIN pg_class AS p ON p.oid = i.inhparent
-        WHERE p.relnamespace = n.oid AND p.relname = %(audit)s
-          AND has_table_privilege(i.inhrelid,
-                                  'SELECT, INSERT, UPDATE, DELETE, TRUNCATE, TRIGGER'))
-FROM unnest(%(relnames)s::text[], %(privileges)s::text[], %(attnames)s::text[])
-         AS w(relname, privilege, attname)
-LEFT JOIN pg_namespace AS n ON n.nspname = %(schema)s
-LEFT JOIN pg_class AS c ON c.relnamespace = n.oid AND c.relname = w.relname
-LEFT JOIN pg_attribute AS a ON a.attrelid = c.oid AND a.attname = w.attname
-                           AND NOT a.attisdropped
-"""
+_QUERY: Final = query_text("preflight", "privileges.sql").encode("utf-8")
 
 
 def required_version() -> int:
@@ -212,32 +188,72 @@ def _report(check: SchemaCheck) -> SchemaCheck:
     return check
 
 
-def _table_version_query(schema: str) -> bytes:
-    return f"SELECT max(version) FROM {quoted(schema)}.{MIGRATIONS}".encode()
+@attrs.frozen(slots=True)
+class _Query:
+    """One statement of a check, for whichever driver runs it; answered with its rows."""
+
+    text: bytes
+    params: Mapping[str, object] | None = None
+    prepare: bool | None = None
+
+
+Check = Generator[_Query, list[Row], T]
+
+
+def _checking(schema: str) -> Check[SchemaCheck]:
+    rows = yield _Query(_QUERY, _params(schema))
+    table_version = None
+    if rows and rows[0][6] is None and rows[0][7]:
+        found = yield _Query(render(query_text("preflight", "table_version.sql"),
+                                    schema).encode("utf-8"))
+        table_version = found[0][0] if found else None
+    return _report(judge(schema, rows, table_version))
+
+
+def _first_using(schema: str, needs: Needs, pooler_safe: bool, backend_pid: int,
+                 server: str) -> Check[SchemaCheck]:
+    if not pooler_safe:
+        (answered,), = yield _Query(_BACKEND_PID, prepare=False)  # see backend_pid.sql
+        judge_backend(backend_pid, answered)
+    (row,) = yield _Query(replication.FACTS)
+    found = replication.judge(replication.facts(row), needs, server=server)
+    return attrs.evolve((yield from _checking(schema)), replication=found)
+
+
+def _rows(conn: psycopg.Connection[Any], query: _Query) -> list[Row]:
+    return conn.execute(query.text, query.params, prepare=query.prepare).fetchall()
+
+
+async def _rows_async(conn: psycopg.AsyncConnection[Any], query: _Query) -> list[Row]:
+    return await (await conn.execute(query.text, query.params,
+                                     prepare=query.prepare)).fetchall()
+
+
+def _run(conn: psycopg.Connection[Any], check: Check[T]) -> T:
+    drive = Drive(check, ())  # a database error ends the check: the caller translates it
+    for query in drive:
+        drive.send(outcome_of(_rows, conn, query))
+    return drive.result
+
+
+async def _run_async(conn: psycopg.AsyncConnection[Any], check: Check[T]) -> T:
+    drive = Drive(check, ())  # as in _run
+    for query in drive:
+        drive.send(await outcome_of_async(_rows_async, conn, query))
+    return drive.result
 
 
 def check(conn: psycopg.Connection[Any], schema: str) -> SchemaCheck:
     """Run the check on ``conn`` (autocommit). Raises ``ConfigurationError`` with the fix."""
-    rows = conn.execute(_QUERY, _params(schema)).fetchall()
-    table_version = None
-    if rows and rows[0][6] is None and rows[0][7]:
-        found = conn.execute(_table_version_query(schema)).fetchone()
-        table_version = None if found is None else found[0]
-    return _report(judge(schema, rows, table_version))
+    return _run(conn, _checking(schema))
 
 
 async def check_async(conn: psycopg.AsyncConnection[Any], schema: str) -> SchemaCheck:
-    """The asyncio twin of :func:`check`."""
-    rows = await (await conn.execute(_QUERY, _params(schema))).fetchall()
-    table_version = None
-    if rows and rows[0][6] is None and rows[0][7]:
-        found = await (await conn.execute(_table_version_query(schema))).fetchone()
-        table_version = None if found is None else found[0]
-    return _report(judge(schema, rows, table_version))
+    """As :func:`check`, on an asyncio connection."""
+    return await _run_async(conn, _checking(schema))
 
 
-# Sent unprepared: behind a pooler a prepared statement may already collide.
-_BACKEND_PID: Final = b"SELECT pg_backend_pid()"
+_BACKEND_PID: Final = query_text("preflight", "backend_pid.sql").encode("utf-8")
 
 
 def judge_backend(announced: int, answered: int) -> None:
@@ -247,18 +263,6 @@ def judge_backend(announced: int, answered: int) -> None:
         raise pooler_misconfigured(
             f"the connection's startup named backend pid {announced}, but backend "
             f"{answered} answered")
-
-
-def _pooler_check(conn: psycopg.Connection[Any]) -> None:
-    row = conn.execute(_BACKEND_PID, prepare=False).fetchone()
-    assert row is not None
-    judge_backend(conn.info.backend_pid, row[0])
-
-
-async def _pooler_check_async(conn: psycopg.AsyncConnection[Any]) -> None:
-    row = await (await conn.execute(_BACKEND_PID, prepare=False)).fetchone()
-    assert row is not None
-    judge_backend(conn.info.backend_pid, row[0])
 
 
 def _server(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> str:
@@ -272,25 +276,17 @@ def first_use(conn: psycopg.Connection[Any], schema: str, *, needs: Needs = NO_N
     closes a connection of its own that failed, see ``connection.py``). Unless the store's
     settings are ``pooler_safe``, a pooler in front of the server is refused first."""
     try:
-        if not pooler_safe:
-            _pooler_check(conn)
-        row = conn.execute(replication.FACTS).fetchone()
-        assert row is not None
-        found = replication.judge(replication.facts(row), needs, server=_server(conn))
-        return attrs.evolve(check(conn, schema), replication=found)
+        return _run(conn, _first_using(schema, needs, pooler_safe, conn.info.backend_pid,
+                                       _server(conn)))
     except psycopg.Error as exc:
         raise statement_failure(exc, what="schema check", write_event=None).error from exc
 
 
 async def first_use_async(conn: psycopg.AsyncConnection[Any], schema: str, *,
                           needs: Needs = NO_NEEDS, pooler_safe: bool = False) -> SchemaCheck:
-    """The asyncio twin of :func:`first_use`."""
+    """As :func:`first_use`, on an asyncio connection."""
     try:
-        if not pooler_safe:
-            await _pooler_check_async(conn)
-        row = await (await conn.execute(replication.FACTS)).fetchone()
-        assert row is not None
-        found = replication.judge(replication.facts(row), needs, server=_server(conn))
-        return attrs.evolve(await check_async(conn, schema), replication=found)
+        return await _run_async(conn, _first_using(schema, needs, pooler_safe,
+                                                   conn.info.backend_pid, _server(conn)))
     except psycopg.Error as exc:
         raise statement_failure(exc, what="schema check", write_event=None).error from exc
