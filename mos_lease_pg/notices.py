@@ -37,9 +37,10 @@ from psycopg import sql
 from mos_lease.errors import InvalidInput
 from mos_lease.identity import LeaseIdentity, check_identity
 from mos_lease_pg.connection import ConnectionSettings, connect_kwargs
-from mos_lease_pg.statements import NOTICE_KINDS, notice_channel
+from mos_lease_pg.statements import NOTICE_KINDS, notice_channel, query_text
 
 log = logging.getLogger("mos_lease_pg.notices")
+_LISTEN: Final = sql.SQL(query_text("notices", "listen.sql"))
 
 NoticeCallback = Callable[[int, str], object]
 """``callback(epoch, kind)``: the identity's lease is now at ``epoch``; ``kind`` is
@@ -152,7 +153,7 @@ class LeaseNotices:
             else:
                 with conn:
                     try:
-                        conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
+                        conn.execute(_LISTEN.format(channel=sql.Identifier(self.channel)))
                     except psycopg.Error as refused:
                         if not conn.broken:
                             self._refuse(refused)

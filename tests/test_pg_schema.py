@@ -69,7 +69,8 @@ def test_the_loader_refuses_a_table_named_without_its_schema() -> None:
 
 # Every folder of files sent as they are (the migrations themselves run with a pinned
 # search_path instead: see migrations.py).
-SENT_FOLDERS = ("statements", "migrate", "audit", "check", "describe", "setup")
+SENT_FOLDERS = ("statements", "migrate", "audit", "check", "describe", "setup", "preflight",
+                "notices")
 
 
 def _shipped() -> dict[str, str]:
