@@ -11,7 +11,7 @@ outcome goes back into the flow, and how the flow's value comes out, is written 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Generator
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, final
 
 from mos_lease.errors import MosLeaseError
 
@@ -19,6 +19,7 @@ C = TypeVar("C")
 T = TypeVar("T")
 
 
+@final
 class Failed:
     """A call that raised: the shell hands it to :meth:`Drive.send` like a result."""
 
@@ -60,7 +61,10 @@ class Drive(Generic[C, T]):
         self._flow = flow
         self._thrown = thrown
         self._done = False
-        self._advance(None)
+        try:
+            self._call = flow.send(None)
+        except StopIteration as done:
+            self._end(done.value)
 
     def __iter__(self) -> Drive[C, T]:
         return self
@@ -72,20 +76,25 @@ class Drive(Generic[C, T]):
 
     def send(self, outcome: object) -> None:
         """Hand the flow the outcome of the call it last yielded."""
-        if isinstance(outcome, Failed) and not isinstance(outcome.error, self._thrown):
-            raise outcome.error
-        self._advance(outcome)
-
-    def _advance(self, outcome: object) -> None:
+        # Written out rather than shared with __init__: it runs once per store call.
+        if outcome.__class__ is Failed:
+            error = outcome.error
+            if not isinstance(error, self._thrown):
+                raise error
+            try:
+                self._call = self._flow.throw(error)
+            except StopIteration as done:
+                self._end(done.value)
+            return
         try:
-            if isinstance(outcome, Failed):
-                self._call = self._flow.throw(outcome.error)
-            else:
-                self._call = self._flow.send(outcome)
+            self._call = self._flow.send(outcome)
         except StopIteration as done:
-            self._done = True
-            self.result = done.value
-            self._finished(done.value)
+            self._end(done.value)
+
+    def _end(self, value: T) -> None:
+        self._done = True
+        self.result = value
+        self._finished(value)
 
     def _finished(self, value: T) -> None:
         """Called once with the flow's value; a subclass may observe it."""
