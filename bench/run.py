@@ -266,6 +266,8 @@ def _telemetry_figures(report: Report, hooked: telemetry.TelemetryResult) -> Non
     report.series("telemetry", "validate, no check (floor)", s[telemetry.NO_HOOK_PATH], "ops/s")
     report.series("telemetry", "validate, no-op hook", s[telemetry.ATTACHED],
                   "ops/s", _ratio_text(hooked.attached_ratio, "no check"))
+    report.series("telemetry", "validate, hand-written loop", s[telemetry.HAND_LOOP],
+                  "ops/s", f"floor {_ratio_text(hooked.hand_ratio, 'hand loop')}")
 
 
 def _notice_figures(report: Report, pushed: notices.NoticeResult) -> None:

@@ -5,10 +5,12 @@ The in-memory store makes a validation as cheap as it gets (no network, no SQL),
 ever be. Three coordinators share one store and run in the same interleaved rounds:
 
 * ``hook path, none attached``: the library's coordinator as shipped, ``on_event=None``;
-* ``no hook path``: the same coordinator with the driver as it was before the hook, the
-  check taken out (the floor);
+* ``no hook path``: the same coordinator with its driver (``flowdrive.Drive``) run without
+  the check (the floor);
 * ``no-op hook attached``: ``on_event=lambda event: None``, for information: the price of
-  timing every store call and building the events, paid only by those who attach a hook.
+  timing every store call and building the events, paid only by those who attach a hook;
+* ``hand-written loop``: for information, the driver as each coordinator wrote it before
+  ``flowdrive`` (a generator loop of its own, no check): what the one shared driver costs.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from measure import Case, Series, interleave, throughput_ratio
 from mos_lease import AllowAllPolicy, ConnectorLeaseCoordinator, LeaseIdentity
 from mos_lease.coordinator import Flow, _call
 from mos_lease.errors import MosLeaseError
+from mos_lease.flowdrive import Drive, outcome_of
 from mos_lease_memory import InMemoryLeaseStore, ManualClock
 
 T = TypeVar("T")
@@ -31,6 +34,16 @@ SCOPES = ("tool:run",)
 
 class _NoHookPath(ConnectorLeaseCoordinator):
     """The synchronous driver without the hook check: the floor this figure divides by."""
+
+    def _run(self, flow: Flow[T]) -> T:
+        drive = Drive(flow)
+        for op in drive:
+            drive.send(outcome_of(_call, self.store, op))
+        return drive.result
+
+
+class _HandLoop(ConnectorLeaseCoordinator):
+    """The driver as it was written in each coordinator before ``flowdrive``."""
 
     def _run(self, flow: Flow[T]) -> T:
         try:
@@ -51,11 +64,13 @@ class TelemetryResult:
     series: dict[str, Series]
     ratio: float  # hook path, none attached / no hook path
     attached_ratio: float  # no-op hook attached / no hook path
+    hand_ratio: float  # no hook path / hand-written loop: the shared driver's price
 
 
 NONE_ATTACHED = "hook path, none attached"
 NO_HOOK_PATH = "no hook path"
 ATTACHED = "no-op hook attached"
+HAND_LOOP = "hand-written loop"
 
 
 def _validate_case(name: str, coordinator: ConnectorLeaseCoordinator,
@@ -85,7 +100,10 @@ def run(*, rounds: int, per_round: int, warmup: int) -> TelemetryResult:
                        LeaseIdentity("bench", "agent", "floor")),
         _validate_case(ATTACHED, ConnectorLeaseCoordinator(store, policy, on_event=noop),
                        LeaseIdentity("bench", "agent", "attached")),
+        _validate_case(HAND_LOOP, _HandLoop(store, policy),
+                       LeaseIdentity("bench", "agent", "hand")),
     ]
     series = interleave(cases, rounds=rounds, per_round=per_round, warmup=warmup)
     return TelemetryResult(series, throughput_ratio(series[NONE_ATTACHED], series[NO_HOOK_PATH]),
-                           throughput_ratio(series[ATTACHED], series[NO_HOOK_PATH]))
+                           throughput_ratio(series[ATTACHED], series[NO_HOOK_PATH]),
+                           throughput_ratio(series[NO_HOOK_PATH], series[HAND_LOOP]))
