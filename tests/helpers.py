@@ -23,6 +23,7 @@ from mos_lease import (
     ExecutionGrant,
     LeaseHandle,
     LeaseIdentity,
+    LeaseResult,
     LeaseRow,
     StoreUnavailable,
 )
@@ -176,3 +177,13 @@ def expire(env: Env, handle: LeaseHandle) -> None:
     """Move the store clock to exactly the lease's expiry (expired: ``expires_at <= now``)."""
     gap = handle.expires_at - env.clock.now()
     env.clock.advance(max(gap, timedelta(0)))
+
+
+def claim(gateway: ConnectorLeaseCoordinator, identity: LeaseIdentity, connector_id: str,
+          row: LeaseRow | None, *, scopes: Sequence[str], ttl: float) -> LeaseResult:
+    """A racer's move on ``identity`` given the row it just read: acquire where there is
+    none, else take over at that row's epoch."""
+    if row is None:
+        return gateway.acquire(identity, connector_id, scopes=scopes, ttl=ttl)
+    return gateway.takeover(identity, connector_id, scopes=scopes, ttl=ttl,
+                            expected_epoch=row.epoch)

@@ -6,7 +6,6 @@ nothing."""
 
 from __future__ import annotations
 
-import argparse
 import json
 from collections.abc import Iterator
 from datetime import UTC, date, datetime
@@ -18,20 +17,12 @@ import pytest
 from psycopg import sql
 
 from mos_lease_pg import archive as retention
-from mos_lease_pg.cli import register
 from tests.pg_fixtures import PgSchema
 from tests.test_pg_audit_partitions import AUDIT, _insert_old_rows, _partitions, _rows
+from tests.test_pg_cli import run
 from tests.test_pg_roles import Layout, role_layout
 
 pytestmark = pytest.mark.pg
-
-
-def run(*argv: str) -> int:
-    parser = argparse.ArgumentParser(prog="mos-lease")
-    register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    code: int = args.func(args)
-    return code
 
 
 def _this_month() -> date:

@@ -36,6 +36,7 @@ from mos_lease_pg import (
 )
 from mos_lease_pg.translate import POOLER_SETTINGS, statement_failure
 from tests import tools
+from tests.helpers import claim
 from tests.pg_fixtures import PgSchema, PostgresHarness, StoreFactory
 from tests.pg_support import PgServer
 from tests.pgbouncer import POOL_SIZE, PgBouncer
@@ -141,12 +142,8 @@ def test_a_takeover_race_through_pgbouncer_has_one_winner_per_epoch(
             gateway = ConnectorLeaseCoordinator(store, AllowAllPolicy())
             for _ in range(rounds):
                 barrier.wait(timeout=60)
-                row = store.load(identity).row
-                if row is None:
-                    result = gateway.acquire(identity, f"c{n}", scopes=SCOPES, ttl=120)
-                else:
-                    result = gateway.takeover(identity, f"c{n}", scopes=SCOPES, ttl=120,
-                                              expected_epoch=row.epoch)
+                result = claim(gateway, identity, f"c{n}", store.load(identity).row,
+                               scopes=SCOPES, ttl=120)
                 if result.lease is not None:
                     won.append(result.lease.epoch)
         return won

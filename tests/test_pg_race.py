@@ -26,6 +26,7 @@ from mos_lease import AllowAllPolicy, ConnectorLeaseCoordinator, LeaseIdentity
 from mos_lease.grants import ExecutionGrant
 from mos_lease.vocabulary import Outcome
 from mos_lease_pg import PostgresLeaseStore
+from tests.helpers import claim
 from tests.pg_support import gather
 
 pytestmark = [pytest.mark.pg, pytest.mark.faults]
@@ -62,12 +63,8 @@ def race_worker(worker: int, dsn: str, tenant: str, barrier: Any, results: Any) 
                 identity = identities[binding]
                 barrier.wait(timeout=60)
                 validate(binding)
-                row = store.load(identity).row
-                if row is None:
-                    result = gateway.acquire(identity, f"w{worker}", scopes=SCOPES, ttl=120)
-                else:
-                    result = gateway.takeover(identity, f"w{worker}", scopes=SCOPES, ttl=120,
-                                              expected_epoch=row.epoch)
+                result = claim(gateway, identity, f"w{worker}", store.load(identity).row,
+                               scopes=SCOPES, ttl=120)
                 if result.lease is not None:
                     events.append(("win", binding, result.lease.epoch, True, store.now()))
                     granted = gateway.issue_grant(result.lease, scopes=SCOPES, ttl=30)
