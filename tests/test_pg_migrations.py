@@ -8,13 +8,19 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql
 
+from mos_lease import AllowAllPolicy, ConnectorLeaseCoordinator, LeaseIdentity
 from mos_lease_pg import (
+    ConnectionSettings,
     MigrationError,
+    PostgresLeaseStore,
     applied_versions,
+    archive,
     available_migrations,
     describe_schema,
     migrate,
@@ -123,3 +129,30 @@ def test_a_failed_migration_leaves_nothing_behind(pg_schema_dsn: PgSchema) -> No
 def test_unreachable_database_is_a_migration_error() -> None:
     with pytest.raises(MigrationError, match="cannot connect"):
         migrate("host=127.0.0.1 port=1 dbname=x user=x connect_timeout=2")
+
+
+def test_a_schema_named_by_a_keyword_is_built_used_and_kept_append_only(
+        pg_dsn: str, pg_admin: psycopg.Connection[Any]) -> None:
+    # "select" is a plain lower-case identifier, so check_schema accepts it, but SQL needs it
+    # quoted: every statement and function that names the schema must quote it once.
+    schema = "select"
+    try:
+        assert migrate(pg_dsn, schema=schema, allow_second_copy=True) == [1, 2, 3]
+        with PostgresLeaseStore(pg_dsn, settings=ConnectionSettings(schema=schema)) as store:
+            gateway = ConnectorLeaseCoordinator(store, AllowAllPolicy())
+            acquired = gateway.acquire(LeaseIdentity("t", "a", "b"), "c1", scopes=["tool:run"],
+                                       ttl=30)
+            assert acquired.ok
+        made = archive.make_partitions(pg_dsn, schema, archive.MONTHS_AHEAD + 1)
+        assert len(made) == 1
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            log = sql.SQL('"select".connector_lease_audit_log')
+            for part in archive.partitions(conn, schema):
+                table = sql.SQL('"select".{}').format(sql.Identifier(part.name))
+                with pytest.raises(psycopg.errors.RestrictViolation):
+                    conn.execute(sql.SQL("DELETE FROM {}").format(table))
+            with pytest.raises(psycopg.errors.RestrictViolation):
+                conn.execute(sql.SQL("UPDATE {} SET reason = 'x'").format(log))
+            assert conn.execute(sql.SQL("SELECT count(*) FROM {}").format(log)).fetchone() == (1,)
+    finally:
+        pg_admin.execute('DROP SCHEMA IF EXISTS "select" CASCADE')

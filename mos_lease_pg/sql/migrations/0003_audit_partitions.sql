@@ -89,7 +89,9 @@ CREATE TRIGGER connector_lease_audit_log_rows_append_only
 CREATE FUNCTION mos_lease_audit_guard(part regclass) RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    refuse text := (SELECT format('%I.mos_lease_refuse', c.relnamespace::regnamespace)
+    -- regnamespace's text is the schema's name already quoted where it needs quotes (a
+    -- keyword such as "select"): quoting it again would name another schema.
+    refuse text := (SELECT format('%s.mos_lease_refuse', c.relnamespace::regnamespace)
                     FROM pg_class AS c WHERE c.oid = part);
 BEGIN
     EXECUTE format('CREATE TRIGGER connector_lease_audit_log_append_only BEFORE UPDATE OR '
@@ -143,7 +145,8 @@ $identity$;
 CREATE FUNCTION mos_lease_audit_partitions(log regclass, ahead integer) RETURNS SETOF text
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    here        text := (SELECT format('%I', c.relnamespace::regnamespace) FROM pg_class AS c
+    -- Already quoted where needed (see mos_lease_audit_guard).
+    here        text := (SELECT c.relnamespace::regnamespace::text FROM pg_class AS c
                          WHERE c.oid = log);
     fallback    text := format('%s.%I', here, 'connector_lease_audit_log_default');
     month_start timestamp := date_trunc('month', clock_timestamp() AT TIME ZONE 'UTC');
