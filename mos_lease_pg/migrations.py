@@ -166,17 +166,13 @@ def _apply(conn: psycopg.Connection[Any], schema: str, migration: Migration,
     return True
 
 
-# Months of audit partitions ``migrate`` keeps ready after the current one (0003).
-AUDIT_MONTHS_AHEAD = MONTHS_AHEAD
-
-
 def _mark_version(conn: psycopg.Connection[Any], schema: str) -> None:
     with conn.transaction():
         conn.execute(_sql(schema, "lock.sql"))
         current = max(_applied(conn, schema), default=0)
-        if current >= 3:  # every migrate also keeps the audit log's months ahead ready
+        if current >= 3:  # every migrate also keeps the audit log's months ahead ready (0003)
             conn.execute(schema_query(schema, "audit", "make_partitions.sql"),
-                         {"ahead": AUDIT_MONTHS_AHEAD})
+                         {"ahead": MONTHS_AHEAD})
         conn.execute(_sql(schema, "version_comment.sql",
                           comment=sql.Literal(f"mos-lease schema version {current}")))
 

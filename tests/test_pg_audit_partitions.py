@@ -103,7 +103,7 @@ def test_a_fresh_schema_has_months_ahead_and_migrate_keeps_them_coming(
     target = pg_migrated_schema_dsn
     names = _partitions(target.dsn, target.schema)
     monthly = [n for n in names if n[-6:].isdigit()]
-    assert len(monthly) == 1 + migrations_module.AUDIT_MONTHS_AHEAD, names
+    assert len(monthly) == 1 + retention.MONTHS_AHEAD, names
     assert names[-1] == f"{AUDIT}_default"
     with _connect(target.dsn) as conn:
         conn.execute(sql.SQL("ALTER TABLE {}.{} DETACH PARTITION {}.{}").format(
