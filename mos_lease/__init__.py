@@ -55,6 +55,8 @@ from mos_lease.identity import (
 )
 from mos_lease.keeper import AsyncLeaseKeeper, LeaseKeeper, LeaseLoss, LossCause
 from mos_lease.machine import PolicyVerdict
+from mos_lease.notice_confirmer import NoticeConfirmer, shared_confirmer
+from mos_lease.notice_gate import NoticeStats
 from mos_lease.policy import (
     AllowAllPolicy,
     ConnectorLeaseService,
@@ -126,6 +128,8 @@ __all__ = [
     "LossCause",
     "Lost",
     "MosLeaseError",
+    "NoticeConfirmer",
+    "NoticeStats",
     "OperationFinished",
     "Outcome",
     "PolicyRequest",
@@ -146,4 +150,5 @@ __all__ = [
     "parse_token",
     "run_adapter",
     "run_adapter_async",
+    "shared_confirmer",
 ]

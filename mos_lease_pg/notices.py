@@ -12,8 +12,16 @@ that listens, on a daemon thread, and calls the callbacks subscribed for an iden
 
 A notice is only a hint. Fencing never depends on one: the guarded writes decide, and a lost
 or late notice only means the holder finds out at its next heartbeat, as without notices.
-Anyone who can connect to the database can send ``NOTIFY`` on any channel, so a notice never
-grants anything; a forged one can at worst make a holder stop acting early (fail-safe).
+Anyone who can connect to the database can send ``NOTIFY`` on any channel (one statement
+sends 50,000), so a notice never grants anything, and what it says is never believed: the
+most it causes is a *confirming turn* (a holder reads its row, a waiter looks again). The
+turns are coalesced per identity and rate-bounded for the process by a
+:class:`~mos_lease.notice_confirmer.NoticeConfirmer` (``confirmer``; by default the
+process's one, shared by every listener): at most one turn per identity in flight, at most
+``burst + rate * T`` turns in any ``T`` seconds (10 + 20/s by default), one WARNING when a
+flood makes the bound hold turns back, and the counts in :meth:`LeaseNotices.stats`. A
+flood costs the listener's thread the parsing of each payload and nothing else: holders
+keep renewing, validations keep their bound.
 
 Where ``LISTEN`` cannot work, the listener logs one WARNING and stops, and everything goes
 on by polling: waiters read at their backoff, holders find loss at the next heartbeat.
@@ -36,6 +44,8 @@ from psycopg import sql
 
 from mos_lease.errors import InvalidInput
 from mos_lease.identity import LeaseIdentity, check_identity
+from mos_lease.notice_confirmer import NoticeConfirmer, shared_confirmer
+from mos_lease.notice_gate import NoticeStats
 from mos_lease_pg.connection import ConnectionSettings, connect_kwargs
 from mos_lease_pg.statements import NOTICE_KINDS, notice_channel, query_text
 
@@ -80,15 +90,27 @@ class LeaseNotices:
     The thread starts at once. It reconnects with backoff after a lost connection (notices
     sent meanwhile are missed: holders still renew, waiters still poll). If ``LISTEN`` is
     refused it logs one WARNING and stops (``refused`` then says why). ``listening`` is set
-    while the channel is listened to. Callbacks run on the listening thread; one that raises
-    is logged and ignored. Use as a context manager, or call :meth:`close`.
+    while the channel is listened to. Callbacks run on the listening thread for every
+    well-formed notice, forged ones included; one that raises is logged and ignored. A
+    callback must do no work of its own per notice: the holders' callbacks only ask
+    ``confirmer`` for a turn. ``confirmer``: the confirmer holders given this source use
+    (default: the process's, :func:`~mos_lease.notice_confirmer.shared_confirmer`). Use as
+    a context manager, or call :meth:`close`.
     """
 
-    def __init__(self, conninfo: str, *, settings: ConnectionSettings | None = None) -> None:
+    def __init__(self, conninfo: str, *, settings: ConnectionSettings | None = None,
+                 confirmer: NoticeConfirmer | None = None) -> None:
         if not isinstance(conninfo, str):
             raise InvalidInput("conninfo", f"must be a str, not {type(conninfo).__name__}")
         if settings is not None and not isinstance(settings, ConnectionSettings):
             raise InvalidInput("settings", "must be a ConnectionSettings or None")
+        if confirmer is not None and not isinstance(confirmer, NoticeConfirmer):
+            raise InvalidInput("confirmer", "must be a NoticeConfirmer or None")
+        self.confirmer = confirmer if confirmer is not None else shared_confirmer()
+        self.received = 0
+        """Notices heard on the channel, well-formed or not."""
+        self.malformed = 0
+        """Of those, the ones dropped as not a lease notice."""
         self.settings = settings or ConnectionSettings()
         self._conninfo = conninfo
         self._kwargs = connect_kwargs(conninfo, self.settings)  # refuses a bad conninfo
@@ -123,10 +145,17 @@ class LeaseNotices:
             if not callbacks:
                 self._subscribers.pop(checked, None)
 
+    def stats(self) -> NoticeStats:
+        """The counts of :attr:`confirmer` (shared by every source that uses it): notices
+        handed to it, coalesced, confirming turns started, turns held back by the bound."""
+        return self.confirmer.stats()
+
     def dispatch(self, payload: str) -> None:
         """Hand one payload to the subscribers of its identity (bad payloads are dropped)."""
+        self.received += 1
         notice = parse_notice(payload)
         if notice is None:
+            self.malformed += 1
             # Not ours, or forged: anyone who can connect may NOTIFY this channel. DEBUG,
             # and never the payload's text, which may be anything.
             log.debug("mos_lease: ignored a malformed lease notice (%d bytes)", len(payload))

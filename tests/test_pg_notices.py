@@ -30,12 +30,15 @@ from mos_lease import (
     LeaseNotAcquired,
     LossCause,
     Reason,
+    Renewed,
     hold,
 )
 from mos_lease.errors import ConfigurationError
+from mos_lease.notice_confirmer import NoticeConfirmer
 from mos_lease_pg import AsyncPostgresLeaseStore, LeaseNotices
 from mos_lease_pg.notices import parse_notice
 from mos_lease_pg.statements import notice_channel
+from tests.notice_flood import count_loads, send_flood, turn_bound, unprivileged_login
 from tests.pg_fixtures import PgSchema, StoreFactory
 
 pytestmark = pytest.mark.pg
@@ -347,6 +350,7 @@ def test_forged_payloads_reach_no_callback(pg_admin: psycopg.Connection[Any], pg
     while not got and time.monotonic() < deadline:
         time.sleep(0.01)
     assert got == [(3, "release")]  # the well-formed one only, after the others
+    assert (notices.received, notices.malformed) == (5, 4)
     dropped = [r for r in caplog.records if "malformed" in r.getMessage()]
     assert len(dropped) == 4 and all(r.levelno == logging.DEBUG for r in dropped)
 
@@ -364,9 +368,175 @@ def test_bad_input_is_refused(pg_dsn: str, pg_stores: StoreFactory, pg_tenant: s
         LeaseNotices("host=127.0.0.1 port='unterminated")
     with pytest.raises(InvalidInput, match="settings"):
         LeaseNotices(pg_dsn, settings={"schema": "x"})  # type: ignore[arg-type]
+    with pytest.raises(InvalidInput, match="confirmer"):
+        LeaseNotices(pg_dsn, confirmer=object())  # type: ignore[arg-type]
     store = pg_stores()
     gateway = ConnectorLeaseCoordinator(store, AllowAllPolicy())
     with pytest.raises(InvalidInput, match="notices"):
         hold(gateway, identity, "c1", scopes=SCOPES, clock_step=0, ttl=30,
              notices=object())  # type: ignore[call-overload]
     assert gateway.current_holder(identity) is None  # nothing was written
+
+
+# --- a flood of forged notices ---------------------------------------------------------------
+
+FLOOD = 50_000  # what one statement of an unprivileged login sends in about 0.1 s
+
+
+@pytest.fixture
+def own_notices(pg_dsn: str) -> Iterator[LeaseNotices]:
+    """A listener whose holders use a confirmer of their own: its counts and its one
+    warning belong to this test alone."""
+    with LeaseNotices(pg_dsn) as source:
+        source.confirmer = NoticeConfirmer()
+        assert source.listening.wait(5), source.refused
+        yield source
+
+
+class Heard:
+    """Counts the notices the listener hands out for one identity, as any subscriber sees
+    them."""
+
+    def __init__(self, source: LeaseNotices, identity: LeaseIdentity) -> None:
+        self.count = 0
+        source.subscribe(identity, self)
+
+    def __call__(self, _epoch: int, _kind: str) -> None:
+        self.count += 1
+
+    def all(self, count: int, timeout: float = 30.0) -> float:
+        """Wait until ``count`` have been handed out; when."""
+        deadline = time.monotonic() + timeout
+        while self.count < count and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert self.count >= count, f"heard {self.count} of {count}"
+        return time.monotonic()
+
+
+def flood_warnings(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    return [r for r in caplog.records
+            if r.name == "mos_lease.notices" and r.levelno >= logging.WARNING]
+
+
+@pytest.mark.parametrize("kind", ["thread", "asyncio"])
+def test_a_flood_of_forged_notices_ends_no_holding_and_reads_within_the_bound(
+        pg_dsn: str, pg_admin: psycopg.Connection[Any], pg_stores: StoreFactory,
+        pg_tenant: str, own_notices: LeaseNotices, kind: str,
+        caplog: pytest.LogCaptureFixture) -> None:
+    # 50,000 distinct takeover notices of newer epochs, from a login with no privilege at
+    # all, against a 5 s lease: held 6 s past the flood's start (a lease whose renewals
+    # were starved would have reached its local deadline, 4.5 s), renewed all along, the
+    # store still answering, and no more confirming reads than the bound allows.
+    caplog.set_level(logging.WARNING, logger="mos_lease.notices")
+    identity = LeaseIdentity(pg_tenant, kind, "b1")
+    confirmer = own_notices.confirmer
+    renewals: list[float] = []
+
+    def on_event(event: object) -> None:
+        if isinstance(event, Renewed):
+            renewals.append(event.duration)
+
+    heard = Heard(own_notices, identity)
+    loads = [0]
+    with unprivileged_login(pg_admin, pg_dsn) as forger:
+        if kind == "thread":
+            store = pg_stores()
+            counted = count_loads(store)
+            with hold(ConnectorLeaseCoordinator(store, AllowAllPolicy()), identity, "c1",
+                      scopes=SCOPES, clock_step=0, ttl=5, notices=own_notices,
+                      on_event=on_event) as held:
+                began = time.monotonic()
+                send_flood(forger, own_notices.channel, identity, FLOOD, held.lease.epoch)
+                assert held.wait_lost(max(0.0, began + 6 - time.monotonic())) is None
+                window = time.monotonic() - began
+                loads[0] = counted[0]
+                assert held.lost is None and held.issue_grant(scopes=SCOPES, ttl=1).ok
+        else:
+            async def run() -> tuple[float, float]:
+                store = AsyncPostgresLeaseStore(pg_dsn)
+                try:
+                    counted = count_loads(store)
+                    gateway = AsyncConnectorLeaseCoordinator(store, AllowAllPolicy())
+                    async with hold(gateway, identity, "c1", scopes=SCOPES, clock_step=0,
+                                    ttl=5, notices=own_notices, on_event=on_event) as held:
+                        began = time.monotonic()
+                        await asyncio.to_thread(send_flood, forger, own_notices.channel,
+                                                identity, FLOOD, held.lease.epoch)
+                        with contextlib.suppress(TimeoutError):
+                            await asyncio.wait_for(held.wait_lost(),
+                                                   max(0.0, began + 6 - time.monotonic()))
+                        assert held.lost is None
+                        window = time.monotonic() - began
+                        loads[0] = counted[0]
+                        assert (await held.issue_grant(scopes=SCOPES, ttl=1)).ok
+                        return began, window
+                finally:
+                    await store.aclose()
+
+            began, window = asyncio.run(run())
+    confirmer = own_notices.confirmer
+    # Held for 6 s; reads within the bound over those 6 s, whatever came.
+    assert loads[0] <= turn_bound(confirmer.rate, confirmer.burst, window)
+    assert len(renewals) >= 2 and max(renewals) < 1.0  # every ~1.7 s, none held up
+    # Each confirming turn is one read. While the flood was being heard, the bound; after
+    # it, the turn queued behind the one running, and one for the last notices handed over.
+    all_heard = heard.all(FLOOD)
+    stats = confirmer.stats()
+    assert loads[0] == stats.confirmations
+    assert stats.confirmations <= turn_bound(confirmer.rate, confirmer.burst,
+                                             all_heard - began) + 2
+    assert stats.notices == FLOOD and stats.held_back >= 1
+    assert stats.coalesced >= FLOOD - 2 * stats.confirmations
+    assert len(flood_warnings(caplog)) == 1
+
+
+def test_a_flood_of_forged_notices_keeps_a_waiter_polling_and_a_real_release_still_wakes_it(
+        pg_dsn: str, pg_admin: psycopg.Connection[Any], pg_stores: StoreFactory,
+        pg_tenant: str, own_notices: LeaseNotices, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="mos_lease.notices")
+    identity = LeaseIdentity(pg_tenant, "waiter", "b1")
+    owner = ConnectorLeaseCoordinator(pg_stores(), AllowAllPolicy())
+    lease = owner.acquire(identity, "c1", scopes=SCOPES, ttl=30).lease
+    assert lease is not None
+    store = pg_stores()
+    loads = count_loads(store)
+    seen, started = threading.Event(), threading.Event()
+    acquired_at: list[float] = []
+
+    def on_started(_lease: object) -> None:
+        acquired_at.append(time.monotonic())
+        started.set()
+
+    def wait_for_it() -> None:
+        # Pauses of 10 s: any read beyond the first few is a notice's doing.
+        with hold(ConnectorLeaseCoordinator(store, AllowAllPolicy()), identity, "c2",
+                  scopes=SCOPES, clock_step=0, ttl=30, min_backoff=10, max_backoff=10,
+                  wait=30, notices=own_notices, on_new_holder=lambda *_: seen.set(),
+                  on_started=on_started):
+            pass
+
+    waiter = threading.Thread(target=wait_for_it)
+    waiter.start()
+    try:
+        assert seen.wait(5)
+        time.sleep(0.2)  # into its 10 s pause
+        before = loads[0]
+        heard = Heard(own_notices, identity)
+        with unprivileged_login(pg_admin, pg_dsn) as forger:
+            began = time.monotonic()
+            send_flood(forger, own_notices.channel, identity, FLOOD, lease.epoch)
+            all_heard = heard.all(FLOOD)
+        confirmer = own_notices.confirmer
+        stats = confirmer.stats()
+        # One read per wake-up, the wake-ups within the bound, and the waiter still waiting.
+        assert loads[0] - before <= turn_bound(confirmer.rate, confirmer.burst,
+                                               all_heard - began) + 2
+        assert stats.confirmations >= 1 and not started.is_set()
+        time.sleep(0.2)  # the flood over: the turns left have run
+        assert owner.release(lease).ok  # a real notice, right after the flood
+        released = time.monotonic()
+        assert started.wait(FAST) and acquired_at[0] - released < FAST
+    finally:
+        waiter.join(5)
+    assert not waiter.is_alive()
+    assert len(flood_warnings(caplog)) == 1

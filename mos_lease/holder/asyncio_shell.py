@@ -19,6 +19,7 @@ from mos_lease.holder.base import Adopt, HolderStep, Stop, _Callbacks, _HolderBa
 from mos_lease.holder.options import HoldOptions, LeaseLost, NoticeSource
 from mos_lease.holder.waiting import ReadHolder, TryAcquire, TryTakeover
 from mos_lease.keeper import AsyncLeaseKeeper, LeaseLoss
+from mos_lease.notice_confirmer import Done
 from mos_lease.results import GrantResult
 
 T = TypeVar("T")
@@ -120,28 +121,40 @@ class AsyncHolder(_HolderBase[AsyncLeaseKeeper]):
     def _wake(self) -> None:
         self._wakeup.set()
 
-    def _confirm_superseded(self, held_epoch: int) -> None:
-        async def confirm() -> None:
+    def _confirm(self, done: Done) -> None:
+        # On the confirmer's thread: the holder's state and store belong to the loop.
+        loop = self._loop
+        if loop is None:
+            done()
+            return
+        try:
+            loop.call_soon_threadsafe(self._confirm_on_loop, done)
+        except RuntimeError:  # the loop has closed: nothing to confirm
+            done()
+
+    def _confirm_on_loop(self, done: Done) -> None:
+        lease = self._held_lease()
+        if lease is None:
+            self._wake()
+            done()
+            return
+
+        async def confirm(held_epoch: int) -> None:
             try:
                 view = await self.coordinator.current_holder(self.options.identity)
+                self._lose_to(held_epoch, view)
             except MosLeaseError:
-                return  # unconfirmed: the keeper's next renewal decides
-            self._lose_to(held_epoch, view)
+                pass  # unconfirmed: the keeper's next renewal decides
+            finally:
+                done()  # also when cancelled: the turn is over either way
 
-        task = asyncio.get_running_loop().create_task(confirm())
+        task = asyncio.get_running_loop().create_task(confirm(lease.epoch))
         self._confirming.add(task)  # keep a reference until it is done
         task.add_done_callback(self._confirming.discard)
 
     def _subscribe(self) -> None:
-        self._loop = asyncio.get_running_loop()  # where _on_notice hands each notice
+        self._loop = asyncio.get_running_loop()  # where confirming turns run
         super()._subscribe()
-
-    def _on_notice(self, epoch: int, kind: str) -> None:
-        # The notice source calls from its own thread; the holder's state lives on the loop.
-        loop = self._loop
-        if loop is not None:
-            with contextlib.suppress(RuntimeError):  # the loop has closed: nothing to tell
-                loop.call_soon_threadsafe(self._notice, self.options.identity, epoch)
 
     async def wait_lost(self) -> LeaseLoss:
         """Wait until the lease is lost; the loss."""

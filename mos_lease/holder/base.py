@@ -1,7 +1,8 @@
 """What the thread and asyncio holders share: the user's callbacks, entering and leaving
 the block (generators of steps, like :func:`~mos_lease.holder.waiting.waiting`, which the
 shells drive with :class:`~mos_lease.flowdrive.Drive`), the held lease, loss and
-``on_expiring`` reports, and the handling of notices."""
+``on_expiring`` reports, and the handling of notices (each a request for a coalesced,
+rate-bounded confirming turn: :mod:`mos_lease.notice_confirmer`)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from mos_lease.holder.options import HoldOptions, LeaseLost, NoticeSource, _chec
 from mos_lease.holder.waiting import Step, expiring_check, waiting
 from mos_lease.identity import LeaseIdentity
 from mos_lease.keeper import AsyncLeaseKeeper, LeaseKeeper, LeaseLoss, LossCause
+from mos_lease.notice_confirmer import Done, NoticeConfirmer, shared_confirmer
 from mos_lease.records import LeaseHandle
 from mos_lease.results import GrantResult, HolderView, LeaseResult
 from mos_lease.vocabulary import Reason
@@ -63,6 +65,13 @@ class _Callbacks:
             log.exception("mos_lease: %s callback failed", name)
 
 
+def _confirmer_of(notices: NoticeSource | None) -> NoticeConfirmer:
+    """The confirmer a source names as ``confirmer`` (``LeaseNotices`` does), else the
+    process's: either way one for all the holders that share it."""
+    confirmer = getattr(notices, "confirmer", None)
+    return confirmer if isinstance(confirmer, NoticeConfirmer) else shared_confirmer()
+
+
 class _HolderBase(Generic[K]):
     """State and behaviour that do not depend on threads or asyncio. ``K`` is the keeper
     class; a shell performs the steps (``_perform``) and adds what only it has."""
@@ -79,6 +88,7 @@ class _HolderBase(Generic[K]):
         self._on_event = on_event
         self._sleep = sleep
         self._notices = notices
+        self._confirmer = _confirmer_of(notices)
         self._callbacks = callbacks
         self._clock = clock
         self._random = random
@@ -212,20 +222,21 @@ class _HolderBase(Generic[K]):
 
     def _notice(self, identity: LeaseIdentity, epoch: int) -> None:
         """The hook for a push source of lease changes: ``identity``'s lease is now at
-        ``epoch``. A holder whose epoch it supersedes reports loss at once; a waiter looks
-        again at once. Safe to call from any thread for :class:`Holder`; on the loop for
-        :class:`AsyncHolder`. A notice is only a hint: it never grants anything."""
+        ``epoch``. Safe to call from any thread, as often as notices come: it only asks the
+        notice confirmer for a turn (:mod:`mos_lease.notice_confirmer`), which coalesces
+        and rate-bounds them; in its turn a holder reads the row and reports loss if its
+        epoch is superseded, a waiter looks again at once. A notice is only a hint: it never
+        grants anything, and anyone who can log in may send one."""
         if identity != self.options.identity:
             return
+        lease = self._held_lease()
+        if lease is not None and epoch <= lease.epoch:
+            return  # nothing newer than what is held: not worth a read
+        self._confirmer.notice(identity)
+
+    def _held_lease(self) -> LeaseHandle | None:
         keeper = self._keeper
-        lease = None if keeper is None else keeper.lease
-        if keeper is not None and lease is not None:
-            if epoch > lease.epoch:
-                # Anyone who can log in may send NOTIFY: a notice alone must not end a
-                # holding, so one read confirms the newer epoch first.
-                self._confirm_superseded(lease.epoch)
-            return
-        self._wake()
+        return None if keeper is None else keeper.lease
 
     def _lose_to(self, held_epoch: int, view: HolderView | None) -> None:
         """Report loss if the store's current epoch ``view`` supersedes ``held_epoch``."""
@@ -235,7 +246,10 @@ class _HolderBase(Generic[K]):
         keeper.mark_lost(LeaseLoss(LossCause.DENIED, Reason.STALE_EPOCH, self._clock(),
                                    f"notice of epoch {view.epoch}, confirmed by a read"))
 
-    def _confirm_superseded(self, held_epoch: int) -> None:
+    def _confirm(self, done: Done) -> None:
+        """This holder's job in a confirming turn (called on the confirmer's thread): read
+        and report a superseded epoch while holding, else wake the waiter; ``done()`` once
+        that is over."""
         raise NotImplementedError
 
     def _wake(self) -> None:
@@ -246,9 +260,11 @@ class _HolderBase(Generic[K]):
         self._notice(self.options.identity, epoch)
 
     def _subscribe(self) -> None:
+        self._confirmer.register(self.options.identity, self._confirm)
         if self._notices is not None:
             self._notices.subscribe(self.options.identity, self._on_notice)
 
     def _unsubscribe(self) -> None:
         if self._notices is not None:
             self._notices.unsubscribe(self.options.identity, self._on_notice)
+        self._confirmer.unregister(self.options.identity, self._confirm)

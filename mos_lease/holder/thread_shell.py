@@ -18,6 +18,7 @@ from mos_lease.holder.base import Adopt, HolderStep, Stop, _Callbacks, _HolderBa
 from mos_lease.holder.options import HoldOptions, NoticeSource
 from mos_lease.holder.waiting import ReadHolder, TryAcquire, TryTakeover
 from mos_lease.keeper import LeaseKeeper, LeaseLoss
+from mos_lease.notice_confirmer import Done
 from mos_lease.results import GrantResult
 
 T = TypeVar("T")
@@ -91,12 +92,21 @@ class Holder(_HolderBase[LeaseKeeper]):
     def _after_loss(self, loss: LeaseLoss) -> None:
         self.lost_event.set()
 
-    def _confirm_superseded(self, held_epoch: int) -> None:
+    def _confirm(self, done: Done) -> None:
+        # On the confirmer's thread: the read blocks it (for at most the store's call
+        # bound), never the notice source's thread nor the keeper's.
         try:
-            view = self.coordinator.current_holder(self.options.identity)
-        except MosLeaseError:
-            return  # unconfirmed: the keeper's next renewal decides
-        self._lose_to(held_epoch, view)
+            lease = self._held_lease()
+            if lease is None:
+                self._wake()
+                return
+            try:
+                view = self.coordinator.current_holder(self.options.identity)
+            except MosLeaseError:
+                return  # unconfirmed: the keeper's next renewal decides
+            self._lose_to(lease.epoch, view)
+        finally:
+            done()
 
     def _wake(self) -> None:
         self._wakeup.set()
