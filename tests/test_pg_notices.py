@@ -38,7 +38,13 @@ from mos_lease.notice_confirmer import NoticeConfirmer
 from mos_lease_pg import AsyncPostgresLeaseStore, LeaseNotices
 from mos_lease_pg.notices import parse_notice
 from mos_lease_pg.statements import notice_channel
-from tests.notice_flood import count_loads, send_flood, turn_bound, unprivileged_login
+from tests.notice_flood import (
+    Heard,
+    count_loads,
+    send_flood,
+    turn_bound,
+    unprivileged_login,
+)
 from tests.pg_fixtures import PgSchema, StoreFactory
 
 pytestmark = pytest.mark.pg
@@ -393,26 +399,6 @@ def own_notices(pg_dsn: str) -> Iterator[LeaseNotices]:
         yield source
 
 
-class Heard:
-    """Counts the notices the listener hands out for one identity, as any subscriber sees
-    them."""
-
-    def __init__(self, source: LeaseNotices, identity: LeaseIdentity) -> None:
-        self.count = 0
-        source.subscribe(identity, self)
-
-    def __call__(self, _epoch: int, _kind: str) -> None:
-        self.count += 1
-
-    def all(self, count: int, timeout: float = 30.0) -> float:
-        """Wait until ``count`` have been handed out; when."""
-        deadline = time.monotonic() + timeout
-        while self.count < count and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert self.count >= count, f"heard {self.count} of {count}"
-        return time.monotonic()
-
-
 def flood_warnings(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
     return [r for r in caplog.records
             if r.name == "mos_lease.notices" and r.levelno >= logging.WARNING]
@@ -446,7 +432,7 @@ def test_a_flood_of_forged_notices_ends_no_holding_and_reads_within_the_bound(
                       scopes=SCOPES, clock_step=0, ttl=5, notices=own_notices,
                       on_event=on_event) as held:
                 began = time.monotonic()
-                send_flood(forger, own_notices.channel, identity, FLOOD, held.lease.epoch)
+                send_flood(forger, own_notices.channel, [identity], FLOOD, held.lease.epoch)
                 assert held.wait_lost(max(0.0, began + 6 - time.monotonic())) is None
                 window = time.monotonic() - began
                 loads[0] = counted[0]
@@ -461,7 +447,7 @@ def test_a_flood_of_forged_notices_ends_no_holding_and_reads_within_the_bound(
                                     ttl=5, notices=own_notices, on_event=on_event) as held:
                         began = time.monotonic()
                         await asyncio.to_thread(send_flood, forger, own_notices.channel,
-                                                identity, FLOOD, held.lease.epoch)
+                                                [identity], FLOOD, held.lease.epoch)
                         with contextlib.suppress(TimeoutError):
                             await asyncio.wait_for(held.wait_lost(),
                                                    max(0.0, began + 6 - time.monotonic()))
@@ -524,7 +510,7 @@ def test_a_flood_of_forged_notices_keeps_a_waiter_polling_and_a_real_release_sti
         heard = Heard(own_notices, identity)
         with unprivileged_login(pg_admin, pg_dsn) as forger:
             began = time.monotonic()
-            send_flood(forger, own_notices.channel, identity, FLOOD, lease.epoch)
+            send_flood(forger, own_notices.channel, [identity], FLOOD, lease.epoch)
             all_heard = heard.all(FLOOD)
         confirmer = own_notices.confirmer
         stats = confirmer.stats()
