@@ -31,7 +31,10 @@ A push source of lease changes (``notices=``, a :class:`NoticeSource` such as
 ``mos_lease_pg.notices.LeaseNotices``) feeds ``_notice(identity, epoch)``: it wakes a waiter
 at once and reports loss early to a holder whose epoch was superseded. Without one, waiters
 poll and holders learn of loss at their next heartbeat. A notice is only a hint: it never
-grants anything, and fencing never waits for one.
+grants anything, fencing never waits for one, and what it says is never believed: it only
+asks the process's :class:`~mos_lease.notice_confirmer.NoticeConfirmer` for a confirming
+turn (a read of the row, or a waiter's look), coalesced per identity and rate-bounded for
+the process, so a flood of forged notices costs a bounded number of reads and nothing else.
 """
 
 from __future__ import annotations
@@ -171,8 +174,8 @@ def hold(coordinator: ConnectorLeaseCoordinator | AsyncConnectorLeaseCoordinator
       ``on_expiring(seconds_left)``: once per stretch of failed renewals, when the keeper's
       local deadline is within ``expiring_within`` seconds (default: half the closest a
       healthy lease comes to it). Callbacks run on the keeper's thread or the loop (a
-      thread holder's ``on_lost`` after a notice: on the notice source's thread, so keep it
-      short); one that raises is logged and ignored.
+      thread holder's ``on_lost`` after a notice: on the notice confirmer's thread, so keep
+      it short); one that raises is logged and ignored.
     * ``cancel_on_loss`` (asyncio only): cancel the block's task when the lease is lost;
       the ``async with`` then raises :class:`LeaseLost`.
     * ``heartbeat_coordinator``: renew through another coordinator (a connection of its
@@ -187,7 +190,11 @@ def hold(coordinator: ConnectorLeaseCoordinator | AsyncConnectorLeaseCoordinator
       and a holder whose lease was taken over reports the loss at once instead of at its
       next heartbeat. Only a hint: without it (or when it cannot listen) waiters poll and
       holders find loss at their next heartbeat. asyncio holders take the same thread-based
-      source; each notice is handed to the loop.
+      source. Each notice only asks for a confirming turn: at most one per identity in
+      flight, and ``burst + rate * T`` turns in any ``T`` seconds for the whole process
+      (10 + 20/s by default; :class:`~mos_lease.notice_confirmer.NoticeConfirmer`, the
+      source's ``confirmer``), so any login's flood of forged notices neither ends a
+      holding nor holds up renewals or validations.
 
     Inside the block, ``.lease`` and ``.issue_grant(...)`` raise :class:`LeaseLost` once the
     lease is lost (nothing reaches the store); ``.lost`` is the loss or ``None``;
