@@ -10,11 +10,13 @@ each turn it allows by calling the *jobs* registered for the key::
     confirmer.notice(identity)          # from any thread, as often as notices come
     confirmer.unregister(identity, job)
 
-A job of a thread holder reads on the confirmer's thread and calls ``done()`` after; a job
-of an asyncio holder hands the read to its loop and calls ``done()`` there when the read is
-over. The turn is over when every job of it said done, so "at most one in flight per key"
-holds for both kinds, with the rule written once in the gate. A job that raises is logged
-and counts as done.
+A key is a lease identity; every holder or waiter of it in the process registers its job,
+and each turn runs them all (normally one). A job of a thread holder reads on the
+confirmer's thread (so a read that hangs holds up the other keys' turns for at most the
+store's call bound) and calls ``done()`` after; a job of an asyncio holder hands the read to
+its loop and calls ``done()`` there when the read is over. The turn is over when every job
+of it said done, so "at most one in flight per key" holds for both kinds, with the rule
+written once in the gate. A job that raises is logged and counts as done.
 
 One confirmer serves the process (:func:`shared_confirmer`) unless a source is given one
 of its own; its thread starts at the first notice and ends when no key is registered.
@@ -120,14 +122,14 @@ class NoticeConfirmer:
             with self._cond:
                 due = self._gate.due(self._clock())
                 starts = [(turn, list(self._jobs.get(turn.key, ()))) for turn in due.turns]
-                stats = self._gate.stats
-                if not starts and not due.warn:
+                stats = self._gate.stats if due.warn else None
+                if not starts and stats is None:
                     if due.wait is None and not self._jobs:
                         self._thread = None  # the next notice starts another
                         return
                     self._cond.wait(due.wait)
                     continue
-            if due.warn:
+            if stats is not None:
                 log.warning("mos_lease: lease notices arrive faster than the %g confirming "
                             "reads per second (burst %d) this process allows: they are "
                             "coalesced and held back (notices %d, coalesced %d, reads %d). "

@@ -4,7 +4,6 @@ one warning of a flood) and the confirmer's thread that runs the turns it allows
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
 
@@ -174,7 +173,6 @@ def test_the_confirmer_runs_one_turn_per_key_at_a_time_and_warns_once(
         caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING, logger="mos_lease.notices")
     confirmer = NoticeConfirmer(rate=20, burst=2)
-    release = threading.Event()
     started: list[str] = []
     pending: list[Done] = []
 
@@ -202,7 +200,6 @@ def test_the_confirmer_runs_one_turn_per_key_at_a_time_and_warns_once(
     pending.pop()()
     wait_until(lambda: started.count("slow") == 2)  # the one more, after it
     pending.pop()()
-    release.set()
     stats = confirmer.stats()
     assert stats.notices == 20_000 and stats.confirmations <= 2 + 20 * 2
     flood = [r for r in caplog.records if r.name == "mos_lease.notices"

@@ -119,7 +119,10 @@ NoticeCallback = Callable[[int, str], object]
 
 class NoticeSource(Protocol):
     """A push source of lease changes: calls ``callback(epoch, kind)`` from any thread when
-    ``identity``'s lease changed hands or was released (``mos_lease_pg.notices``)."""
+    ``identity``'s lease changed hands or was released (``mos_lease_pg.notices``). Calls
+    may be forged and come by the thousand: a holder only asks a
+    :class:`~mos_lease.notice_confirmer.NoticeConfirmer` for a turn on each, the one a
+    source names as its ``confirmer`` attribute, else the process's."""
 
     def subscribe(self, identity: LeaseIdentity, callback: NoticeCallback) -> None: ...
 
