@@ -58,7 +58,7 @@ pytestmark = [pytest.mark.faults, pytest.mark.pg]
 
 SCOPES = ["tool:run"]
 TTL = 5.0
-BATCH = 50_000  # notices per statement: what the issue's one statement sent in 0.11 s
+BATCH = 50_000  # notices per statement: what one unprivileged statement sends in ~0.1 s
 ABOVE = 1_000  # forged epochs start above this, far above any real one here
 WAKE = 1.0  # seconds: a real release wakes a waiter "at once" (its pause is 10 s)
 RIVAL_TTL = 120  # the waiters' rival outlasts any run, the slowest listener's included
