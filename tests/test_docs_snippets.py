@@ -178,3 +178,42 @@ def test_page_runs(page: Path, request: pytest.FixtureRequest,
                 _run_sh(block, environ)
             ran += 1
     assert ran > 0
+
+
+def test_layout_matches_the_tree() -> None:
+    """``docs/layout.md`` names every top-level directory of the project, and every module
+    of the packages in its package's row."""
+    rows = {}
+    for line in (ROOT / "docs" / "layout.md").read_text().splitlines():
+        cells = line.split(" | ")
+        if line.startswith("| `") and len(cells) >= 2:
+            for path in re.findall(r"`([^`]+)`", cells[0]):
+                rows[path.rstrip("/")] = cells[1]
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True,
+                             check=True).stdout.split()
+    top = {path.split("/")[0] for path in tracked if "/" in path}
+    missing_dirs = sorted(name for name in top if name not in rows)
+    assert not missing_dirs, f"docs/layout.md does not name {missing_dirs}"
+    for package in ("mos_lease", "mos_lease_pg", "mos_lease_memory", "mos_lease_tmux"):
+        # A module directly in the package by its name, a subpackage or folder by its own.
+        modules = {Path(path).stem if path.count("/") == 1 else path.split("/")[1]
+                   for path in tracked if path.startswith(f"{package}/")
+                   and (path.endswith(".py") or path.count("/") >= 2)
+                   and not Path(path).name.startswith("__")}
+        unnamed = sorted(m for m in modules if f"`{m}" not in rows[package])
+        assert not unnamed, f"docs/layout.md: the {package}/ row does not name {unnamed}"
+
+
+def test_readme_links_resolve() -> None:
+    """The READMEs are read outside the site (on a forge, in the sdist): their relative
+    links must name files of the repository. (``mkdocs build --strict`` checks the site's.)"""
+    checked = 0
+    for readme in (ROOT / "README.md", ROOT / "examples" / "README.md",
+                   ROOT / "mos_lease_pg" / "README.md"):
+        for target in re.findall(r"\]\(([^)\s]+)\)", readme.read_text()):
+            if "://" in target or target.startswith("#"):
+                continue
+            path = (readme.parent / target.split("#")[0]).resolve()
+            assert path.exists(), f"{readme.relative_to(ROOT)}: broken link {target}"
+            checked += 1
+    assert checked >= 10
