@@ -221,7 +221,8 @@ def test_readme_links_resolve() -> None:
 
 def test_store_readme_names_every_migration_and_tested_version() -> None:
     readme = (ROOT / "mos_lease_pg" / "README.md").read_text()
-    migrations = sorted(p.name for p in (ROOT / "mos_lease_pg" / "sql" / "migrations").glob("*.sql"))
+    shipped = ROOT / "mos_lease_pg" / "sql" / "migrations"
+    migrations = sorted(path.name for path in shipped.glob("*.sql"))
     assert len(migrations) >= 3
     assert [m for m in migrations if f"`{m}`" not in readme] == []
     assert "tested on 15 and 18" in " ".join(readme.split())
