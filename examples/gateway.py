@@ -4,6 +4,11 @@ Run two of these against one database and kill the one holding the lease: the ot
 over once the lease expires, and anything the dead one's leftover work still tries is
 refused at the effect boundaries. See ``examples/README.md``.
 
+Gateways connect as the least-privileged gateway role that ``mos-lease setup`` makes
+(``mos_lease_gateway``): that role can create nothing, so ``setup`` (run once, as a
+superuser) creates the example's own tables in the schema ``example`` and grants the
+gateway role what the example does with them.
+
 Each gateway process:
 
 * embeds an :class:`~mos_lease.AsyncConnectorLeaseCoordinator` on an
@@ -20,6 +25,7 @@ Each gateway process:
   the highest epoch it has seen in ``connector_resource_epochs``;
 * prints one JSON object per line on stdout for every step.
 
+``--dsn`` defaults to ``$MOS_LEASE_DSN``, as for the ``mos-lease`` commands.
 ``replay`` is the dead gateway's leftover work: given an ``effect`` line it printed, it
 tries that effect again, with the same context and token, and prints what each boundary
 said.
@@ -32,6 +38,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import os
 import signal
 import sys
 from collections.abc import Iterator
@@ -41,6 +48,7 @@ from uuid import UUID
 
 import attrs
 import psycopg
+from psycopg import sql
 
 from mos_lease import (
     AsyncConnectorLeaseCoordinator,
@@ -60,10 +68,14 @@ from mos_lease.token import format_token, parse_token
 from mos_lease_pg import AsyncPostgresLeaseStore
 from mos_lease_pg.effects import fenced_transaction_async
 from mos_lease_pg.fencing import AsyncPostgresResourceGuard
+from mos_lease_pg.roles import DEFAULT_GATEWAY_ROLE
 
 SCOPES = ("ledger:write",)
+# The example's own tables, beside (not inside) the mos-lease schema. ``setup`` creates them
+# as a superuser and grants the gateway role exactly what the example does with them.
 SCHEMA = """
-CREATE TABLE IF NOT EXISTS example_ledger (
+CREATE SCHEMA IF NOT EXISTS example;
+CREATE TABLE IF NOT EXISTS example.ledger (
     seq          bigserial   PRIMARY KEY,
     tenant_id    text        NOT NULL,
     connector_id text        NOT NULL,
@@ -71,7 +83,7 @@ CREATE TABLE IF NOT EXISTS example_ledger (
     n            bigint      NOT NULL,
     written_at   timestamptz NOT NULL DEFAULT clock_timestamp()
 );
-CREATE TABLE IF NOT EXISTS example_mailbox (
+CREATE TABLE IF NOT EXISTS example.mailbox (
     seq          bigserial   PRIMARY KEY,
     tenant_id    text        NOT NULL,
     connector_id text        NOT NULL,
@@ -85,12 +97,24 @@ def emit(event: str, **fields: Any) -> None:
     print(json.dumps({"event": event, **fields}, default=str), flush=True)
 
 
-async def ensure_schema(dsn: str) -> None:
-    async with await psycopg.AsyncConnection.connect(dsn) as conn, conn.transaction():
-        # Two gateways start together; the advisory lock keeps their CREATE TABLE IF NOT
-        # EXISTS from racing each other into a unique violation.
+GRANTS = """
+GRANT USAGE ON SCHEMA example TO {role};
+GRANT SELECT, INSERT ON example.ledger, example.mailbox TO {role};
+GRANT USAGE ON ALL SEQUENCES IN SCHEMA example TO {role};
+"""
+
+
+async def setup(args: argparse.Namespace) -> int:
+    """Create the example's tables (as a superuser, once) for ``--gateway-role``."""
+    role = sql.Identifier(args.gateway_role)
+    async with await psycopg.AsyncConnection.connect(args.dsn) as conn, conn.transaction():
+        # Run twice at once, CREATE ... IF NOT EXISTS could still race into a unique
+        # violation; the advisory lock makes the second wait for the first.
         await conn.execute("SELECT pg_advisory_xact_lock(hashtext('mos-lease example'))")
         await conn.execute(SCHEMA)
+        await conn.execute(sql.SQL(GRANTS).format(role=role))
+    emit("set_up", schema="example", gateway_role=args.gateway_role)
+    return 0
 
 
 # --- the downstream boundary --------------------------------------------------------------
@@ -115,7 +139,7 @@ class Mailbox:
             decision = await self.guard.admit(f"mailbox/{token.identity}", token)
             if decision.ok:
                 await self.conn.execute(
-                    "INSERT INTO example_mailbox (tenant_id, connector_id, epoch, body) "
+                    "INSERT INTO example.mailbox (tenant_id, connector_id, epoch, body) "
                     "VALUES (%s, %s, %s, %s)",
                     (token.identity.tenant_id, token.connector_id, token.epoch, body))
         return decision
@@ -144,7 +168,7 @@ class LedgerAdapter:
     async def execute(self, context: ConnectorExecutionContext, n: int, /) -> Receipt:
         async with fenced_transaction_async(self.conn, context, scopes=SCOPES) as cur:
             await cur.execute(
-                "INSERT INTO example_ledger (tenant_id, connector_id, epoch, n) "
+                "INSERT INTO example.ledger (tenant_id, connector_id, epoch, n) "
                 "VALUES (%s, %s, %s, %s) RETURNING seq",
                 (context.identity.tenant_id, context.connector_id, context.epoch, n))
             row = await cur.fetchone()
@@ -233,7 +257,6 @@ async def serve(args: argparse.Namespace) -> int:
         "tenant_id": args.tenant, "logical_agent_id": args.agent, "binding_id": args.binding,
         "connector_id": "*", "scopes": list(SCOPES), "max_lease_ttl": args.ttl,
         "max_grant_ttl": min(args.ttl, 30), "preempt_active": False}]})
-    await ensure_schema(args.dsn)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -267,7 +290,7 @@ async def replay(args: argparse.Namespace) -> int:
         try:
             async with fenced_transaction_async(conn, context, scopes=SCOPES) as cur:
                 await cur.execute(
-                    "INSERT INTO example_ledger (tenant_id, connector_id, epoch, n) "
+                    "INSERT INTO example.ledger (tenant_id, connector_id, epoch, n) "
                     "VALUES (%s, %s, %s, %s)",
                     (context.identity.tenant_id, context.connector_id, context.epoch, -1))
             outcome["ledger"] = "written"
@@ -286,9 +309,15 @@ async def replay(args: argparse.Namespace) -> int:
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description="An asyncio gateway holding a mos-lease lease and writing fenced effects.")
-    parser.add_argument("command", choices=["serve", "replay"], nargs="?", default="serve")
-    parser.add_argument("--dsn", required=True, help="libpq connection string of a "
-                        "database migrated with `mos-lease migrate`")
+    parser.add_argument("command", choices=["serve", "replay", "setup"], nargs="?",
+                        default="serve")
+    default_dsn = os.environ.get("MOS_LEASE_DSN")
+    parser.add_argument("--dsn", default=default_dsn, required=default_dsn is None,
+                        help="libpq connection string of a database set up with `mos-lease "
+                             "setup`: as the gateway role (serve, replay), as a superuser "
+                             "(setup); default $MOS_LEASE_DSN")
+    parser.add_argument("--gateway-role", default=DEFAULT_GATEWAY_ROLE,
+                        help="for setup: the role the gateways connect as")
     parser.add_argument("--connector-id", default="example-gateway")
     parser.add_argument("--tenant", default="example")
     parser.add_argument("--agent", default="agent-1")
@@ -314,7 +343,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    return asyncio.run(serve(args) if args.command == "serve" else replay(args))
+    command = {"serve": serve, "replay": replay, "setup": setup}[args.command]
+    return asyncio.run(command(args))
 
 
 if __name__ == "__main__":

@@ -40,7 +40,8 @@ class ConnectorAdapter(Protocol[Req_contra, Res_co]):
     """A synchronous adapter: ``execute`` runs only with a freshly validated context."""
 
     def execute(self, context: ConnectorExecutionContext, request: Req_contra, /) -> Res_co:
-        ...
+        """Do the work ``request`` asks for, for the lease ``context`` describes; carry
+        ``context.epoch`` (or a token made from it) to every effect boundary."""
 
 
 class AsyncConnectorAdapter(Protocol[Req_contra, Res_co]):
@@ -48,7 +49,7 @@ class AsyncConnectorAdapter(Protocol[Req_contra, Res_co]):
 
     def execute(self, context: ConnectorExecutionContext, request: Req_contra,
                 /) -> Awaitable[Res_co]:
-        ...
+        """As :meth:`ConnectorAdapter.execute`, returning an awaitable."""
 
 
 def run_adapter(coordinator: ConnectorLeaseCoordinator, grant: ExecutionGrant,

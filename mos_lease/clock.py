@@ -18,6 +18,7 @@ class SystemClock:
     """Wall-clock UTC time of this process: right for a store embedded in one process."""
 
     def now(self) -> datetime:
+        """This process's wall-clock time, in UTC."""
         return datetime.now(UTC)
 
 
@@ -31,10 +32,13 @@ class ManualClock:
         self._lock = threading.Lock()
 
     def now(self) -> datetime:
+        """The clock's time, which moves only by :meth:`advance`."""
         with self._lock:
             return self._now
 
     def advance(self, by: timedelta | float) -> datetime:
+        """Move the clock forward by ``by`` (a ``timedelta`` or seconds) and return the new
+        time; a negative step raises ``ValueError``."""
         step = by if isinstance(by, timedelta) else timedelta(seconds=by)
         if step < timedelta(0):
             raise ValueError("time does not go backwards")

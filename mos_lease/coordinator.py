@@ -814,6 +814,8 @@ class AsyncConnectorLeaseCoordinator(_Coordinator[AsyncLeaseStore]):
 
     async def acquire(self, identity: LeaseIdentity, connector_id: str, *, scopes: object,
                       ttl: timedelta | float, correlation_id: str | None = None) -> LeaseResult:
+        """Insert-only first acquisition (epoch 1); as
+        :meth:`ConnectorLeaseCoordinator.acquire`."""
         return await self._run(self._flows.acquire(identity, connector_id, scopes, ttl,
                                                    correlation_id))
 
@@ -821,27 +823,40 @@ class AsyncConnectorLeaseCoordinator(_Coordinator[AsyncLeaseStore]):
                        ttl: timedelta | float, expected_epoch: int,
                        correlation_id: str | None = None,
                        observed: HolderView | None = None) -> LeaseResult:
+        """Compare-and-set on ``expected_epoch``: rotates the lease id, epoch + 1; as
+        :meth:`ConnectorLeaseCoordinator.takeover` (``observed``: the holder view this
+        coordinator just returned, for a takeover in one round trip)."""
         return await self._run(self._flows.takeover(identity, connector_id, scopes, ttl,
                                                     expected_epoch, correlation_id, observed))
 
     async def heartbeat(self, lease: LeaseHandle, *, ttl: timedelta | float,
                         correlation_id: str | None = None) -> LeaseResult:
+        """Extend an active lease to store time + ``ttl``; as
+        :meth:`ConnectorLeaseCoordinator.heartbeat`."""
         return await self._run(self._flows.heartbeat(lease, ttl, correlation_id))
 
     async def heartbeat_many(self, leases: Sequence[LeaseHandle], *, ttl: timedelta | float,
                              correlation_id: str | None = None) -> list[LeaseResult]:
+        """Renew many leases in one store round trip, each matched, refused and audited on
+        its own; as :meth:`ConnectorLeaseCoordinator.heartbeat_many`."""
         return await self._run(self._flows.heartbeat_many(leases, ttl, correlation_id))
 
     async def release(self, lease: LeaseHandle, *,
                       correlation_id: str | None = None) -> LeaseResult:
+        """Release an active lease, keeping its epoch; as
+        :meth:`ConnectorLeaseCoordinator.release`."""
         return await self._run(self._flows.release(lease, correlation_id))
 
     async def issue_grant(self, lease: LeaseHandle, *, scopes: object, ttl: timedelta | float,
                           correlation_id: str | None = None) -> GrantResult:
+        """Mint a short-lived, process-local grant after rereading the current lease; as
+        :meth:`ConnectorLeaseCoordinator.issue_grant`."""
         return await self._run(self._flows.issue_grant(lease, scopes, ttl, correlation_id))
 
     async def validate(self, grant: ExecutionGrant, *, identity: LeaseIdentity, scopes: object,
                        correlation_id: str | None = None) -> ValidationResult:
+        """Check ``grant`` against the store right now; as
+        :meth:`ConnectorLeaseCoordinator.validate`. Prefer :meth:`invoke`."""
         if self._foreign_process():
             return ValidationResult(Reason.GRANT_UNKNOWN)
         return await self._run(self._flows.validate(grant, identity, scopes, correlation_id))
@@ -850,6 +865,11 @@ class AsyncConnectorLeaseCoordinator(_Coordinator[AsyncLeaseStore]):
                      adapter: Callable[[ConnectorExecutionContext], Awaitable[T]], *,
                      identity: LeaseIdentity, scopes: object,
                      correlation_id: str | None = None) -> InvocationResult[T]:
+        """Validate ``grant`` for ``identity`` and ``scopes``, then await
+        ``adapter(context)`` with the context and nothing else; a refusal returns an
+        ``InvocationResult`` with its reason and never calls the adapter. As
+        :meth:`ConnectorLeaseCoordinator.invoke`, for an adapter that returns an
+        awaitable."""
         _check_adapter(adapter)
         checked = await self.validate(grant, identity=identity, scopes=scopes,
                                       correlation_id=correlation_id)
@@ -858,7 +878,10 @@ class AsyncConnectorLeaseCoordinator(_Coordinator[AsyncLeaseStore]):
         return InvocationResult(None, checked.context, await adapter(checked.context))
 
     async def current_holder(self, identity: LeaseIdentity) -> HolderView | None:
+        """Who holds ``identity``'s lease now (``None`` if it never had one). A read: no
+        audit row, no lease UUID, no scopes."""
         return await self._run(self._flows.current_holder(identity))
 
     async def reconcile(self, identity: LeaseIdentity, event_id: UUID) -> bool:
+        """Whether the write behind a :class:`CommitOutcomeUnknown` took effect."""
         return await self._run(self._flows.reconcile(identity, event_id))

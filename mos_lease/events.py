@@ -48,6 +48,7 @@ class OperationFinished:
 
     @classmethod
     def of(cls, entry: AuditEntry, duration: float) -> OperationFinished:
+        """The event for the audit entry of an operation that took ``duration`` seconds."""
         identity = entry.identity
         return cls(entry.event, identity.tenant_id, identity.logical_agent_id,
                    identity.binding_id, entry.connector_id, entry.epoch, entry.outcome,
@@ -121,6 +122,7 @@ class Lost:
 
 
 Event = OperationFinished | StoreCall | Renewed | RenewalRetry | Lost
+"""Every event an ``on_event`` hook receives."""
 EventHook = Callable[[Event], object]
 """What ``on_event=`` takes: called synchronously, on the thread (or loop) that did the
 work, so it should be quick; whatever it returns is ignored."""

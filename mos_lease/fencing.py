@@ -83,6 +83,7 @@ class GuardDecision:
 
     @property
     def ok(self) -> bool:
+        """Whether the token was admitted."""
         return self.reason is None
 
 
@@ -230,13 +231,17 @@ class ResourceGuard(Protocol):
     5 and 6 must never both be admitted with 5 admitted last. A refusal changes nothing.
     """
 
-    def admit(self, resource_id: str, token: FencingToken) -> GuardDecision: ...
+    def admit(self, resource_id: str, token: FencingToken) -> GuardDecision:
+        """Admit ``token`` for ``resource_id`` or refuse it (``stale_epoch``,
+        ``identity_mismatch``, ``token_expired``), deciding and recording the highest
+        epoch in one atomic step."""
 
 
 class AsyncResourceGuard(Protocol):
     """The asyncio twin of :class:`ResourceGuard`, with the same contract."""
 
-    async def admit(self, resource_id: str, token: FencingToken) -> GuardDecision: ...
+    async def admit(self, resource_id: str, token: FencingToken) -> GuardDecision:
+        """As :meth:`ResourceGuard.admit`."""
 
 
 __all__ = [

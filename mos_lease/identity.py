@@ -23,13 +23,17 @@ MAX_SCOPES: Final = 64
 MAX_SCOPE_LENGTH: Final = 128
 MAX_SCOPE_ITEMS: Final = 4 * MAX_SCOPES  # items before deduplication
 MAX_EPOCH: Final = 2**63 - 1  # PostgreSQL bigint; epochs never wrap past it
+"""The highest epoch: a takeover at it is refused with ``epoch_exhausted``."""
 LEASE_TTL_CAP: Final = timedelta(minutes=5)
+"""The longest a lease lasts between renewals; options may lower it, never raise it."""
 GRANT_TTL_CAP: Final = timedelta(seconds=30)
+"""The longest a grant lasts; options may lower it, never raise it."""
 
 # One scope is one or more lowercase segments joined by ":" ("tool:shell:run"). A segment
 # starts with a letter or digit and continues with letters, digits, "_", "-" or ".".
 # No wildcards: authorization is plain set inclusion, so a scope means exactly itself.
 SCOPE_GRAMMAR: Final = r"[a-z0-9][a-z0-9_.\-]*(:[a-z0-9][a-z0-9_.\-]*)*"
+"""The pattern every scope matches in full."""
 _SCOPE_RE: Final = re.compile(SCOPE_GRAMMAR)
 
 Scopes = tuple[str, ...]

@@ -36,10 +36,13 @@ class InMemoryLeaseStore:
         self._event_ids: set[UUID] = set()
 
     def load(self, identity: LeaseIdentity) -> Snapshot:
+        """:meth:`mos_lease.LeaseStore.load` under the store's lock, at its clock's time."""
         with self._lock:
             return Snapshot(self._rows.get(identity), self.clock.now())
 
     def apply(self, write: Write, entry: AuditEntry) -> WriteOutcome:
+        """:meth:`mos_lease.LeaseStore.apply`: the reference semantics (``write_outcome``)
+        under the store's lock, the row and its audit record together."""
         with self._lock:
             now = self.clock.now()
             current = self._rows.get(write.identity)
@@ -51,13 +54,17 @@ class InMemoryLeaseStore:
             return WriteOutcome(row, now)
 
     def renew_many(self, items: Sequence[tuple[Renew, AuditEntry]]) -> list[WriteOutcome]:
+        """:meth:`mos_lease.LeaseStore.renew_many`: each renewal as :meth:`apply`, in order."""
         return [self.apply(write, entry) for write, entry in items]
 
     def record(self, entry: AuditEntry) -> None:
+        """:meth:`mos_lease.LeaseStore.record`; an event id recorded twice raises
+        ``ValueError``."""
         with self._lock:
             self._append(entry, self.clock.now())
 
     def event_committed(self, event_id: UUID) -> bool:
+        """:meth:`mos_lease.LeaseStore.event_committed`."""
         with self._lock:
             return event_id in self._event_ids
 
@@ -70,6 +77,7 @@ class InMemoryLeaseStore:
     # -- inspection ---------------------------------------------------------------------
 
     def leases(self, tenant_id: str | None = None) -> Sequence[LeaseRow]:
+        """Every lease row (of ``tenant_id`` only, if given), in identity order."""
         if tenant_id is not None:
             check_id("tenant_id", tenant_id)
         with self._lock:
@@ -80,6 +88,8 @@ class InMemoryLeaseStore:
 
     def audit(self, identity: LeaseIdentity | None = None, *, after_seq: int = 0,
               limit: int = 1000) -> Sequence[AuditRecord]:
+        """Audit records in sequence order (after ``after_seq``, of ``identity`` if given,
+        at most ``limit``)."""
         if identity is not None:
             check_identity("identity", identity)
         check_count("after_seq", after_seq, 0, 2**63 - 1)
@@ -100,17 +110,22 @@ class AsyncInMemoryLeaseStore:
         self.sync = store if store is not None else InMemoryLeaseStore()
 
     async def load(self, identity: LeaseIdentity) -> Snapshot:
+        """As :meth:`InMemoryLeaseStore.load`."""
         return self.sync.load(identity)
 
     async def apply(self, write: Write, entry: AuditEntry) -> WriteOutcome:
+        """As :meth:`InMemoryLeaseStore.apply`."""
         return self.sync.apply(write, entry)
 
     async def renew_many(self, items: Sequence[tuple[Renew, AuditEntry]]
                          ) -> list[WriteOutcome]:
+        """As :meth:`InMemoryLeaseStore.renew_many`."""
         return self.sync.renew_many(items)
 
     async def record(self, entry: AuditEntry) -> None:
+        """As :meth:`InMemoryLeaseStore.record`."""
         self.sync.record(entry)
 
     async def event_committed(self, event_id: UUID) -> bool:
+        """As :meth:`InMemoryLeaseStore.event_committed`."""
         return self.sync.event_committed(event_id)

@@ -47,13 +47,18 @@ class PolicyRequest:
 class ConnectorLeaseService(Protocol):
     """Gateway policy: decides every lease and grant operation before the store is written."""
 
-    def authorize(self, request: PolicyRequest) -> PolicyVerdict: ...
+    def authorize(self, request: PolicyRequest) -> PolicyVerdict:
+        """Decide one request: ``PolicyVerdict(True, None)`` allows it; a refusal names its
+        ``Reason`` (``policy_denied``, ``scope_not_authorized``, ``ttl_not_authorized``,
+        ``preemption_denied``). Called before the store is written; it must not do I/O
+        that can hang."""
 
 
 class DenyAllPolicy:
     """The production default: refuses everything until a real policy is configured."""
 
     def authorize(self, request: PolicyRequest) -> PolicyVerdict:
+        """Refuse the request with ``policy_denied``."""
         return PolicyVerdict(False, Reason.POLICY_DENIED)
 
 
@@ -81,6 +86,8 @@ class ConnectorRule:
     preempt_active: bool = False
 
     def matches(self, identity: LeaseIdentity, connector_id: str) -> bool:
+        """Whether the rule's four id fields (each exact or ``"*"``) match ``identity`` and
+        ``connector_id``."""
         return (
             self.tenant_id in ("*", identity.tenant_id)
             and self.logical_agent_id in ("*", identity.logical_agent_id)
@@ -112,6 +119,10 @@ class StaticConnectorPolicy:
 
     @classmethod
     def from_dict(cls, document: Mapping[str, Any]) -> StaticConnectorPolicy:
+        """Build the policy from a document ``{"rules": [...]}`` (parsed JSON, YAML or TOML;
+        TTLs in seconds). Every rule is checked here: anything that does not fit raises
+        ``ConfigurationError`` naming the rule by its index and the field, and nothing is
+        partly loaded. The format, every key and every error: ``docs/policy.md``."""
         if not isinstance(document, Mapping) or set(document) != {"rules"}:
             raise ConfigurationError('policy document must be {"rules": [...]}')
         raw_rules = document["rules"]
@@ -120,6 +131,11 @@ class StaticConnectorPolicy:
         return cls([_parse_rule(i, raw) for i, raw in enumerate(raw_rules)])
 
     def authorize(self, request: PolicyRequest) -> PolicyVerdict:
+        """The first rule matching the identity and connector decides: no match is
+        ``policy_denied``; a release is allowed; then scopes beyond the rule
+        (``scope_not_authorized``), a TTL beyond its limit (``ttl_not_authorized``) and a
+        takeover of an active lease without ``preempt_active`` (``preemption_denied``)
+        are refused."""
         rule = next((r for r in self.rules if r.matches(request.identity, request.connector_id)),
                     None)
         if rule is None:
@@ -177,4 +193,5 @@ class AllowAllPolicy:
     """Allows everything, preemption included. For tests and demos only: never production."""
 
     def authorize(self, request: PolicyRequest) -> PolicyVerdict:
+        """Allow the request, whatever it is."""
         return ALLOW

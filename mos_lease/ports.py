@@ -42,31 +42,47 @@ class LeaseStore(Protocol):
     a write whose outcome is unknown raises :class:`~mos_lease.errors.CommitOutcomeUnknown`.
     """
 
-    def load(self, identity: LeaseIdentity) -> Snapshot: ...
+    def load(self, identity: LeaseIdentity) -> Snapshot:
+        """The identity's current row (or ``None``) and the store's time, read together."""
 
-    def apply(self, write: Write, entry: AuditEntry) -> WriteOutcome: ...
+    def apply(self, write: Write, entry: AuditEntry) -> WriteOutcome:
+        """Apply ``write`` if its guard holds against the current row, judged at the store's
+        time read after the row is locked, and append ``entry`` in the same atomic step;
+        a refused write changes nothing and returns ``WriteOutcome(None, now)`` (ideally
+        with ``found``, the row it found)."""
 
     def renew_many(self, renewals: Sequence[tuple[Renew, AuditEntry]]
-                   ) -> Sequence[WriteOutcome]: ...
+                   ) -> Sequence[WriteOutcome]:
+        """Apply each renewal as :meth:`apply` would, in order, ideally in one round trip;
+        return the outcomes in the same order."""
 
-    def record(self, entry: AuditEntry) -> None: ...
+    def record(self, entry: AuditEntry) -> None:
+        """Append one audit entry (a refusal or a grant issue) on its own, stamped with the
+        store's time; an event id is stored at most once."""
 
-    def event_committed(self, event_id: UUID) -> bool: ...
+    def event_committed(self, event_id: UUID) -> bool:
+        """Whether the audit entry ``event_id`` exists: how a write whose commit outcome was
+        lost is reconciled."""
 
 
 class AsyncLeaseStore(Protocol):
     """The asyncio twin of :class:`LeaseStore`, with the same contract."""
 
-    async def load(self, identity: LeaseIdentity) -> Snapshot: ...
+    async def load(self, identity: LeaseIdentity) -> Snapshot:
+        """As :meth:`LeaseStore.load`."""
 
-    async def apply(self, write: Write, entry: AuditEntry) -> WriteOutcome: ...
+    async def apply(self, write: Write, entry: AuditEntry) -> WriteOutcome:
+        """As :meth:`LeaseStore.apply`."""
 
     async def renew_many(self, renewals: Sequence[tuple[Renew, AuditEntry]]
-                         ) -> Sequence[WriteOutcome]: ...
+                         ) -> Sequence[WriteOutcome]:
+        """As :meth:`LeaseStore.renew_many`."""
 
-    async def record(self, entry: AuditEntry) -> None: ...
+    async def record(self, entry: AuditEntry) -> None:
+        """As :meth:`LeaseStore.record`."""
 
-    async def event_committed(self, event_id: UUID) -> bool: ...
+    async def event_committed(self, event_id: UUID) -> bool:
+        """As :meth:`LeaseStore.event_committed`."""
 
 
 MAX_AUDIT_PAGE = 1_000_000
@@ -76,7 +92,10 @@ MAX_AUDIT_PAGE = 1_000_000
 class LeaseInspector(Protocol):
     """Read-only views for operators and tests (``mos-lease status`` / ``audit``)."""
 
-    def leases(self, tenant_id: str | None = None) -> Sequence[LeaseRow]: ...
+    def leases(self, tenant_id: str | None = None) -> Sequence[LeaseRow]:
+        """Every lease row (of ``tenant_id`` only, if given)."""
 
     def audit(self, identity: LeaseIdentity | None = None, *, after_seq: int = 0,
-              limit: int = 1000) -> Sequence[AuditRecord]: ...
+              limit: int = 1000) -> Sequence[AuditRecord]:
+        """Audit records in sequence order, oldest first: those after ``after_seq`` (for
+        paging), of ``identity`` only if given, at most ``limit``."""

@@ -27,6 +27,8 @@ class LeaseRow:
     updated_at: datetime
 
     def state(self, now: datetime) -> LeaseState:
+        """The row's state at ``now`` (the store's time): released, expired (``expires_at <=
+        now``) or active."""
         if self.released_at is not None:
             return LeaseState.RELEASED
         if self.expires_at <= now:
@@ -51,6 +53,7 @@ class LeaseHandle:
 
     @classmethod
     def of(cls, row: LeaseRow) -> LeaseHandle:
+        """The handle for ``row``: the fields heartbeat, release and grant issue match."""
         return cls(row.identity, row.connector_id, row.lease_id, row.epoch, row.scopes,
                    row.expires_at)
 

@@ -38,11 +38,15 @@ class LeaseResult:
 
     @property
     def ok(self) -> bool:
+        """Whether the operation succeeded (``reason`` is ``None``)."""
         return self.reason is None
 
 
 @attrs.frozen(slots=True)
 class GrantResult:
+    """Outcome of :meth:`~mos_lease.ConnectorLeaseCoordinator.issue_grant`: ``grant`` is the
+    new :class:`ExecutionGrant` exactly when ``reason`` is ``None``."""
+
     outcome: Outcome
     reason: Reason | None
     correlation_id: str
@@ -50,6 +54,7 @@ class GrantResult:
 
     @property
     def ok(self) -> bool:
+        """Whether a grant was minted (``reason`` is ``None``)."""
         return self.reason is None
 
 
@@ -62,6 +67,7 @@ class ValidationResult:
 
     @property
     def ok(self) -> bool:
+        """Whether the grant is valid (``reason`` is ``None``)."""
         return self.reason is None
 
 
@@ -76,6 +82,7 @@ class InvocationResult(Generic[T]):
 
     @property
     def ok(self) -> bool:
+        """Whether validation passed and the adapter ran (``reason`` is ``None``)."""
         return self.reason is None
 
 

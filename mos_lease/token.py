@@ -125,6 +125,9 @@ class FencingToken:
 
     @classmethod
     def from_context(cls, context: ConnectorExecutionContext) -> FencingToken:
+        """The token of a validated context: its identity, connector, lease UUID, epoch and
+        expiry (never its scopes or correlation id). Raises ``InvalidInput`` for anything
+        but a ``ConnectorExecutionContext``."""
         if not isinstance(context, ConnectorExecutionContext):
             raise InvalidInput("context", "must be a ConnectorExecutionContext, not "
                                f"{type(context).__name__}")

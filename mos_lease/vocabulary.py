@@ -10,6 +10,8 @@ import enum
 
 
 class LifecycleEvent(enum.StrEnum):
+    """What an audit row records: the lifecycle operation attempted. Stable string values."""
+
     ACQUIRE = "acquire"
     HEARTBEAT = "heartbeat"
     TAKEOVER = "takeover"
@@ -19,6 +21,9 @@ class LifecycleEvent(enum.StrEnum):
 
 
 class Outcome(enum.StrEnum):
+    """How an audited attempt ended: what it did, or ``denied`` (with a :class:`Reason`).
+    Stable string values."""
+
     ACQUIRED = "acquired"
     RENEWED = "renewed"
     TAKEN_OVER = "taken_over"

@@ -46,6 +46,8 @@ class InMemoryResourceGuard:
         self._resources: dict[str, ResourceEpoch] = {}
 
     def admit(self, resource_id: str, token: FencingToken) -> GuardDecision:
+        """:meth:`mos_lease.ResourceGuard.admit` under the guard's lock, judging expiry by
+        its clock."""
         resource_id = check_resource_id(resource_id)
         token = check_token(token)
         with self._lock:
@@ -70,4 +72,5 @@ class AsyncInMemoryResourceGuard:
         self.sync = guard if guard is not None else InMemoryResourceGuard()
 
     async def admit(self, resource_id: str, token: FencingToken) -> GuardDecision:
+        """As :meth:`InMemoryResourceGuard.admit`."""
         return self.sync.admit(resource_id, token)

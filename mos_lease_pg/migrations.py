@@ -47,6 +47,8 @@ class SecondCopyRefused(MigrationError, ConfigurationError):
 
 @attrs.frozen(slots=True)
 class Migration:
+    """One shipped migration: its ``version``, file ``name`` and ``sql``."""
+
     version: int
     name: str
     sql: str

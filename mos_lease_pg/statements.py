@@ -52,6 +52,8 @@ def sql_text(*path: str) -> str:
 _COMMENT_LINE = re.compile(r"^\s*--.*\n", re.MULTILINE)
 
 DEFAULT_SCHEMA: Final = "mos_lease"
+"""The schema of the mos-lease tables unless ``ConnectionSettings(schema=...)`` or
+``--schema`` names another."""
 # A plain (unquoted, lower-case) identifier: it is substituted into SQL as "name", so it must
 # not be able to close the quotes, and it must mean the same thing quoted or not (psql,
 # roles.sql and operators type it unquoted).

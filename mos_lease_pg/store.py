@@ -332,22 +332,32 @@ class PostgresLeaseStore(_StoreCore):
     # -- LeaseStore ---------------------------------------------------------------------
 
     def load(self, identity: LeaseIdentity) -> Snapshot:
+        """:meth:`mos_lease.LeaseStore.load`: one prepared read of the row with the database
+        clock."""
         return self._run(statements.load(identity, self._offset, schema=self._schema))
 
     def apply(self, write: Write, entry: AuditEntry) -> WriteOutcome:
+        """:meth:`mos_lease.LeaseStore.apply`: one statement that locks the row, then reads
+        the database clock, writes and appends the audit row."""
         return self._run(statements.apply(write, entry, self._offset, schema=self._schema,
                                           audit_heartbeats=self._audit_heartbeats))
 
     def renew_many(self, renewals: Sequence[tuple[Renew, AuditEntry]]) -> list[WriteOutcome]:
+        """:meth:`mos_lease.LeaseStore.renew_many`: the whole batch in one statement, rows
+        locked in identity order."""
         if not renewals:
             return []
         batch, each = self._batch_calls(renewals)
         return self._run(batch, covers=each)
 
     def record(self, entry: AuditEntry) -> None:
+        """:meth:`mos_lease.LeaseStore.record`: append one audit entry, at most once per
+        event id."""
         self._drive(self._recording(entry), self._deadline(None))
 
     def event_committed(self, event_id: UUID) -> bool:
+        """:meth:`mos_lease.LeaseStore.event_committed`, answered only once the session that
+        sent a lost write can no longer commit it."""
         deadline = self._deadline(None)
         with self._source.checkout(deadline) as wire:
             lost = self._lost_here(event_id, wire)
@@ -356,11 +366,15 @@ class PostgresLeaseStore(_StoreCore):
     # -- LeaseInspector and operator views ----------------------------------------------
 
     def leases(self, tenant_id: str | None = None) -> Sequence[LeaseRow]:
+        """Every lease row (of ``tenant_id`` only, if given), as ``mos-lease status`` shows
+        them."""
         return self._run(statements.leases(_check_optional_id("tenant_id", tenant_id),
                                            schema=self._schema))
 
     def audit(self, identity: LeaseIdentity | None = None, *, after_seq: int = 0,
               limit: int = 1000) -> Sequence[AuditRecord]:
+        """Audit records in sequence order, oldest first (after ``after_seq``, of
+        ``identity`` if given, at most ``limit``)."""
         return self._run(self._audit_call(identity, after_seq, limit))
 
     def search_audit(self, *, tenant_id: str | None = None, logical_agent_id: str | None = None,
@@ -430,46 +444,56 @@ class AsyncPostgresLeaseStore(_StoreCore):
         return await self._run(step, deadline=deadline)
 
     async def load(self, identity: LeaseIdentity) -> Snapshot:
+        """As :meth:`PostgresLeaseStore.load`."""
         return await self._run(statements.load(identity, self._offset, schema=self._schema))
 
     async def apply(self, write: Write, entry: AuditEntry) -> WriteOutcome:
+        """As :meth:`PostgresLeaseStore.apply`."""
         return await self._run(statements.apply(write, entry, self._offset, schema=self._schema,
                                           audit_heartbeats=self._audit_heartbeats))
 
     async def renew_many(self, renewals: Sequence[tuple[Renew, AuditEntry]]
                          ) -> list[WriteOutcome]:
+        """As :meth:`PostgresLeaseStore.renew_many`."""
         if not renewals:
             return []
         batch, each = self._batch_calls(renewals)
         return await self._run(batch, covers=each)
 
     async def record(self, entry: AuditEntry) -> None:
+        """As :meth:`PostgresLeaseStore.record`."""
         await self._drive(self._recording(entry), self._deadline(None))
 
     async def event_committed(self, event_id: UUID) -> bool:
+        """As :meth:`PostgresLeaseStore.event_committed`."""
         deadline = self._deadline(None)
         async with self._source.checkout(deadline) as wire:
             lost = self._lost_here(event_id, wire)
         return await self._drive(self._settling(event_id, lost, deadline), deadline)
 
     async def leases(self, tenant_id: str | None = None) -> Sequence[LeaseRow]:
+        """As :meth:`PostgresLeaseStore.leases`."""
         return await self._run(statements.leases(
             _check_optional_id("tenant_id", tenant_id), schema=self._schema))
 
     async def audit(self, identity: LeaseIdentity | None = None, *, after_seq: int = 0,
                     limit: int = 1000) -> Sequence[AuditRecord]:
+        """As :meth:`PostgresLeaseStore.audit`."""
         return await self._run(self._audit_call(identity, after_seq, limit))
 
     async def search_audit(self, *, tenant_id: str | None = None,
                            logical_agent_id: str | None = None, binding_id: str | None = None,
                            after_seq: int = 0, limit: int = 1000) -> Sequence[AuditRecord]:
+        """As :meth:`PostgresLeaseStore.search_audit`."""
         return await self._run(self._search_call(tenant_id, logical_agent_id, binding_id,
                                                  after_seq, limit))
 
     async def now(self) -> datetime:
+        """As :meth:`PostgresLeaseStore.now`."""
         return await self._run(statements.now(self._offset, schema=self._schema))
 
     async def aclose(self) -> None:
+        """Close the store's connection (a pool it was given stays open)."""
         await self._source.close()
 
     async def __aenter__(self) -> Self:

@@ -21,6 +21,11 @@
 * ``pg_harness_factory`` (function): the conformance kit's harness
   (:mod:`mos_lease.testing`) on a store of its own schema; harnesses share that store and
   move its clock offset (runs are isolated by tenant, which the kit already does).
+* ``pg_own_cluster`` (session): a throwaway cluster of this run's own, for tests that make
+  roles under their default names (roles are cluster-wide); ``pg_set_up`` (function): a new
+  database on it, brought to the working layout by ``mos-lease setup``
+  (:class:`SetUpDatabase`: DSNs as a superuser, the owner and the gateway role), dropped
+  after. The documentation's PostgreSQL snippets and the examples run on it.
 * ``proxy`` (function): a :class:`~tests.pg_support.FaultProxy` in front of ``pg_dsn``
   (stores reach the server through ``proxy.dsn``), closed after.
 """
@@ -38,6 +43,7 @@ import pytest
 from psycopg import sql
 
 from mos_lease_pg import ConnectionSettings, migrate
+from mos_lease_pg.roles import DEFAULT_GATEWAY_ROLE, DEFAULT_OWNER_ROLE, set_up
 from mos_lease_pg.statements import DEFAULT_SCHEMA
 from tests.pg_clock import ShiftedPostgresLeaseStore
 from tests.pg_support import (
@@ -48,7 +54,9 @@ from tests.pg_support import (
     find_server,
     in_schema,
     require_pg,
+    throwaway_cluster,
     unique_name,
+    with_params,
 )
 
 StoreFactory = Callable[..., ShiftedPostgresLeaseStore]
@@ -182,3 +190,43 @@ def proxy(pg_dsn: str) -> Iterator[FaultProxy]:
         yield fault_proxy
     finally:
         fault_proxy.close()
+
+
+@pytest.fixture(scope="session")
+def pg_own_cluster() -> Iterator[PgServer]:
+    found = throwaway_cluster()
+    if isinstance(found, str):
+        if require_pg():
+            pytest.fail(f"MOS_LEASE_REQUIRE_PG is set and {found}", pytrace=False)
+        pytest.skip(found)
+    try:
+        yield found
+    finally:
+        found.stop()
+
+
+@attrs.frozen
+class SetUpDatabase:
+    """A database after ``mos-lease setup``: DSNs as a superuser, as the owner role and as
+    the gateway role (``mos_lease_gateway``), which is how gateways connect."""
+
+    admin_dsn: str
+    owner_dsn: str
+    gateway_dsn: str
+
+    def environ(self) -> dict[str, str]:
+        """The variables the documentation's snippets read."""
+        return {"ADMIN_DSN": self.admin_dsn, "OWNER_DSN": self.owner_dsn,
+                "MOS_LEASE_DSN": self.gateway_dsn}
+
+
+@pytest.fixture
+def pg_set_up(pg_own_cluster: PgServer) -> Iterator[SetUpDatabase]:
+    name = unique_name("mos_lease_setup")
+    admin_dsn = create_database(pg_own_cluster.dsn, name)
+    try:
+        set_up(admin_dsn)
+        yield SetUpDatabase(admin_dsn, with_params(admin_dsn, user=DEFAULT_OWNER_ROLE),
+                            with_params(admin_dsn, user=DEFAULT_GATEWAY_ROLE))
+    finally:
+        drop_database(pg_own_cluster.dsn, name)

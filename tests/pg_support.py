@@ -294,6 +294,13 @@ def _throwaway_cluster(programs: ServerPrograms | str) -> PgServer | str:
     return PgServer(dsn, programs.how, stop)
 
 
+def throwaway_cluster() -> PgServer | str:
+    """A cluster of the caller's own (installed programs first, then the wheel's), for tests
+    that make cluster-wide objects, such as roles under their documented default names,
+    which must not be left on a shared server; or why there is none."""
+    return _throwaway_cluster(server_programs())
+
+
 STEPS: dict[str, Step] = {
     "local": _from_local,
     "testcontainers": _from_testcontainers,

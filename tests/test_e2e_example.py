@@ -1,5 +1,9 @@
 """End to end: two example gateway processes on one database, and the holder is killed.
 
+As ``examples/README.md`` says: on a database after ``mos-lease setup``, the example's
+tables made by ``gateway.py setup`` as a superuser, and both gateways connected as the
+least-privileged gateway role.
+
 The survivor takes the lease over once it expires, and every effect the dead gateway's
 leftover work still tries (replayed from the last context and token it printed, in a
 separate process as well as from here) is refused at both effect boundaries: the ledger
@@ -28,6 +32,7 @@ from mos_lease.fencing import FencedEffectRefused, FenceReason
 from mos_lease.token import FencingToken, format_token, parse_token
 from mos_lease_pg.effects import fenced_transaction
 from mos_lease_pg.fencing import PostgresResourceGuard
+from tests.pg_fixtures import SetUpDatabase
 
 pytestmark = [pytest.mark.e2e, pytest.mark.pg]
 
@@ -93,7 +98,7 @@ class Gateway:
 
 @attrs.define
 class Gateways:
-    dsn: str
+    dsn: str  # as the gateway role
     tenant: str
     log_dir: Path
     started: list[Gateway] = attrs.Factory(list)
@@ -105,8 +110,22 @@ class Gateways:
 
 
 @pytest.fixture
-def gateways(pg_dsn: str, pg_tenant: str, tmp_path: Path) -> Iterator[Gateways]:
-    made = Gateways(pg_dsn, pg_tenant, tmp_path)
+def database(pg_set_up: SetUpDatabase) -> SetUpDatabase:
+    done = subprocess.run([sys.executable, str(GATEWAY), "setup", "--dsn", pg_set_up.admin_dsn],
+                          capture_output=True, text=True, timeout=60, check=True)
+    assert json.loads(done.stdout)["event"] == "set_up"
+    return pg_set_up
+
+
+@pytest.fixture
+def admin(database: SetUpDatabase) -> Iterator[psycopg.Connection[Any]]:
+    with psycopg.connect(database.admin_dsn, autocommit=True) as conn:
+        yield conn
+
+
+@pytest.fixture
+def gateways(database: SetUpDatabase, pg_tenant: str, tmp_path: Path) -> Iterator[Gateways]:
+    made = Gateways(database.gateway_dsn, pg_tenant, tmp_path)
     try:
         yield made
     finally:
@@ -125,7 +144,7 @@ def rows(conn: psycopg.Connection[Any], table: str, tenant: str) -> list[tuple[A
 
 
 def test_killed_holder_is_fenced_everywhere(gateways: Gateways,
-                                            pg_admin: psycopg.Connection[Any]) -> None:
+                                            admin: psycopg.Connection[Any]) -> None:
     started = time.monotonic()
     tenant = gateways.tenant
     identity = LeaseIdentity(tenant, "agent-1", "ledger")
@@ -163,7 +182,7 @@ def test_killed_holder_is_fenced_everywhere(gateways: Gateways,
     with psycopg.connect(gateways.dsn) as conn:
         with pytest.raises(FencedEffectRefused) as refused, \
                 fenced_transaction(conn, token, scopes=["ledger:write"]) as cur:
-            cur.execute("INSERT INTO example_ledger (tenant_id, connector_id, epoch, n) "
+            cur.execute("INSERT INTO example.ledger (tenant_id, connector_id, epoch, n) "
                         "VALUES (%s, 'gw-a', 1, -1)", (tenant,))
         assert refused.value.reason is Reason.STALE_EPOCH
         guard = PostgresResourceGuard(conn)
@@ -178,24 +197,27 @@ def test_killed_holder_is_fenced_everywhere(gateways: Gateways,
 
     # The history: every effect in epoch order, gw-a's strictly before gw-b's, and nothing
     # the replays tried.
-    for table in ("example_ledger", "example_mailbox"):
-        history = rows(pg_admin, table, tenant)
+    for table in ("example.ledger", "example.mailbox"):
+        history = rows(admin, table, tenant)
         epochs = [epoch for _, epoch in history]
         assert epochs == sorted(epochs), table
         assert {(c, e) for c, e in history} == {("gw-a", 1), ("gw-b", 2)}, table
-    assert pg_admin.execute("SELECT count(*) FROM example_ledger WHERE tenant_id = %s "
+    assert admin.execute("SELECT count(*) FROM example.ledger WHERE tenant_id = %s "
                             "AND n < 0", (tenant,)).fetchone() == (0,)
     reported = {e["ledger_seq"] for e in a.effects()}
-    stored = {seq for (seq,) in pg_admin.execute(
-        "SELECT seq FROM example_ledger WHERE tenant_id = %s AND epoch = 1", (tenant,))}
+    stored = {seq for (seq,) in admin.execute(
+        "SELECT seq FROM example.ledger WHERE tenant_id = %s AND epoch = 1", (tenant,))}
     assert reported <= stored  # every effect gw-a reported is there (maybe one more: no
     assert len(stored - reported) <= 1  # exactly-once; it may have died before printing)
 
     # A clean stop releases the lease.
     b.proc.send_signal(signal.SIGTERM)
     assert b.proc.wait(10) == 0
-    released = pg_admin.execute(
-        "SELECT epoch, released_at IS NOT NULL FROM logical_agent_connector_leases "
+    # Connected as the gateway role, neither gateway held privileges it never uses.
+    for gateway in (a, b):
+        assert "privileges it never uses" not in gateway.stderr_path.read_text()
+    released = admin.execute(
+        "SELECT epoch, released_at IS NOT NULL FROM mos_lease.logical_agent_connector_leases "
         "WHERE tenant_id = %s", (tenant,)).fetchone()
     assert released == (2, True)
     assert time.monotonic() - started < 30

@@ -231,6 +231,9 @@ class LeaseKeeper(_Keeper[ConnectorLeaseCoordinator, Callable[[float], object]])
 
     def takeover(self, identity: LeaseIdentity, connector_id: str, *, scopes: object,
                  expected_epoch: int, correlation_id: str | None = None) -> LeaseResult:
+        """:meth:`ConnectorLeaseCoordinator.takeover` at ``expected_epoch`` with the
+        keeper's ttl; on success the keeper holds the lease and starts renewing it. A
+        refusal leaves the keeper unused."""
         return self._start(self._takeover(identity, connector_id, scopes, expected_epoch,
                                           correlation_id))
 
@@ -402,14 +405,20 @@ class AsyncLeaseKeeper(_Keeper[AsyncConnectorLeaseCoordinator,
 
     async def acquire(self, identity: LeaseIdentity, connector_id: str, *, scopes: object,
                       correlation_id: str | None = None) -> LeaseResult:
+        """As :meth:`LeaseKeeper.acquire`: acquire with the keeper's ttl, and on success
+        hold the lease and start the renewing task."""
         return await self._start(self._acquire(identity, connector_id, scopes, correlation_id))
 
     async def takeover(self, identity: LeaseIdentity, connector_id: str, *, scopes: object,
                        expected_epoch: int, correlation_id: str | None = None) -> LeaseResult:
+        """As :meth:`LeaseKeeper.takeover`: take over at ``expected_epoch`` with the
+        keeper's ttl, and on success hold the lease and start the renewing task."""
         return await self._start(self._takeover(identity, connector_id, scopes,
                                                 expected_epoch, correlation_id))
 
     async def adopt(self, lease: LeaseHandle, *, obtained_at: float) -> None:
+        """As :meth:`LeaseKeeper.adopt`: keep a lease obtained elsewhere; ``obtained_at`` is
+        the keeper clock's reading taken before the call that produced ``lease``."""
         await self._start(self._adopt(lease, obtained_at))
 
     async def _start(self, starting: Flow) -> LeaseResult:
@@ -420,6 +429,7 @@ class AsyncLeaseKeeper(_Keeper[AsyncConnectorLeaseCoordinator,
         return result
 
     async def step(self) -> Action:
+        """Run one decision: renew, wait, or report loss. Returns what was decided."""
         action: Action = await self._drive(flow.step(self._core))
         return action
 
@@ -432,11 +442,16 @@ class AsyncLeaseKeeper(_Keeper[AsyncConnectorLeaseCoordinator,
 
     async def issue_grant(self, *, scopes: object, ttl: float | timedelta,
                           correlation_id: str | None = None) -> GrantResult:
+        """Mint a grant for the kept lease, or refuse locally once it is lost (the deadline
+        is checked before and after the store call)."""
         result: GrantResult = await self._drive(flow.issue_grant(self._core, scopes, ttl,
                                                                  correlation_id))
         return result
 
     async def stop(self, *, release: bool = True) -> LeaseResult | None:
+        """Stop renewing (cancelling the renewing task) and, if the lease is still held and
+        ``release``, release it. Returns the release result, or ``None`` if nothing was
+        released; marks the keeper lost with cause ``STOPPED`` unless it already was."""
         task = self._task
         if task is not None and task is not asyncio.current_task():
             task.cancel()

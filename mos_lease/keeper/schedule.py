@@ -41,6 +41,10 @@ policy refuses, leave the lease as it was)."""
 
 
 class LossCause(enum.StrEnum):
+    """Why a keeper stopped holding its lease: ``denied`` (the store refused a renewal or a
+    grant), ``deadline`` (no renewal succeeded before the local deadline), ``error`` (an
+    unexpected exception while renewing) or ``stopped``."""
+
     DENIED = "denied"  # the store refused a renewal or a grant: definite
     DEADLINE = "deadline"  # no renewal succeeded before the local deadline
     ERROR = "error"  # an unexpected exception while renewing: fail closed

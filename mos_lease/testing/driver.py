@@ -65,6 +65,8 @@ class EventLoopThread:
         return lambda **options: DrivenGuard(self.run(_made(factory, **options)), self)
 
     def close(self) -> None:
+        """Stop the loop, join its thread and close the loop (``with`` does this on
+        leaving)."""
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join()
         self._loop.close()

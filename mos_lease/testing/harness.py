@@ -21,10 +21,12 @@ class AsyncLeaseInspector(Protocol):
     """The asyncio twin of :class:`~mos_lease.LeaseInspector`: the reads the kit checks
     audit rows with."""
 
-    async def leases(self, tenant_id: str | None = None) -> Sequence[LeaseRow]: ...
+    async def leases(self, tenant_id: str | None = None) -> Sequence[LeaseRow]:
+        """As :meth:`mos_lease.LeaseInspector.leases`."""
 
     async def audit(self, identity: LeaseIdentity | None = None, *, after_seq: int = 0,
-                    limit: int = 1000) -> Sequence[AuditRecord]: ...
+                    limit: int = 1000) -> Sequence[AuditRecord]:
+        """As :meth:`mos_lease.LeaseInspector.audit`."""
 
 
 class AsyncInspectableStore(AsyncLeaseStore, AsyncLeaseInspector, Protocol):
@@ -40,9 +42,11 @@ class StoreHarness(Protocol):
     """
 
     @property
-    def store(self) -> InspectableStore: ...
+    def store(self) -> InspectableStore:
+        """The store under test (the same object every time)."""
 
-    def advance(self, by: timedelta) -> None: ...
+    def advance(self, by: timedelta) -> None:
+        """Move the store's time authority forward by exactly ``by``."""
 
 
 class AsyncStoreHarness(Protocol):
@@ -50,9 +54,11 @@ class AsyncStoreHarness(Protocol):
     :class:`~mos_lease.testing.EventLoopThread`."""
 
     @property
-    def store(self) -> AsyncInspectableStore: ...
+    def store(self) -> AsyncInspectableStore:
+        """The asyncio store under test (the same object every time)."""
 
-    async def advance(self, by: timedelta) -> None: ...
+    async def advance(self, by: timedelta) -> None:
+        """Move the store's time authority forward by exactly ``by``."""
 
 
 class MemoryHarness:
@@ -64,9 +70,11 @@ class MemoryHarness:
 
     @property
     def store(self) -> InMemoryLeaseStore:
+        """The in-memory store on this harness's manual clock."""
         return self._store
 
     def advance(self, by: timedelta) -> None:
+        """Advance the manual clock by ``by``."""
         self.clock.advance(by)
 
 
@@ -75,10 +83,12 @@ class InspectableAsyncMemoryStore(AsyncInMemoryLeaseStore):
     (the store's writes and loads are its own, unchanged)."""
 
     async def leases(self, tenant_id: str | None = None) -> Sequence[LeaseRow]:
+        """As :meth:`mos_lease_memory.InMemoryLeaseStore.leases`."""
         return self.sync.leases(tenant_id)
 
     async def audit(self, identity: LeaseIdentity | None = None, *, after_seq: int = 0,
                     limit: int = 1000) -> Sequence[AuditRecord]:
+        """As :meth:`mos_lease_memory.InMemoryLeaseStore.audit`."""
         return self.sync.audit(identity, after_seq=after_seq, limit=limit)
 
 
@@ -91,7 +101,9 @@ class AsyncMemoryHarness:
 
     @property
     def store(self) -> InspectableAsyncMemoryStore:
+        """The asyncio in-memory store on this harness's manual clock."""
         return self._store
 
     async def advance(self, by: timedelta) -> None:
+        """Advance the manual clock by ``by``."""
         self.clock.advance(by)

@@ -50,6 +50,10 @@ class Expected:
 
 
 class Oracle:
+    """The stateful specification's independent model of the protocol: given the policy's
+    rules and a model clock, it predicts the outcome, reason and audit row of every step,
+    so that :func:`make_lease_machine` can compare a store's answers with it."""
+
     def __init__(self, rules: dict[str, ModelRule]) -> None:
         self.rules = rules
         self.now = 0.0
@@ -89,6 +93,7 @@ class Oracle:
 
     def acquire(self, identity: LeaseIdentity, connector_id: str, scopes: frozenset[str],
                 ttl: float) -> Expected:
+        """The expected result of an acquire."""
         event = LifecycleEvent.ACQUIRE
         reason = self._policy(connector_id, scopes, ttl, grant=False)
         lease = self.leases.get(identity)
@@ -101,6 +106,7 @@ class Oracle:
 
     def takeover(self, identity: LeaseIdentity, connector_id: str, scopes: frozenset[str],
                  ttl: float, expected_epoch: int) -> Expected:
+        """The expected result of a takeover at ``expected_epoch``."""
         event = LifecycleEvent.TAKEOVER
         lease = self.leases.get(identity)
         reason = self._policy(connector_id, scopes, ttl, grant=False, current=lease,
@@ -116,6 +122,7 @@ class Oracle:
 
     def heartbeat(self, identity: LeaseIdentity, connector_id: str, lease_id: UUID,
                   epoch: int, scopes: frozenset[str], ttl: float) -> Expected:
+        """The expected result of a heartbeat of the lease with these fields."""
         event = LifecycleEvent.HEARTBEAT
         reason = self._policy(connector_id, scopes, ttl, grant=False) or self._holder(
             self.leases.get(identity), connector_id, lease_id, epoch)
@@ -125,6 +132,7 @@ class Oracle:
 
     def release(self, identity: LeaseIdentity, connector_id: str, lease_id: UUID, epoch: int,
                 scopes: frozenset[str]) -> Expected:
+        """The expected result of a release of the lease with these fields."""
         event = LifecycleEvent.RELEASE
         reason = self._policy(connector_id, scopes, None, grant=False) or self._holder(
             self.leases.get(identity), connector_id, lease_id, epoch)
@@ -134,6 +142,7 @@ class Oracle:
 
     def issue_grant(self, identity: LeaseIdentity, connector_id: str, lease_id: UUID,
                     epoch: int, scopes: frozenset[str], ttl: float) -> Expected:
+        """The expected result of issuing a grant for the lease with these fields."""
         event = LifecycleEvent.GRANT_ISSUE
         lease = self.leases.get(identity)
         reason = self._policy(connector_id, scopes, ttl, grant=True) or self._holder(
@@ -147,6 +156,8 @@ class Oracle:
     def validate(self, *, recognized: bool, granted: LeaseIdentity, target: LeaseIdentity,
                  connector_id: str, lease_id: UUID, epoch: int, grant_scopes: frozenset[str],
                  grant_expires: float, requested: frozenset[str]) -> Expected:
+        """The expected result of validating a grant (``recognized``: minted by this
+        coordinator instance) for ``target`` and ``requested`` scopes."""
         event = LifecycleEvent.GRANT_VALIDATE
         if not recognized:
             return Expected(Outcome.DENIED, Reason.GRANT_UNKNOWN, event, None)
