@@ -155,6 +155,21 @@ def make_partitions(conninfo: str, schema: str, ahead: int = MONTHS_AHEAD) -> li
             raise ArchiveError(f"partition maintenance failed: {exc}") from exc
 
 
+def _seq_of(line: bytes, number: int) -> int:
+    """The seq of one archived line, or ValueError naming the line: a file is checked line
+    by line, and any JSON value (a list, an object without seq) may be found there."""
+    try:
+        row = json.loads(line)
+    except ValueError as bad:  # not JSON, or not UTF-8
+        raise ValueError(f"line {number}: not JSON ({bad})") from None
+    if not isinstance(row, dict):
+        raise ValueError(f"line {number}: a JSON {type(row).__name__}, not an audit row")
+    seq = row.get("seq")
+    if type(seq) is not int:  # bool is an int subclass, and no seq
+        raise ValueError(f"line {number}: no integer seq ({seq!r}), not an audit row")
+    return seq
+
+
 class _Summing:
     """Running :class:`Digest` of lines fed one by one."""
 
@@ -166,14 +181,17 @@ class _Summing:
         self.last: int | None = None
 
     def add(self, line: bytes) -> None:
-        seq = json.loads(line)["seq"]
-        if not isinstance(seq, int) or (self.last is not None and seq <= self.last):
-            raise ValueError(f"line {self.rows + 1}: seq {seq!r} does not follow {self.last}")
-        self.first = seq if self.first is None else self.first
-        self.last = seq
+        """Count and hash ``line``, then raise ValueError if it is not an audit row in seq
+        order (counted all the same, so a checker may go on to the next line)."""
+        number = self.rows + 1
         self.hash.update(line + b"\n")
         self.rows += 1
         self.size += len(line) + 1
+        seq = _seq_of(line, number)
+        if self.last is not None and seq <= self.last:
+            raise ValueError(f"line {number}: seq {seq!r} does not follow {self.last}")
+        self.first = seq if self.first is None else self.first
+        self.last = seq
 
     def digest(self) -> Digest:
         return Digest(self.rows, self.hash.hexdigest(), self.first, self.last, self.size)
@@ -326,6 +344,22 @@ def archive(conninfo: str, schema: str, before: date, directory: Path) -> Archiv
         return ArchiveReport(tuple(archived), tuple(kept))
 
 
+def _scan(path: Path) -> tuple[Digest, list[str]]:
+    """Every line of an archived file, checked on its own: the digest of all of them and
+    each line that is cut short or not an audit row in seq order (by line number)."""
+    summing = _Summing()
+    bad = []
+    with path.open("rb") as handle:
+        for number, raw in enumerate(handle, start=1):
+            if not raw.endswith(b"\n"):
+                bad.append(f"line {number}: cut short (no newline)")
+            try:
+                summing.add(raw.removesuffix(b"\n"))
+            except ValueError as why:
+                bad.append(str(why))
+    return summing.digest(), bad
+
+
 def verify(directory: Path) -> tuple[list[Entry], list[str]]:
     """Check every file of ``directory`` against its manifest: the entries checked and the
     problems found (a changed, cut, missing or extra line; a missing or unlisted file)."""
@@ -338,11 +372,8 @@ def verify(directory: Path) -> tuple[list[Entry], list[str]]:
         if not path.exists():
             problems.append(f"{entry.file}: missing")
             continue
-        try:
-            found = _digest(_file_lines(path))
-        except ValueError as bad:
-            problems.append(f"{entry.file}: {bad}")
-            continue
+        found, bad_lines = _scan(path)
+        problems.extend(f"{entry.file}: {bad}" for bad in bad_lines)
         if found.rows != entry.digest.rows:
             problems.append(f"{entry.file}: {found.rows} lines, the manifest says "
                             f"{entry.digest.rows}")
