@@ -6,8 +6,12 @@ partitions leave by DDL, as the owner role only.
 JSON object per row, in seq order) and records its row count, seq range and SHA-256 in
 ``DIR/manifest.json``; it then reads the rows again from the table, compares them with the
 file read back from disk, and only if they agree detaches and drops the partition, all in
-one transaction that holds the partition against new rows. ``verify`` checks a directory
-against its manifest, without a database.
+one transaction that holds the partition against new rows. An entry of the manifest is never
+overwritten or shrunk: a partition of that name whose rows differ from it is refused
+(:class:`ArchiveConflict`, naming what differs). Each drop records the boundary retention has
+passed, and from then on the database refuses any audit row before it (migration 0004), so a
+month once archived never receives a row again. ``verify`` checks a directory against its
+manifest, without a database.
 """
 
 from __future__ import annotations
@@ -39,6 +43,11 @@ _BOUND: Final = re.compile(r"FOR VALUES FROM \((MINVALUE|'[^']*')\) TO \((MAXVAL
 class ArchiveError(MosLeaseError):
     """Archiving was refused or failed; no partition whose export did not verify was
     dropped."""
+
+
+class ArchiveConflict(ArchiveError):
+    """The archive already holds an entry for a partition whose rows now differ from it: an
+    entry is never overwritten or shrunk (the message names what differs)."""
 
 
 class NotOwner(ArchiveError, ConfigurationError):
@@ -265,25 +274,54 @@ def _iso(value: datetime | None) -> str | None:
     return None if value is None else value.isoformat()
 
 
+def _differences(archived: Digest, found: Digest) -> str:
+    """What differs between an archive entry and a partition's rows now ('' if nothing)."""
+    named = []
+    if archived.rows != found.rows:
+        named.append(f"{archived.rows} rows archived, {found.rows} in the table")
+    if (archived.first_seq, archived.last_seq) != (found.first_seq, found.last_seq):
+        named.append(f"seq {archived.first_seq}..{archived.last_seq} archived, "
+                     f"{found.first_seq}..{found.last_seq} in the table")
+    if archived.sha256 != found.sha256:
+        named.append(f"SHA-256 {archived.sha256} archived, {found.sha256} in the table")
+    return "; ".join(named)
+
+
 def _archive_one(conn: psycopg.Connection[Any], schema: str, part: Partition,
                  directory: Path, entries: dict[str, Entry]) -> Entry:
     assert part.high is not None
     target = directory / f"{part.name}.jsonl"
     with conn.transaction():
         conn.execute(_sql(schema, "lock_partition.sql", partition=part.name))
-        summing = _Summing()
+        old = entries.get(part.name)
+        if old is None:
+            summing = _Summing()
 
-        def exported() -> Iterator[bytes]:
-            for line in _table_lines(conn, schema, part.name):
-                summing.add(line)
-                yield line + b"\n"
+            def exported() -> Iterator[bytes]:
+                for line in _table_lines(conn, schema, part.name):
+                    summing.add(line)
+                    yield line + b"\n"
 
-        _write_durably(target, exported())
-        entry = Entry(part.name, target.name, _iso(part.low), part.high.isoformat(),
-                      summing.digest())
-        # The entry is on disk before the drop: a crash after the drop keeps it.
-        entries[part.name] = entry
-        _write_manifest(directory, entries)
+            _write_durably(target, exported())
+            entry = Entry(part.name, target.name, _iso(part.low), part.high.isoformat(),
+                          summing.digest())
+            # The entry is on disk before the drop: a crash after the drop keeps it.
+            entries[part.name] = entry
+            _write_manifest(directory, entries)
+        else:
+            # Archived already (a rerun after a crash between the manifest and the drop): an
+            # entry is never rewritten, so the partition must hold exactly what it records.
+            differs = _differences(old.digest, _digest(_table_lines(conn, schema, part.name)))
+            if differs:
+                raise ArchiveConflict(
+                    f"{directory / MANIFEST} already holds partition {part.name} and the "
+                    f"table's rows differ from it ({differs}): an archive entry is never "
+                    "overwritten or shrunk; nothing was changed")
+            entry = old
+            if not target.exists() or _scan(target) != (entry.digest, []):
+                # The same rows as the entry records, so the same bytes.
+                _write_durably(target, (line + b"\n"
+                                        for line in _table_lines(conn, schema, part.name)))
         # Verify: the table read again against the file read back from disk.
         in_table = _digest(_table_lines(conn, schema, part.name))
         on_disk = _digest(_file_lines(target))
@@ -292,6 +330,8 @@ def _archive_one(conn: psycopg.Connection[Any], schema: str, part: Partition,
                                f"{in_table}, file {on_disk}): not dropped")
         conn.execute(_sql(schema, "detach.sql", partition=part.name))
         conn.execute(_sql(schema, "drop.sql", partition=part.name))
+        # From now on no row may join that month again, by any role.
+        conn.execute(_sql(schema, "retained.sql"), {"boundary": part.high})
     return entry
 
 

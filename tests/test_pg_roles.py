@@ -95,9 +95,9 @@ def test_objects_belong_to_the_owner_in_its_schema(layout: Layout,
         " WHERE n.nspname = %s AND c.relkind IN ('r', 'p') AND NOT c.relispartition"
         " ORDER BY 1", (layout.schema,)).fetchall()
     assert owned == [(table, layout.owner) for table in (
-        "connector_lease_audit_log", "connector_resource_epochs",
-        "logical_agent_connector_leases", "mos_lease_schema_migrations",
-        "mos_lease_settings")]
+        "connector_lease_audit_log", "connector_lease_event_ids", "connector_resource_epochs",
+        "logical_agent_connector_leases", "mos_lease_audit_retention",
+        "mos_lease_schema_migrations", "mos_lease_settings")]
 
 
 def test_gateway_privileges_are_exactly_the_documented_ones(
