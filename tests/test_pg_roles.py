@@ -109,6 +109,7 @@ def test_gateway_privileges_are_exactly_the_documented_ones(
         " WHERE grantee = %s AND table_schema = %s GROUP BY 1 ORDER BY 1",
         (layout.gateway, layout.schema)).fetchall()
     assert tables == [("connector_lease_audit_log", "INSERT,SELECT"),
+                      ("connector_lease_event_ids", "SELECT"),
                       ("connector_resource_epochs", "INSERT,SELECT"),
                       ("logical_agent_connector_leases", "INSERT,SELECT")]
     updatable = pg_admin.execute(

@@ -16,8 +16,10 @@
 --                                         updated_at (the guard's upsert raises the mark;
 --                                         the identity columns are not granted)
 --        mos_lease_schema_migrations      nothing
---        connector_lease_event_ids,       nothing (the audit log's triggers use them as the
---        mos_lease_audit_retention        owner: SECURITY DEFINER)
+--        connector_lease_event_ids        SELECT (reconcile looks events up; the audit
+--                                         log's trigger writes it as the owner)
+--        mos_lease_audit_retention        nothing (read by the audit stamp check as the
+--                                         owner: SECURITY DEFINER)
 --        mos_lease_settings               nothing (the checking function reads it as the
 --                                         owner: SECURITY DEFINER)
 --        mos_lease_record_audit(...)      EXECUTE, granted to PUBLIC: it appends a
@@ -167,8 +169,8 @@ BEGIN
     IF to_regclass(settings) IS NOT NULL THEN
         EXECUTE format('REVOKE ALL ON %s FROM PUBLIC, %I', settings, gateway_role);
     END IF;
-    -- Owner-only tables of 0004: the event-id claims (written by the claiming trigger as the
-    -- owner) and the retention boundary.
+    -- Tables of 0004: the event-id claims (written by the claiming trigger as the owner,
+    -- read by reconcile) and the retention boundary (owner-only).
     FOR owner_only IN
         SELECT to_regclass(format('%I.%I', schema_name, t))
         FROM unnest(ARRAY['connector_lease_event_ids', 'mos_lease_audit_retention']) AS t
@@ -177,6 +179,10 @@ BEGIN
             EXECUTE format('REVOKE ALL ON %s FROM PUBLIC, %I', owner_only, gateway_role);
         END IF;
     END LOOP;
+    IF to_regclass(format('%I.connector_lease_event_ids', schema_name)) IS NOT NULL THEN
+        EXECUTE format('GRANT SELECT ON %I.connector_lease_event_ids TO %I', schema_name,
+                       gateway_role);
+    END IF;
     -- Functions are executable by PUBLIC by default; the gateway calls none directly.
     FOR routine IN
         SELECT p.oid::regprocedure FROM pg_proc AS p

@@ -2,9 +2,9 @@
 --
 -- 1. Event ids are applied at most once. A unique index on a partitioned table must include
 --    the partition key, so it cannot make event_id unique across months. Instead every
---    audit row claims its event id in `connector_lease_event_ids`, a plain table whose
---    primary key is the event id, from a BEFORE INSERT trigger on the log (cloned onto
---    every partition, present and future): a second row with the same id fails with
+--    audit row claims its event id in `connector_lease_event_ids`, a plain (unpartitioned)
+--    table whose primary key is the event id, from a BEFORE INSERT trigger on the log
+--    (cloned onto every partition, present and future): a second row with the same id fails with
 --    unique_violation on connector_lease_event_ids_pkey, and with it the whole statement,
 --    so a guarded write whose audit row is a duplicate is not applied either. The claim
 --    waits for an uncommitted claim of the same id (as any unique index does), so a resend
@@ -25,14 +25,18 @@
 --    time. Adopting rows the DEFAULT caught handles rows of several months (each month gets
 --    its own partition), where 0003 refused when their span crossed an existing partition.
 --
--- Cost: the claim is one trigger call and one index insert per audit row; the stamp check
--- is a WHEN expression that calls nothing for a row stamped by the clock. Measured by
--- `bench/run.py` (event_id_claim).
+-- Cost: the claim is one trigger call and one row with its primary key per audit row, in
+-- place of the log's own event-id index, which goes; the stamp check is a WHEN expression
+-- that calls nothing for a row stamped by the clock. Measured by `bench/run.py`
+-- (event_ids_heartbeat_vs_v3).
 
--- The event ids applied, one row each. The gateway role holds no privilege on it: the
--- claiming trigger runs as the owner.
+-- The event ids applied, one row each, with the key of the audit row that claimed it (seq
+-- and recorded_at: the log's primary key, so the row is found through one partition's
+-- index). The gateway role may only read it (reconcile looks events up here); the claiming
+-- trigger writes it as the owner.
 CREATE TABLE connector_lease_event_ids (
     event_id    uuid        NOT NULL,
+    seq         bigint      NOT NULL,
     recorded_at timestamptz NOT NULL,
     CONSTRAINT connector_lease_event_ids_pkey PRIMARY KEY (event_id)
 );
@@ -49,8 +53,8 @@ DO $claims$
 DECLARE
     twice bigint;
 BEGIN
-    INSERT INTO connector_lease_event_ids (event_id, recorded_at)
-    SELECT DISTINCT ON (a.event_id) a.event_id, a.recorded_at
+    INSERT INTO connector_lease_event_ids (event_id, seq, recorded_at)
+    SELECT DISTINCT ON (a.event_id) a.event_id, a.seq, a.recorded_at
     FROM connector_lease_audit_log AS a
     ORDER BY a.event_id, a.seq;
     SELECT count(*) - count(DISTINCT a.event_id) INTO twice FROM connector_lease_audit_log AS a;
@@ -61,9 +65,12 @@ BEGIN
 END
 $claims$;
 
--- The claim. Its schema is written into the body when the function is made (a function
--- body's statements keep a cached plan only with fixed names, and a dynamic statement per
--- row would cost more than the claim itself); nothing in it depends on a search_path.
+-- The claim, run for every audit row, so written for cost. Its schema is written into the
+-- body when the function is made: a dynamic statement per row would cost more than the
+-- claim itself. Owner's rights (the gateway may not write the claims), and deliberately no
+-- SET search_path: a function-level setting is saved and restored on every call, and the
+-- body resolves nothing through a search_path (one schema-qualified table, columns of the
+-- exact types, no function or operator), so a caller's search_path cannot redirect it.
 DO $claim$
 DECLARE
     -- Already quoted where needed (see mos_lease_audit_guard in 0003).
@@ -72,10 +79,10 @@ DECLARE
 BEGIN
     EXECUTE format($f$
         CREATE FUNCTION %1$s.mos_lease_claim_event_id() RETURNS trigger
-        LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $body$
+        LANGUAGE plpgsql SECURITY DEFINER AS $body$
         BEGIN
-            INSERT INTO %1$s.connector_lease_event_ids (event_id, recorded_at)
-            VALUES (NEW.event_id, NEW.recorded_at);
+            INSERT INTO %1$s.connector_lease_event_ids (event_id, seq, recorded_at)
+            VALUES (NEW.event_id, NEW.seq, NEW.recorded_at);
             RETURN NEW;
         END
         $body$$f$, here);
@@ -86,6 +93,10 @@ $claim$;
 CREATE TRIGGER connector_lease_audit_log_event_once
     BEFORE INSERT ON connector_lease_audit_log
     FOR EACH ROW EXECUTE FUNCTION mos_lease_claim_event_id();
+
+-- Events are looked up in the claims now (event_committed.sql, record_matches.sql): the
+-- log's own event-id index (0003) would only double the cost of every append.
+DROP INDEX connector_lease_audit_log_event_id_idx;
 
 -- The newest partition boundary a retention step has passed: no audit row may be older.
 CREATE TABLE mos_lease_audit_retention (
@@ -275,7 +286,10 @@ DECLARE
     taken boolean;
 BEGIN
     PERFORM pg_advisory_xact_lock(1836020588, hashtext(p_event_id::text));
-    EXECUTE format('SELECT EXISTS (SELECT 1 FROM %s AS a WHERE a.event_id = $1)', log)
+    EXECUTE format('SELECT EXISTS (SELECT 1 FROM %s.connector_lease_event_ids AS e '
+                   'WHERE e.event_id = $1)',
+                   (SELECT c.relnamespace::regnamespace::text FROM pg_class AS c
+                    WHERE c.oid = log))
         INTO STRICT taken USING p_event_id;
     IF taken THEN
         RETURN 0;
