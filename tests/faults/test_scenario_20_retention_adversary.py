@@ -106,7 +106,7 @@ def _attempts(layout: Layout, applied: uuid.UUID) -> list[tuple[str, str]]:
     return out
 
 
-def _outcome(conn: psycopg.Connection[Any], statement: sql.Composable) -> str:
+def _outcome(conn: psycopg.Connection[Any], statement: sql.Composed) -> str:
     try:
         conn.execute(statement)
     except psycopg.Error as exc:
@@ -154,6 +154,36 @@ def _archived_rows(directory: Path) -> dict[str, int]:
     return found
 
 
+def _forged_copy_verified(directory: Path, forged: Path) -> tuple[int, str]:
+    """Forged lines in a copy of the archive (a JSON list, a row without seq, a changed
+    row): ``verify``'s exit code and report, which must name each."""
+    shutil.copytree(directory, forged) if directory.exists() else forged.mkdir()
+    files = sorted(forged.glob("*.jsonl"))
+    for path, line in zip(files, (b"[1]\n", b'{"event": "heartbeat"}\n'), strict=False):
+        path.write_bytes(path.read_bytes() + line)
+    if files:
+        text = files[-1].read_bytes().replace(b'"m2"', b'"mX"', 1)
+        files[-1].write_bytes(text)
+    return _verify(forged)
+
+
+def _routine(layout: Layout, directory: Path, rounds: int) -> list[tuple[str, str]]:
+    """The owner's retention steps, run while the adversary works: (step, result)."""
+    steps = []
+    for k in range(rounds):
+        if k == 0:
+            steps.append(("archive before month -2", _archive(
+                layout, _month(-2).date(), directory)))
+        steps.append(("partitions", _partitions(layout)))
+        if k == rounds // 2:
+            steps.append(("archive before this month", _archive(
+                layout, _month(0).date(), directory)))
+        time.sleep(0.05)
+    steps.append(("archive before this month, again", _archive(
+        layout, _month(0).date(), directory)))
+    return steps
+
+
 def test_retention_adversary(layout: Layout, pg_dsn: str, tmp_path: Path, soak: bool,
                              figures: Table) -> None:
     rounds = 40 if soak else 8
@@ -177,17 +207,7 @@ def test_retention_adversary(layout: Layout, pg_dsn: str, tmp_path: Path, soak: 
     worker = threading.Thread(target=adversary, daemon=True)
     worker.start()
     try:
-        for k in range(rounds):
-            if k == 0:
-                steps.append(("archive before month -2", _archive(
-                    layout, _month(-2).date(), directory)))
-            steps.append(("partitions", _partitions(layout)))
-            if k == rounds // 2:
-                steps.append(("archive before this month", _archive(
-                    layout, _month(0).date(), directory)))
-            time.sleep(0.05)
-        steps.append(("archive before this month, again", _archive(
-            layout, _month(0).date(), directory)))
+        steps += _routine(layout, directory, rounds)
     finally:
         stop.set()
         worker.join(timeout=60)
@@ -196,9 +216,9 @@ def test_retention_adversary(layout: Layout, pg_dsn: str, tmp_path: Path, soak: 
     succeeded = [what for what, outcome in results if outcome == "SUCCEEDED"]
     archived = _archived_rows(directory)
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        kept = dict(conn.execute(sql.SQL("SELECT tenant_id, count(*) FROM {}.{} GROUP BY 1")
-                                 .format(sql.Identifier(layout.schema),
-                                         sql.Identifier(AUDIT))).fetchall())
+        counted = conn.execute(sql.SQL("SELECT tenant_id, count(*) FROM {}.{} GROUP BY 1")
+                               .format(sql.Identifier(layout.schema), sql.Identifier(AUDIT)))
+        kept: dict[str, int] = dict(counted.fetchall())
     # A planted row is lost when it is neither in the archive nor still in the table.
     lost = sum(max(0, count - archived.get(f"m{months}", 0) - kept.get(f"m{months}", 0))
                for months, count in PLANTED.items())
@@ -206,16 +226,7 @@ def test_retention_adversary(layout: Layout, pg_dsn: str, tmp_path: Path, soak: 
     foreign = sum(v for k, v in archived.items() if k not in {f"m{m}" for m in PLANTED})
     code, report = _verify(directory)
 
-    # Forged lines in a copy of the archive: each is reported with its file and line.
-    forged = tmp_path / "forged"
-    shutil.copytree(directory, forged) if directory.exists() else forged.mkdir()
-    files = sorted(forged.glob("*.jsonl"))
-    for path, line in zip(files, (b"[1]\n", b'{"event": "heartbeat"}\n'), strict=False):
-        path.write_bytes(path.read_bytes() + line)
-    if files:
-        text = files[-1].read_bytes().replace(b'"m2"', b'"mX"', 1)
-        files[-1].write_bytes(text)
-    forged_code, forged_report = _verify(forged)
+    forged_code, forged_report = _forged_copy_verified(directory, tmp_path / "forged")
     findings = forged_report.count("problem: ")
 
     figures.add("tampering attempts as the gateway role", len(results))
