@@ -184,16 +184,23 @@ def _routine(layout: Layout, directory: Path, rounds: int) -> list[tuple[str, st
     return steps
 
 
-def test_retention_adversary(layout: Layout, pg_dsn: str, tmp_path: Path, soak: bool,
-                             figures: Table) -> None:
-    rounds = 40 if soak else 8
-    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+def _plant(dsn: str, layout: Layout) -> uuid.UUID:
+    """The past months' rows (as a superuser, triggers off); returns an applied event id."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
         for months, count in PLANTED.items():
             _insert_old_rows(conn, layout.schema, months, count, tenant=f"m{months}")
         applied = conn.execute(sql.SQL("SELECT event_id FROM {}.{} ORDER BY seq LIMIT 1")
                                .format(sql.Identifier(layout.schema),
                                        sql.Identifier(AUDIT))).fetchone()
     assert applied is not None
+    event_id: uuid.UUID = applied[0]
+    return event_id
+
+
+def test_retention_adversary(layout: Layout, pg_dsn: str, tmp_path: Path, soak: bool,
+                             figures: Table) -> None:
+    rounds = 40 if soak else 8
+    applied = _plant(pg_dsn, layout)
     steps = [("partitions", _partitions(layout))]
     directory = tmp_path / "archive"
 
@@ -202,7 +209,7 @@ def test_retention_adversary(layout: Layout, pg_dsn: str, tmp_path: Path, soak: 
 
     def adversary() -> None:
         while not stop.is_set():
-            results.extend(_attempts(layout, applied[0]))
+            results.extend(_attempts(layout, applied))
 
     worker = threading.Thread(target=adversary, daemon=True)
     worker.start()
