@@ -339,8 +339,11 @@ def archive(conninfo: str, schema: str, before: date, directory: Path) -> Archiv
     """Export, verify, detach and drop every partition wholly before ``before`` (UTC
     midnight). Refused (nothing changed) unless run as the owner role, and for a cutoff
     after the start of the current month or one that rows of the DEFAULT partition precede.
-    Safe to run again after a crash: a partition that still exists is exported again, and
-    the manifest keeps the entries of partitions already dropped."""
+    Safe to run again after a crash: a partition that still exists is exported again (or,
+    if the manifest has its entry already, checked against it: :class:`ArchiveConflict`
+    if its rows differ, since an entry is never rewritten), and the manifest keeps the
+    entries of partitions already dropped. Each drop records the boundary retention has
+    passed; no audit row can be appended before it afterwards."""
     if not isinstance(before, date):
         raise ConfigurationError(f"before must be a date, not {before!r}")
     cutoff = datetime(before.year, before.month, before.day, tzinfo=UTC)
