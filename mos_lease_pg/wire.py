@@ -43,10 +43,11 @@ class _Sender(Generic[C]):
         self.prepare = prepare
         # Noted now (public ``conn.info``, no round trip): once the connection is lost they
         # say which backend may still be running its last write (see reconcile.py). Only
-        # where the startup's pid names the backend that runs the statements: behind a
-        # transaction pooler (settings made for one, or a pid that is the pooler's own,
-        # PgBouncer's being negative) it names none of them, so none is noted and reconcile
-        # waits out the role's transactions instead.
+        # where the startup's pid names the backend that runs the statements (the first-use
+        # check compared the two): behind a transaction pooler, which a store built with the
+        # pooler settings may be behind, the pid is the pooler's own key and names none of
+        # them (nor does a pid of 0 or below), so none is noted and reconcile waits out the
+        # role's transactions instead.
         info = conn.info
         pid = info.backend_pid
         self.backend_pid: int | None = pid if pid_names_backend and pid > 0 else None
