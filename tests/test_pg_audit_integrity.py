@@ -284,6 +284,16 @@ def test_rows_of_months_around_an_existing_partition_are_adopted_each_on_its_own
             sql.Identifier(target.schema), sql.Identifier(made[0]))).fetchall()
         with pytest.raises(errors.UniqueViolation):
             _append(conn, target.schema, event_id)
+        # A statement naming a partition (the owner may) claims through its own trigger.
+        named = uuid.uuid4()
+        conn.execute(sql.SQL("INSERT INTO {}.{} (seq, " + COLUMNS + ") VALUES (nextval("
+                             "pg_get_serial_sequence(%s, 'seq')), %s, 'acquire', 'denied', "
+                             "'lease_held', 'owner', 'a', 'b', 'c', 1, 'corr', "
+                             "%s::timestamptz + interval '2 hours')").format(
+            sql.Identifier(target.schema), sql.Identifier(made[1])),
+            (f'"{target.schema}".{AUDIT}', named, _month_start(7)))
+        with pytest.raises(errors.UniqueViolation):
+            _append(conn, target.schema, named)
         with pytest.raises(errors.RestrictViolation):
             conn.execute(sql.SQL("DELETE FROM {}.{}").format(sql.Identifier(target.schema),
                                                              sql.Identifier(made[1])))

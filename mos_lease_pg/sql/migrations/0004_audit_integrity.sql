@@ -3,8 +3,8 @@
 -- 1. Event ids are applied at most once. A unique index on a partitioned table must include
 --    the partition key, so it cannot make event_id unique across months. Instead every
 --    audit row claims its event id in `connector_lease_event_ids`, a plain (unpartitioned)
---    table whose primary key is the event id, from a BEFORE INSERT trigger on the log
---    (cloned onto every partition, present and future): a second row with the same id fails with
+--    table whose primary key is the event id, from an AFTER INSERT statement trigger on the
+--    log and on every partition, present and future: a second row with the same id fails with
 --    unique_violation on connector_lease_event_ids_pkey, and with it the whole statement,
 --    so a guarded write whose audit row is a duplicate is not applied either. The claim
 --    waits for an uncommitted claim of the same id (as any unique index does), so a resend
@@ -25,10 +25,10 @@
 --    time. Adopting rows the DEFAULT caught handles rows of several months (each month gets
 --    its own partition), where 0003 refused when their span crossed an existing partition.
 --
--- Cost: the claim is one trigger call and one row with its primary key per audit row, in
--- place of the log's own event-id index, which goes; the stamp check is a WHEN expression
--- that calls nothing for a row stamped by the clock. Measured by `bench/run.py`
--- (event_ids_heartbeat_vs_v3).
+-- Cost: the claim is one trigger call per INSERT statement and one row with its primary key
+-- per audit row, in place of the log's own event-id index, which goes; the stamp check is a
+-- WHEN expression that calls nothing for a row stamped by the clock. Measured by
+-- `bench/run.py` (event_ids_heartbeat_vs_v3).
 
 -- The event ids applied, one row each, with the key of the audit row that claimed it (seq
 -- and recorded_at: the log's primary key, so the row is found through one partition's
@@ -65,12 +65,15 @@ BEGIN
 END
 $claims$;
 
--- The claim, run for every audit row, so written for cost. Its schema is written into the
--- body when the function is made: a dynamic statement per row would cost more than the
--- claim itself. Owner's rights (the gateway may not write the claims), and deliberately no
--- SET search_path: a function-level setting is saved and restored on every call, and the
--- body resolves nothing through a search_path (one schema-qualified table, columns of the
--- exact types, no function or operator), so a caller's search_path cannot redirect it.
+-- The claim: one statement-level trigger per INSERT statement, claiming every row the
+-- statement inserted at once from its transition table (a batch of 100 renewals costs one
+-- call, not 100; the claims' primary key takes the place of the log's old event-id index,
+-- so an append costs about what it did). Its schema is written into the body when the
+-- function is made: a dynamic statement would cost more than the claim. Owner's rights (the
+-- gateway may not write the claims), and deliberately no SET search_path: a function-level
+-- setting is saved and restored on every call, and the body resolves nothing through a
+-- search_path (one schema-qualified table, columns of the exact types, no function or
+-- operator), so a caller's search_path cannot redirect it.
 DO $claim$
 DECLARE
     -- Already quoted where needed (see mos_lease_audit_guard in 0003).
@@ -78,21 +81,61 @@ DECLARE
                   WHERE c.oid = 'connector_lease_audit_log'::regclass);
 BEGIN
     EXECUTE format($f$
-        CREATE FUNCTION %1$s.mos_lease_claim_event_id() RETURNS trigger
+        CREATE FUNCTION %1$s.mos_lease_claim_event_ids() RETURNS trigger
         LANGUAGE plpgsql SECURITY DEFINER AS $body$
         BEGIN
             INSERT INTO %1$s.connector_lease_event_ids (event_id, seq, recorded_at)
-            VALUES (NEW.event_id, NEW.seq, NEW.recorded_at);
-            RETURN NEW;
+            SELECT c.event_id, c.seq, c.recorded_at FROM claimed AS c;
+            RETURN NULL;
         END
         $body$$f$, here);
-    EXECUTE format('REVOKE ALL ON FUNCTION %s.mos_lease_claim_event_id() FROM PUBLIC', here);
+    EXECUTE format('REVOKE ALL ON FUNCTION %s.mos_lease_claim_event_ids() FROM PUBLIC', here);
 END
 $claim$;
 
+-- On the log, for every statement that appends through it (as every role but the owner
+-- must: no other role has a privilege on a partition). A statement naming a partition fires
+-- that partition's own statement triggers instead, so every partition carries the claim
+-- too: those that exist now (below) and every later one (mos_lease_audit_guard).
 CREATE TRIGGER connector_lease_audit_log_event_once
-    BEFORE INSERT ON connector_lease_audit_log
-    FOR EACH ROW EXECUTE FUNCTION mos_lease_claim_event_id();
+    AFTER INSERT ON connector_lease_audit_log
+    REFERENCING NEW TABLE AS claimed
+    FOR EACH STATEMENT EXECUTE FUNCTION mos_lease_claim_event_ids();
+
+-- 0003's guard of one partition, with the claim added.
+CREATE OR REPLACE FUNCTION mos_lease_audit_guard(part regclass) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    -- regnamespace's text is the schema's name already quoted where it needs quotes.
+    here text := (SELECT c.relnamespace::regnamespace::text FROM pg_class AS c
+                  WHERE c.oid = part);
+BEGIN
+    EXECUTE format('CREATE TRIGGER connector_lease_audit_log_append_only BEFORE UPDATE OR '
+                   'DELETE ON %s FOR EACH STATEMENT EXECUTE FUNCTION %s.mos_lease_refuse(%L)',
+                   part, here, 'the audit log is append-only');
+    EXECUTE format('CREATE TRIGGER connector_lease_audit_log_no_truncate BEFORE TRUNCATE '
+                   'ON %s FOR EACH STATEMENT EXECUTE FUNCTION %s.mos_lease_refuse(%L)',
+                   part, here, 'the audit log is append-only');
+    EXECUTE format('CREATE TRIGGER connector_lease_audit_log_event_once AFTER INSERT ON %s '
+                   'REFERENCING NEW TABLE AS claimed FOR EACH STATEMENT '
+                   'EXECUTE FUNCTION %s.mos_lease_claim_event_ids()', part, here);
+    EXECUTE format('REVOKE ALL ON %s FROM PUBLIC', part);
+END
+$$;
+REVOKE ALL ON FUNCTION mos_lease_audit_guard(regclass) FROM PUBLIC;
+
+DO $partitions$
+DECLARE
+    part regclass;
+BEGIN
+    FOR part IN SELECT i.inhrelid::regclass FROM pg_inherits AS i
+                WHERE i.inhparent = 'connector_lease_audit_log'::regclass LOOP
+        EXECUTE format('CREATE TRIGGER connector_lease_audit_log_event_once AFTER INSERT ON '
+                       '%s REFERENCING NEW TABLE AS claimed FOR EACH STATEMENT '
+                       'EXECUTE FUNCTION mos_lease_claim_event_ids()', part);
+    END LOOP;
+END
+$partitions$;
 
 -- Events are looked up in the claims now (event_committed.sql, record_matches.sql): the
 -- log's own event-id index (0003) would only double the cost of every append.
