@@ -1,6 +1,6 @@
 """What the audit log's integrity (migration 0004) costs per write: the event-id claim (one
-trigger call and one primary-key insert per audit row) and the stamp check (a WHEN
-expression).
+statement-level trigger call per INSERT and one primary-key insert per audit row, in place
+of the log's old event-id index) and the stamp check (a WHEN expression).
 
 One database, two schemas side by side: ``v3`` migrated through version 3 only (the
 reference floor: the same heartbeat statement, no claim, no stamp check) and ``v4`` fully
