@@ -14,6 +14,7 @@ decides.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import Any
@@ -28,7 +29,7 @@ from mos_lease import (
     LeaseIdentity,
     LeaseResult,
 )
-from mos_lease_pg import ConnectionSettings
+from mos_lease_pg import AsyncPostgresLeaseStore, ConnectionSettings
 from mos_lease_pg.reconcile import IN_DOUBT
 from tests.pg_fixtures import StoreFactory
 from tests.pg_support import FaultProxy
@@ -107,3 +108,10 @@ def test_behind_pooler_settings_no_startup_pid_is_trusted(pgbouncer: PgBouncer, 
     direct = pg_stores(pg_dsn)
     with direct._source.checkout() as wire:  # checked at first use to be the backend's
         assert wire.backend_pid == wire.conn.info.backend_pid > 0
+
+    async def asyncio_store() -> int | None:
+        async with (AsyncPostgresLeaseStore(pgbouncer.dsn(pg_dsn), settings=POOLED) as store,
+                    store._source.checkout() as wire):
+            return wire.backend_pid
+
+    assert asyncio.run(asyncio_store()) is None
