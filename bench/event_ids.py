@@ -8,19 +8,24 @@ migrated. The raw heartbeat statement the store sends (``mos_lease_pg.statements
 lease per schema) runs on one connection, interleaved round by round, pinned with the
 others; a batched heartbeat (``heartbeat_many`` of 100 leases) likewise. A second pass runs
 with ``synchronous_commit = off`` for this session, where no commit flush hides the CPU the
-claim adds.
+claim adds. ``bench/run.py`` runs it with the other single-connection comparisons; alone:
+
+    python bench/event_ids.py [--rounds N] [--per-round N]
 """
 
 from __future__ import annotations
 
+import argparse
+import sys
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 from uuid import uuid4
 
+import _path  # noqa: F401  (the repository's own mos_lease, before anything imports it)
 import attrs
 import psycopg
-from common import TTL, CorrectnessError, entry, written
+from common import TTL, CorrectnessError, entry, server, throwaway_database, written
 from measure import Case, Series, interleave, throughput_ratio
 from pinning import pin
 
@@ -138,3 +143,32 @@ def run(dsn: str, tenant: str, *, rounds: int, per_round: int, batch_calls: int,
         finally:
             pinning.restore()
     return EventIdResult(measured, batches, no_flush)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="bench/event_ids.py", description=__doc__.split(
+        "\n")[0])
+    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--per-round", type=int, default=150)
+    parser.add_argument("--cpu", type=int, default=None)
+    parser.add_argument("--no-pin", action="store_true")
+    args = parser.parse_args(argv)
+    srv = server()
+    try:
+        with throwaway_database(srv, "mos_lease_bench_event_ids", migrated=False) as dsn:
+            result = run(dsn, "bench", rounds=args.rounds, per_round=args.per_round,
+                         batch_calls=4, warmup=100, cpu=args.cpu, pinned=not args.no_pin,
+                         progress=lambda m: print(m, file=sys.stderr))
+    finally:
+        srv.stop()
+    for label, series, ratio in (("heartbeat", result.single, result.heartbeat_ratio),
+                                 (f"heartbeat_many({BATCH})", result.batch, result.batch_ratio),
+                                 ("heartbeat, no flush", result.no_flush,
+                                  result.no_flush_ratio)):
+        print(f"{label:<22} schema 4 {series[NEW].ops_per_s:>10,.0f}/s  schema 3 "
+              f"{series[OLD].ops_per_s:>10,.0f}/s  ratio {ratio:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
