@@ -62,7 +62,7 @@ INSERT INTO mos_lease.connector_lease_audit_log
     (event_id, event, outcome, reason, tenant_id, logical_agent_id, binding_id, connector_id,
      epoch, correlation_id, recorded_at)
 VALUES (%(event_id)s, %(event)s, %(outcome)s, NULL, %(tenant_id)s, %(logical_agent_id)s,
-        %(binding_id)s, %(connector_id)s, %(epoch)s, %(correlation_id)s, %(now)s)
+        %(binding_id)s, %(connector_id)s, %(epoch)s, %(correlation_id)s, clock_timestamp())
 """
 
 
@@ -88,9 +88,12 @@ class Naive:
 
     def _audit(self, key: dict[str, object], event: LifecycleEvent, outcome: Outcome,
                connector_id: str, epoch: int, now: datetime) -> None:
+        # Stamped by the database clock in the INSERT itself: the schema refuses an audit
+        # stamp read by an earlier statement (migration 0004). ``now`` stamps the lease.
+        del now
         self.conn.execute(_AUDIT, {**key, "event_id": uuid4(), "event": event.value,
                                    "outcome": outcome.value, "connector_id": connector_id,
-                                   "epoch": epoch, "correlation_id": uuid4().hex, "now": now},
+                                   "epoch": epoch, "correlation_id": uuid4().hex},
                           prepare=True)
 
     @staticmethod

@@ -30,6 +30,7 @@ import _path  # noqa: F401  (the repository's own mos_lease, before anything imp
 import attrs
 import audit_log
 import contention
+import event_ids
 import grant_memory
 import notices
 import psycopg
@@ -148,6 +149,12 @@ def measure_all(srv: PgServer, mode: Mode, args: argparse.Namespace,
                                        progress=progress)
             finally:
                 pinning.restore()
+        with throwaway_database(srv, "mos_lease_bench_event_ids", migrated=False) as edsn:
+            claimed = event_ids.run(edsn, tenant, rounds=mode.single.write_rounds,
+                                    per_round=mode.single.write_per_round,
+                                    batch_calls=mode.single.batch_calls_per_round,
+                                    warmup=mode.single.warmup, cpu=args.cpu,
+                                    pinned=not args.no_pin, progress=progress)
         progress(f"contention: {contention.PROCESSES} processes racing takeover (unpinned)")
         raced = contention.run(dsn, tenant, rounds=mode.contention_rounds,
                                blocks=mode.contention_blocks)
@@ -162,6 +169,7 @@ def measure_all(srv: PgServer, mode: Mode, args: argparse.Namespace,
     _telemetry_figures(report, hooked)
     _notice_figures(report, pushed)
     _audit_figures(report, audited)
+    _event_id_figures(report, claimed)
     report.environment.append(f"load average at end {os.getloadavg()[0]:.2f}")
     return report
 
@@ -302,6 +310,24 @@ def _audit_figures(report: Report, audited: audit_log.AuditLogResult) -> None:
         f"{audited.archived_bytes / 1e6:.1f} MB of JSON Lines; export, verify, drop) in "
         f"{audited.archive_s:.1f} s: {audited.archive_rows_per_s:,.0f} rows/s, "
         f"{audited.archive_mb_per_s:.1f} MB/s")
+
+
+def _event_id_figures(report: Report, claimed: event_ids.EventIdResult) -> None:
+    figures = report.figures
+    figures["event_ids_heartbeat_vs_v3"] = claimed.heartbeat_ratio
+    figures["event_ids_heartbeat_many_vs_v3"] = claimed.batch_ratio
+    figures["event_ids_no_flush_vs_v3"] = claimed.no_flush_ratio
+    for label, series, ratio, unit in (
+            ("heartbeat", claimed.single, claimed.heartbeat_ratio, "ops/s"),
+            (f"batch of {event_ids.BATCH}", claimed.batch, claimed.batch_ratio, "leases/s"),
+            ("no flush", claimed.no_flush, claimed.no_flush_ratio, "ops/s")):
+        report.series("event ids", f"{label}, schema 4", series[event_ids.NEW], unit,
+                      _ratio_text(ratio, "schema 3"))
+        report.series("event ids", f"{label}, schema 3", series[event_ids.OLD], unit)
+    report.notes.append(
+        "event ids: the raw heartbeat statement with migration 0004 (each audit row claims its "
+        "event id in connector_lease_event_ids, stamp check) against the same statement on a "
+        "schema at version 3, interleaved on one connection")
 
 
 def _num(value: float, digits: int = 0) -> str:

@@ -29,6 +29,9 @@ JSON_KEYS = (
     "notice_to_lost_without_p50_ms",
     "audit_insert_20m_vs_empty",
     "audit_archive_rows_per_s",
+    "event_ids_heartbeat_vs_v3",
+    "event_ids_heartbeat_many_vs_v3",
+    "event_ids_no_flush_vs_v3",
 )
 
 
@@ -69,6 +72,8 @@ TARGETS = (
     Target("telemetry_overhead_validate", ">=", 0.97),
     Target("notice_to_lost_p50_ms", "<=", 50.0),
     Target("audit_insert_20m_vs_empty", ">=", 0.9),
+    # What the database's event-id uniqueness and audit stamp check cost a heartbeat.
+    Target("event_ids_heartbeat_vs_v3", ">=", 0.95),
     # Wire shapes (from the libpq trace): 1 = as required.
     Target("validate_round_trips", "<=", 1),
     Target("validate_parses", "<=", 0),

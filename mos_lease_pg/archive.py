@@ -6,8 +6,12 @@ partitions leave by DDL, as the owner role only.
 JSON object per row, in seq order) and records its row count, seq range and SHA-256 in
 ``DIR/manifest.json``; it then reads the rows again from the table, compares them with the
 file read back from disk, and only if they agree detaches and drops the partition, all in
-one transaction that holds the partition against new rows. ``verify`` checks a directory
-against its manifest, without a database.
+one transaction that holds the partition against new rows. An entry of the manifest is never
+overwritten or shrunk: a partition of that name whose rows differ from it is refused
+(:class:`ArchiveConflict`, naming what differs). Each drop records the boundary retention has
+passed, and from then on the database refuses any audit row before it (migration 0004), so a
+month once archived never receives a row again. ``verify`` checks a directory against its
+manifest, without a database.
 """
 
 from __future__ import annotations
@@ -39,6 +43,11 @@ _BOUND: Final = re.compile(r"FOR VALUES FROM \((MINVALUE|'[^']*')\) TO \((MAXVAL
 class ArchiveError(MosLeaseError):
     """Archiving was refused or failed; no partition whose export did not verify was
     dropped."""
+
+
+class ArchiveConflict(ArchiveError):
+    """The archive already holds an entry for a partition whose rows now differ from it: an
+    entry is never overwritten or shrunk (the message names what differs)."""
 
 
 class NotOwner(ArchiveError, ConfigurationError):
@@ -155,6 +164,21 @@ def make_partitions(conninfo: str, schema: str, ahead: int = MONTHS_AHEAD) -> li
             raise ArchiveError(f"partition maintenance failed: {exc}") from exc
 
 
+def _seq_of(line: bytes, number: int) -> int:
+    """The seq of one archived line, or ValueError naming the line: a file is checked line
+    by line, and any JSON value (a list, an object without seq) may be found there."""
+    try:
+        row = json.loads(line)
+    except ValueError as bad:  # not JSON, or not UTF-8
+        raise ValueError(f"line {number}: not JSON ({bad})") from None
+    if not isinstance(row, dict):
+        raise ValueError(f"line {number}: a JSON {type(row).__name__}, not an audit row")
+    seq = row.get("seq")
+    if type(seq) is not int:  # bool is an int subclass, and no seq
+        raise ValueError(f"line {number}: no integer seq ({seq!r}), not an audit row")
+    return seq
+
+
 class _Summing:
     """Running :class:`Digest` of lines fed one by one."""
 
@@ -166,14 +190,17 @@ class _Summing:
         self.last: int | None = None
 
     def add(self, line: bytes) -> None:
-        seq = json.loads(line)["seq"]
-        if not isinstance(seq, int) or (self.last is not None and seq <= self.last):
-            raise ValueError(f"line {self.rows + 1}: seq {seq!r} does not follow {self.last}")
-        self.first = seq if self.first is None else self.first
-        self.last = seq
+        """Count and hash ``line``, then raise ValueError if it is not an audit row in seq
+        order (counted all the same, so a checker may go on to the next line)."""
+        number = self.rows + 1
         self.hash.update(line + b"\n")
         self.rows += 1
         self.size += len(line) + 1
+        seq = _seq_of(line, number)
+        if self.last is not None and seq <= self.last:
+            raise ValueError(f"line {number}: seq {seq!r} does not follow {self.last}")
+        self.first = seq if self.first is None else self.first
+        self.last = seq
 
     def digest(self) -> Digest:
         return Digest(self.rows, self.hash.hexdigest(), self.first, self.last, self.size)
@@ -247,25 +274,54 @@ def _iso(value: datetime | None) -> str | None:
     return None if value is None else value.isoformat()
 
 
+def _differences(archived: Digest, found: Digest) -> str:
+    """What differs between an archive entry and a partition's rows now ('' if nothing)."""
+    named = []
+    if archived.rows != found.rows:
+        named.append(f"{archived.rows} rows archived, {found.rows} in the table")
+    if (archived.first_seq, archived.last_seq) != (found.first_seq, found.last_seq):
+        named.append(f"seq {archived.first_seq}..{archived.last_seq} archived, "
+                     f"{found.first_seq}..{found.last_seq} in the table")
+    if archived.sha256 != found.sha256:
+        named.append(f"SHA-256 {archived.sha256} archived, {found.sha256} in the table")
+    return "; ".join(named)
+
+
 def _archive_one(conn: psycopg.Connection[Any], schema: str, part: Partition,
                  directory: Path, entries: dict[str, Entry]) -> Entry:
     assert part.high is not None
     target = directory / f"{part.name}.jsonl"
     with conn.transaction():
         conn.execute(_sql(schema, "lock_partition.sql", partition=part.name))
-        summing = _Summing()
+        old = entries.get(part.name)
+        if old is None:
+            summing = _Summing()
 
-        def exported() -> Iterator[bytes]:
-            for line in _table_lines(conn, schema, part.name):
-                summing.add(line)
-                yield line + b"\n"
+            def exported() -> Iterator[bytes]:
+                for line in _table_lines(conn, schema, part.name):
+                    summing.add(line)
+                    yield line + b"\n"
 
-        _write_durably(target, exported())
-        entry = Entry(part.name, target.name, _iso(part.low), part.high.isoformat(),
-                      summing.digest())
-        # The entry is on disk before the drop: a crash after the drop keeps it.
-        entries[part.name] = entry
-        _write_manifest(directory, entries)
+            _write_durably(target, exported())
+            entry = Entry(part.name, target.name, _iso(part.low), part.high.isoformat(),
+                          summing.digest())
+            # The entry is on disk before the drop: a crash after the drop keeps it.
+            entries[part.name] = entry
+            _write_manifest(directory, entries)
+        else:
+            # Archived already (a rerun after a crash between the manifest and the drop): an
+            # entry is never rewritten, so the partition must hold exactly what it records.
+            differs = _differences(old.digest, _digest(_table_lines(conn, schema, part.name)))
+            if differs:
+                raise ArchiveConflict(
+                    f"{directory / MANIFEST} already holds partition {part.name} and the "
+                    f"table's rows differ from it ({differs}): an archive entry is never "
+                    "overwritten or shrunk; nothing was changed")
+            entry = old
+            if not target.exists() or _scan(target) != (entry.digest, []):
+                # The same rows as the entry records, so the same bytes.
+                _write_durably(target, (line + b"\n"
+                                        for line in _table_lines(conn, schema, part.name)))
         # Verify: the table read again against the file read back from disk.
         in_table = _digest(_table_lines(conn, schema, part.name))
         on_disk = _digest(_file_lines(target))
@@ -274,6 +330,8 @@ def _archive_one(conn: psycopg.Connection[Any], schema: str, part: Partition,
                                f"{in_table}, file {on_disk}): not dropped")
         conn.execute(_sql(schema, "detach.sql", partition=part.name))
         conn.execute(_sql(schema, "drop.sql", partition=part.name))
+        # From now on no row may join that month again, by any role.
+        conn.execute(_sql(schema, "retained.sql"), {"boundary": part.high})
     return entry
 
 
@@ -281,8 +339,11 @@ def archive(conninfo: str, schema: str, before: date, directory: Path) -> Archiv
     """Export, verify, detach and drop every partition wholly before ``before`` (UTC
     midnight). Refused (nothing changed) unless run as the owner role, and for a cutoff
     after the start of the current month or one that rows of the DEFAULT partition precede.
-    Safe to run again after a crash: a partition that still exists is exported again, and
-    the manifest keeps the entries of partitions already dropped."""
+    Safe to run again after a crash: a partition that still exists is exported again (or,
+    if the manifest has its entry already, checked against it: :class:`ArchiveConflict`
+    if its rows differ, since an entry is never rewritten), and the manifest keeps the
+    entries of partitions already dropped. Each drop records the boundary retention has
+    passed; no audit row can be appended before it afterwards."""
     if not isinstance(before, date):
         raise ConfigurationError(f"before must be a date, not {before!r}")
     cutoff = datetime(before.year, before.month, before.day, tzinfo=UTC)
@@ -326,6 +387,22 @@ def archive(conninfo: str, schema: str, before: date, directory: Path) -> Archiv
         return ArchiveReport(tuple(archived), tuple(kept))
 
 
+def _scan(path: Path) -> tuple[Digest, list[str]]:
+    """Every line of an archived file, checked on its own: the digest of all of them and
+    each line that is cut short or not an audit row in seq order (by line number)."""
+    summing = _Summing()
+    bad = []
+    with path.open("rb") as handle:
+        for number, raw in enumerate(handle, start=1):
+            if not raw.endswith(b"\n"):
+                bad.append(f"line {number}: cut short (no newline)")
+            try:
+                summing.add(raw.removesuffix(b"\n"))
+            except ValueError as why:
+                bad.append(str(why))
+    return summing.digest(), bad
+
+
 def verify(directory: Path) -> tuple[list[Entry], list[str]]:
     """Check every file of ``directory`` against its manifest: the entries checked and the
     problems found (a changed, cut, missing or extra line; a missing or unlisted file)."""
@@ -338,11 +415,8 @@ def verify(directory: Path) -> tuple[list[Entry], list[str]]:
         if not path.exists():
             problems.append(f"{entry.file}: missing")
             continue
-        try:
-            found = _digest(_file_lines(path))
-        except ValueError as bad:
-            problems.append(f"{entry.file}: {bad}")
-            continue
+        found, bad_lines = _scan(path)
+        problems.extend(f"{entry.file}: {bad}" for bad in bad_lines)
         if found.rows != entry.digest.rows:
             problems.append(f"{entry.file}: {found.rows} lines, the manifest says "
                             f"{entry.digest.rows}")

@@ -51,8 +51,10 @@ def register(audit_parser: argparse.ArgumentParser,
 
     verify_parser = commands.add_parser(
         "verify", help="check an archive directory against its manifest",
-        description="Check each file of DIR against manifest.json: row count, seq range and "
-                    "SHA-256. Exit 0 if all agree, 1 otherwise. Needs no database.")
+        description="Check each file of DIR against manifest.json: every line (an audit "
+                    "row with an integer seq, in seq order), row count, seq range and "
+                    "SHA-256. Each finding names its file and line; every file is checked. "
+                    "Exit 0 if all agree, 1 (tampered) otherwise. Needs no database.")
     verify_parser.add_argument("directory", type=Path, metavar="DIR")
     verify_parser.set_defaults(func=run_verify)
 

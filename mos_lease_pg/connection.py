@@ -207,6 +207,8 @@ class _Source:
         self._needs = replication.needs_of(settings)
         # Behind a transaction pooler only these settings work (preflight.py refuses others).
         self._pooler_safe = not (settings.prepare or settings.session_options)
+        # Otherwise the first connection's check proved the startup's pid is the backend's.
+        self._pid_names_backend = not self._pooler_safe
         # Set by the first connection's schema check, which runs once.
         self.schema_check: preflight.SchemaCheck | None = None
         # Connections judged so far: a pool opens new ones after a failover, on whichever
@@ -363,7 +365,8 @@ class DedicatedConnection(_Dedicated[Wire]):
                 except BaseException:
                     conn.close()
                     raise
-                wire = self._wire = Wire(conn, prepare=self._prepare)
+                wire = self._wire = Wire(conn, prepare=self._prepare,
+                                         pid_names_backend=self._pid_names_backend)
             return wire
 
     @contextmanager
@@ -413,7 +416,7 @@ class PooledConnection(_Pooled[psycopg_pool.ConnectionPool[Any]]):
         try:
             _check_autocommit(conn)
             _vet(self, conn, deadline)
-            yield Wire(conn, prepare=self._prepare)
+            yield Wire(conn, prepare=self._prepare, pid_names_backend=self._pid_names_backend)
         finally:
             # The pool replaces a connection that comes back broken.
             self._pool.putconn(conn)
@@ -452,7 +455,8 @@ class AsyncDedicatedConnection(_Dedicated[AsyncWire]):
                 except BaseException:
                     await conn.close()
                     raise
-                wire = self._wire = AsyncWire(conn, prepare=self._prepare)
+                wire = self._wire = AsyncWire(conn, prepare=self._prepare,
+                                              pid_names_backend=self._pid_names_backend)
             return wire
 
     @asynccontextmanager
@@ -488,7 +492,8 @@ class AsyncPooledConnection(_Pooled[psycopg_pool.AsyncConnectionPool[Any]]):
         try:
             _check_autocommit(conn)
             await _vet_async(self, conn, deadline)
-            yield AsyncWire(conn, prepare=self._prepare)
+            yield AsyncWire(conn, prepare=self._prepare,
+                            pid_names_backend=self._pid_names_backend)
         finally:
             await self._pool.putconn(conn)
 

@@ -58,6 +58,7 @@ log = logging.getLogger("mos_lease_pg")
 
 LEASES: Final = "logical_agent_connector_leases"
 AUDIT: Final = "connector_lease_audit_log"
+EVENT_IDS: Final = "connector_lease_event_ids"
 MIGRATIONS: Final = "mos_lease_schema_migrations"
 T = TypeVar("T")
 VERSION_COMMENT: Final = "mos-lease schema version {version}"
@@ -73,6 +74,7 @@ NEEDED: Final[tuple[tuple[str, str, str | None], ...]] = (
     (LEASES, "SELECT", None), (LEASES, "INSERT", None),
     *((LEASES, "UPDATE", column) for column in _WRITTEN_COLUMNS),
     (AUDIT, "SELECT", None), (AUDIT, "INSERT", None),
+    (EVENT_IDS, "SELECT", None),
 )
 # What it never needs: having any of these is reported, not refused (see the module text).
 SURPLUS: Final[tuple[tuple[str, str, str | None], ...]] = (
@@ -80,6 +82,9 @@ SURPLUS: Final[tuple[tuple[str, str, str | None], ...]] = (
     (LEASES, "DELETE", None), (LEASES, "TRUNCATE", None), (LEASES, "TRIGGER", None),
     (AUDIT, "UPDATE", None), (AUDIT, "DELETE", None), (AUDIT, "TRUNCATE", None),
     (AUDIT, "TRIGGER", None),
+    # Writing the event-id claims could let an event id be applied twice.
+    (EVENT_IDS, "INSERT", None), (EVENT_IDS, "UPDATE", None), (EVENT_IDS, "DELETE", None),
+    (EVENT_IDS, "TRUNCATE", None),
 )
 
 _QUERY: Final = query_text("preflight", "privileges.sql").encode("utf-8")

@@ -13,6 +13,10 @@ lost session is over:
   bound. A backend aborts its transaction before it leaves ``pg_stat_activity``, so from then
   on the answer cannot change. If the bound passes first, the outcome stays unknown
   (``StoreUnavailable``), never guessed.
+* **Behind a transaction pooler** (the store built with the pooler settings, or a startup pid
+  that names no backend) nothing is remembered: the pid of the connection's startup is the
+  pooler's own, and the backend that ran the write may serve another client by now. Such a
+  write is reconciled as an event this process does not remember (below).
 * **Events this process does not remember** (another process, or more than
   ``IN_DOUBT_MEMORY`` writes ago): no backend is known, so reconcile waits, within the call
   bound, until every other backend of the role in this database that was inside a
@@ -21,6 +25,10 @@ lost session is over:
   path: a write whose bytes had not yet reached the server when reconcile began (still in
   a network buffer of a process that lost its connection) is not covered; call it after the
   writer's connection is closed (its process gone, or its own store's call bound passed).
+
+Whatever reconcile answers, the database applies an event id at most once (migration 0004):
+a write sent again under an event id that committed meanwhile is refused and reported as
+``CommitOutcomeUnknown``, never applied twice.
 """
 
 from __future__ import annotations

@@ -121,9 +121,10 @@ class _Attempts:
         # too: unless a resend settles it, its outcome is unknown, never "nothing changed".
         failure = statement_failure(
             exc, what=what, write_event=first.event_id if first.kind is not Kind.READ else None)
-        if failure.connection_lost:
+        if failure.connection_lost and wire.backend_pid is not None:
             # The backend that ran these writes may still commit them: note it, so that
-            # reconciling ends it first (reconcile.py).
+            # reconciling ends it first (reconcile.py). Where no pid names it (behind a
+            # pooler), nothing is noted: reconcile waits out the role's transactions.
             IN_DOUBT.note([call.event_id for call in calls
                            if call.kind is not Kind.READ and call.event_id is not None],
                           Lost(wire.server, wire.backend_pid))

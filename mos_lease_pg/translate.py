@@ -8,7 +8,9 @@ The one question that matters is whether a statement could have taken effect:
   table, a privilege) means its transaction rolled back, since every statement runs in its
   own transaction: :class:`~mos_lease.errors.StoreUnavailable`, or
   :class:`~mos_lease.errors.InternalInconsistency` when the schema refused the data (a bug,
-  never a state of the world);
+  never a state of the world); a write whose event id the database has applied already
+  (an earlier attempt committed) is :class:`~mos_lease.errors.CommitOutcomeUnknown`, which
+  the coordinator reconciles;
 * a connection lost while a statement was in flight leaves a write's outcome unknown:
   :class:`~mos_lease.errors.CommitOutcomeUnknown`, reconciled by the coordinator through the
   write's audit event. For a read it is just :class:`~mos_lease.errors.StoreUnavailable`;
@@ -110,6 +112,15 @@ class Failure:
     connection_lost: bool
 
 
+# The primary key of the event ids the audit log has applied (migration 0004).
+EVENT_CLAIM: Final = "connector_lease_event_ids_pkey"
+
+
+def _already_applied(exc: psycopg.Error) -> bool:
+    return (isinstance(exc, psycopg.errors.UniqueViolation)
+            and exc.diag.constraint_name == EVENT_CLAIM)
+
+
 def statement_failure(exc: psycopg.Error, *, what: str, write_event: UUID | None) -> Failure:
     """Translate an error raised while a statement was sent or its result read.
 
@@ -122,6 +133,12 @@ def statement_failure(exc: psycopg.Error, *, what: str, write_event: UUID | None
         error = CommitOutcomeUnknown(write_event, f"connection lost during {what}: {detail}")
     elif lost:
         error = StoreUnavailable(f"connection lost during {what}: {detail}")
+    elif write_event is not None and _already_applied(exc):
+        # The database applies an event id at most once (migration 0004): an earlier attempt
+        # of this very write committed. Reconciling it finds that attempt's audit row.
+        error = CommitOutcomeUnknown(
+            write_event, f"{what} refused: event {write_event} is applied already (an "
+            f"earlier attempt of this write committed): {detail}")
     elif isinstance(exc, psycopg.IntegrityError):
         error = InternalInconsistency(f"the schema refused the {what}: {detail}")
     elif exc.sqlstate == _SHARED_SESSION:

@@ -38,13 +38,19 @@ KEEP_RESULT_ROWS: Final = 1000
 class _Sender(Generic[C]):
     """What both senders share: the connection, and what reconciling needs to know of it."""
 
-    def __init__(self, conn: C, *, prepare: bool) -> None:
+    def __init__(self, conn: C, *, prepare: bool, pid_names_backend: bool) -> None:
         self.conn: C = conn
         self.prepare = prepare
         # Noted now (public ``conn.info``, no round trip): once the connection is lost they
-        # say which backend may still be running its last write (see reconcile.py).
+        # say which backend may still be running its last write (see reconcile.py). Only
+        # where the startup's pid names the backend that runs the statements (the first-use
+        # check compared the two): behind a transaction pooler, which a store built with the
+        # pooler settings may be behind, the pid is the pooler's own key and names none of
+        # them (nor does a pid of 0 or below), so none is noted and reconcile waits out the
+        # role's transactions instead.
         info = conn.info
-        self.backend_pid: int = info.backend_pid
+        pid = info.backend_pid
+        self.backend_pid: int | None = pid if pid_names_backend and pid > 0 else None
         self.server: tuple[str, str, str] = (str(info.host), str(info.port), str(info.dbname))
 
     @property
@@ -55,8 +61,9 @@ class _Sender(Generic[C]):
 class Wire(_Sender[psycopg.Connection[Any]]):
     """One sync connection's statement sender."""
 
-    def __init__(self, conn: psycopg.Connection[Any], *, prepare: bool) -> None:
-        super().__init__(conn, prepare=prepare)
+    def __init__(self, conn: psycopg.Connection[Any], *, prepare: bool,
+                 pid_names_backend: bool) -> None:
+        super().__init__(conn, prepare=prepare, pid_names_backend=pid_names_backend)
         self._cursor: psycopg.Cursor[Row] = conn.cursor(binary=True)
 
     def execute(self, text: bytes, params: Mapping[str, object]) -> list[Row]:
@@ -74,8 +81,9 @@ class Wire(_Sender[psycopg.Connection[Any]]):
 class AsyncWire(_Sender[psycopg.AsyncConnection[Any]]):
     """The asyncio twin of :class:`Wire`."""
 
-    def __init__(self, conn: psycopg.AsyncConnection[Any], *, prepare: bool) -> None:
-        super().__init__(conn, prepare=prepare)
+    def __init__(self, conn: psycopg.AsyncConnection[Any], *, prepare: bool,
+                 pid_names_backend: bool) -> None:
+        super().__init__(conn, prepare=prepare, pid_names_backend=pid_names_backend)
         self._cursor: psycopg.AsyncCursor[Row] = conn.cursor(binary=True)
 
     async def execute(self, text: bytes, params: Mapping[str, object]) -> list[Row]:

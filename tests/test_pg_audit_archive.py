@@ -178,9 +178,9 @@ def layout(pg_dsn: str) -> Iterator[Layout]:
         yield built
 
 
-def test_the_gateway_role_may_not_archive(layout: Layout, tmp_path: Path,
+def test_the_gateway_role_may_not_archive(layout: Layout, tmp_path: Path, pg_dsn: str,
                                           capsys: pytest.CaptureFixture[str]) -> None:
-    with psycopg.connect(layout.owner_dsn, autocommit=True) as conn:
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
         _insert_old_rows(conn, layout.schema, 2, 4)
     assert retention.make_partitions(layout.owner_dsn, layout.schema, 3) != []
     names = _partitions(layout.owner_dsn, layout.schema)

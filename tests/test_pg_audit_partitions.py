@@ -47,8 +47,15 @@ def _rows(dsn: str, schema: str) -> list[tuple[Any, ...]]:
 
 def _insert_old_rows(conn: psycopg.Connection[Any], schema: str, months_ago: int,
                      count: int, tenant: str = "old") -> None:
-    """Rows stamped in a past month, as an owner could append them (the gateway stamps the
-    database clock)."""
+    """Rows stamped in a past month. No role may append those (audit time is the database
+    clock's, migration 0004): a superuser plants them with the schema's triggers off."""
+    with conn.transaction():
+        conn.execute("SET LOCAL session_replication_role = replica")
+        _insert_rows(conn, schema, months_ago, count, tenant)
+
+
+def _insert_rows(conn: psycopg.Connection[Any], schema: str, months_ago: int,
+                 count: int, tenant: str) -> None:
     conn.execute(sql.SQL(
         "INSERT INTO {}.{} (event_id, event, outcome, reason, tenant_id, logical_agent_id,"
         " binding_id, connector_id, epoch, correlation_id, recorded_at)"
@@ -80,7 +87,7 @@ def test_a_populated_version_2_log_converts_keeping_every_row_and_seq(
         conn.execute(sql.SQL("SELECT setval(pg_get_serial_sequence(%s, 'seq'), 900)"),
                      (f'"{schema}".{AUDIT}',))
     before = _rows(version_2.dsn, schema)
-    assert migrate(version_2.dsn, schema=schema, allow_second_copy=True) == [3]
+    assert migrate(version_2.dsn, schema=schema, allow_second_copy=True) == [3, 4]
     assert _rows(version_2.dsn, schema) == before
     names = _partitions(version_2.dsn, schema)
     assert names[0] == f"{AUDIT}_legacy" and names[-1] == f"{AUDIT}_default"
@@ -240,7 +247,7 @@ def test_a_record_resent_concurrently_is_logged_once(pg_dsn: str, pg_tenant: str
     statement = sql.SQL(
         "SELECT mos_lease.mos_lease_record_audit('mos_lease.connector_lease_audit_log',"
         " %s, 'acquire', 'denied', 'lease_held', %s, 'a', 'b', 'c', NULL, 'corr',"
-        " interval '0')")
+        " clock_timestamp())")
     start = threading.Barrier(6)
     inserted: list[int] = []
     failures: list[BaseException] = []

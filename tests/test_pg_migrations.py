@@ -73,7 +73,9 @@ def test_migrations_build_the_schema_described_here(pg_schema_dsn: PgSchema,
                  "connector_lease_audit_log_append_only",
                  "logical_agent_connector_leases_fencing",
                  "logical_agent_connector_leases_no_delete",
-                 "connector_lease_audit_log | CREATE INDEX connector_lease_audit_log_event_id_idx",
+                 "connector_lease_event_ids | CREATE UNIQUE INDEX connector_lease_event_ids_pkey",
+                 "connector_lease_audit_log_event_once",
+                 "connector_lease_audit_log_stamp",
                  "connector_lease_audit_log | p |",
                  "connector_lease_audit_log_default | connector_lease_audit_log_no_truncate",
                  "CHECK ((epoch >= 1))",
@@ -91,10 +93,11 @@ def test_migrations_build_the_schema_described_here(pg_schema_dsn: PgSchema,
 
 
 def test_migrate_is_idempotent(pg_schema_dsn: PgSchema) -> None:
-    assert _migrate(pg_schema_dsn) == [1, 2, 3]
+    assert _migrate(pg_schema_dsn) == [1, 2, 3, 4]
     assert _migrate(pg_schema_dsn) == []
-    assert applied_versions(pg_schema_dsn.dsn, schema=pg_schema_dsn.schema) == [1, 2, 3]
-    assert _versions(pg_schema_dsn) == [(1, "initial"), (2, "transitions"), (3, "audit_partitions")]
+    assert applied_versions(pg_schema_dsn.dsn, schema=pg_schema_dsn.schema) == [1, 2, 3, 4]
+    assert _versions(pg_schema_dsn) == [(1, "initial"), (2, "transitions"),
+                                        (3, "audit_partitions"), (4, "audit_integrity")]
 
 
 def test_concurrent_migrators_apply_each_version_once(pg_schema_dsn: PgSchema,
@@ -107,7 +110,8 @@ def test_concurrent_migrators_apply_each_version_once(pg_schema_dsn: PgSchema,
     outputs = [run.communicate(timeout=60) for run in runs]
     assert [run.returncode for run in runs] == [0, 0, 0, 0], outputs
     assert sum("applied migrations: 1" in out for out, _ in outputs) == 1
-    assert _versions(pg_schema_dsn) == [(1, "initial"), (2, "transitions"), (3, "audit_partitions")]
+    assert _versions(pg_schema_dsn) == [(1, "initial"), (2, "transitions"),
+                                        (3, "audit_partitions"), (4, "audit_integrity")]
     migrated = _describe(pg_schema_dsn.dsn, pg_schema_dsn.schema)
     assert migrated == _library_part(_describe(pg_dsn), migrated)
 
@@ -137,7 +141,7 @@ def test_a_schema_named_by_a_keyword_is_built_used_and_kept_append_only(
     # quoted: every statement and function that names the schema must quote it once.
     schema = "select"
     try:
-        assert migrate(pg_dsn, schema=schema, allow_second_copy=True) == [1, 2, 3]
+        assert migrate(pg_dsn, schema=schema, allow_second_copy=True) == [1, 2, 3, 4]
         with PostgresLeaseStore(pg_dsn, settings=ConnectionSettings(schema=schema)) as store:
             gateway = ConnectorLeaseCoordinator(store, AllowAllPolicy())
             acquired = gateway.acquire(LeaseIdentity("t", "a", "b"), "c1", scopes=["tool:run"],

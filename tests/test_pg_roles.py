@@ -95,9 +95,9 @@ def test_objects_belong_to_the_owner_in_its_schema(layout: Layout,
         " WHERE n.nspname = %s AND c.relkind IN ('r', 'p') AND NOT c.relispartition"
         " ORDER BY 1", (layout.schema,)).fetchall()
     assert owned == [(table, layout.owner) for table in (
-        "connector_lease_audit_log", "connector_resource_epochs",
-        "logical_agent_connector_leases", "mos_lease_schema_migrations",
-        "mos_lease_settings")]
+        "connector_lease_audit_log", "connector_lease_event_ids", "connector_resource_epochs",
+        "logical_agent_connector_leases", "mos_lease_audit_retention",
+        "mos_lease_schema_migrations", "mos_lease_settings")]
 
 
 def test_gateway_privileges_are_exactly_the_documented_ones(
@@ -109,6 +109,7 @@ def test_gateway_privileges_are_exactly_the_documented_ones(
         " WHERE grantee = %s AND table_schema = %s GROUP BY 1 ORDER BY 1",
         (layout.gateway, layout.schema)).fetchall()
     assert tables == [("connector_lease_audit_log", "INSERT,SELECT"),
+                      ("connector_lease_event_ids", "SELECT"),
                       ("connector_resource_epochs", "INSERT,SELECT"),
                       ("logical_agent_connector_leases", "INSERT,SELECT")]
     updatable = pg_admin.execute(

@@ -16,6 +16,10 @@
 --                                         updated_at (the guard's upsert raises the mark;
 --                                         the identity columns are not granted)
 --        mos_lease_schema_migrations      nothing
+--        connector_lease_event_ids        SELECT (reconcile looks events up; the audit
+--                                         log's trigger writes it as the owner)
+--        mos_lease_audit_retention        nothing (read by the audit stamp check as the
+--                                         owner: SECURITY DEFINER)
 --        mos_lease_settings               nothing (the checking function reads it as the
 --                                         owner: SECURITY DEFINER)
 --        mos_lease_record_audit(...)      EXECUTE, granted to PUBLIC: it appends a
@@ -92,6 +96,7 @@ DECLARE
     epochs       text;
     migrations   text;
     settings     text;
+    owner_only   regclass;
     routine      regprocedure;
     part         regclass;
 BEGIN
@@ -164,6 +169,20 @@ BEGIN
     IF to_regclass(settings) IS NOT NULL THEN
         EXECUTE format('REVOKE ALL ON %s FROM PUBLIC, %I', settings, gateway_role);
     END IF;
+    -- Tables of 0004: the event-id claims (written by the claiming trigger as the owner,
+    -- read by reconcile) and the retention boundary (owner-only).
+    FOR owner_only IN
+        SELECT to_regclass(format('%I.%I', schema_name, t))
+        FROM unnest(ARRAY['connector_lease_event_ids', 'mos_lease_audit_retention']) AS t
+    LOOP
+        IF owner_only IS NOT NULL THEN
+            EXECUTE format('REVOKE ALL ON %s FROM PUBLIC, %I', owner_only, gateway_role);
+        END IF;
+    END LOOP;
+    IF to_regclass(format('%I.connector_lease_event_ids', schema_name)) IS NOT NULL THEN
+        EXECUTE format('GRANT SELECT ON %I.connector_lease_event_ids TO %I', schema_name,
+                       gateway_role);
+    END IF;
     -- Functions are executable by PUBLIC by default; the gateway calls none directly.
     FOR routine IN
         SELECT p.oid::regprocedure FROM pg_proc AS p
@@ -172,11 +191,16 @@ BEGIN
     LOOP
         EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC, %I', routine, gateway_role);
     END LOOP;
-    routine := to_regprocedure(format(
-        '%I.mos_lease_record_audit(regclass, uuid, text, text, text, text, text, text, text, '
-        'bigint, text, interval)', schema_name));
-    IF routine IS NOT NULL THEN
-        EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO PUBLIC', routine);
-    END IF;
+    -- The resendable record: with a stamp (0004), or with 0003's offset on an older schema.
+    FOR routine IN
+        SELECT to_regprocedure(format(
+            '%I.mos_lease_record_audit(regclass, uuid, text, text, text, text, text, text, '
+            'text, bigint, text, %s)', schema_name, last_argument))
+        FROM unnest(ARRAY['timestamptz', 'interval']) AS last_argument
+    LOOP
+        IF routine IS NOT NULL THEN
+            EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO PUBLIC', routine);
+        END IF;
+    END LOOP;
 END
 $layout$;
