@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from importlib import metadata
 
 from mos_lease import demo
+from mos_lease.version import installed_version
 
 # The commands mos_lease_pg.cli registers (its COMMANDS; tests/test_cli.py keeps the two
 # equal). Without the pg extra each still answers, with the install hint.
@@ -18,14 +18,6 @@ PG_MISSING_EXIT = 2
 PG_EXTRA_MODULES = frozenset({"psycopg", "psycopg_pool"})
 
 
-def version() -> str:
-    """The installed distribution's version (``unknown`` when run from a bare source tree)."""
-    try:
-        return metadata.version("mos-lease")
-    except metadata.PackageNotFoundError:
-        return "unknown (not installed)"
-
-
 def _hint(reason: str) -> int:
     print(reason, file=sys.stderr)
     return PG_MISSING_EXIT
@@ -34,7 +26,7 @@ def _hint(reason: str) -> int:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="mos-lease", description="Fenced connector leases for logical agents.")
-    parser.add_argument("--version", action="version", version=f"mos-lease {version()}")
+    parser.add_argument("--version", action="version", version=f"mos-lease {installed_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
     demo_parser = commands.add_parser("demo", help="scripted failover on the in-memory store")
     demo_parser.set_defaults(func=lambda _args: demo.run())
