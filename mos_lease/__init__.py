@@ -1,7 +1,10 @@
 """mos-lease: durable logical-agent identity and fenced connector leases.
 
-The public names live here; submodules are named for what they hold.
+The public names live here; submodules are named for what they hold. ``__version__`` is the
+installed distribution's version (:mod:`mos_lease.version`).
 """
+
+from typing import TYPE_CHECKING
 
 from mos_lease.adapter import (
     AsyncConnectorAdapter,
@@ -152,3 +155,17 @@ __all__ = [
     "run_adapter_async",
     "shared_confirmer",
 ]
+
+
+if TYPE_CHECKING:
+    __version__: str
+else:
+    # Hidden from type checkers, which would otherwise accept any attribute of the package.
+    def __getattr__(name: str) -> str:
+        # __version__ is read from the installed metadata on first use: importing
+        # importlib.metadata costs tens of milliseconds that importing the package need not.
+        if name == "__version__":
+            from mos_lease.version import installed_version
+
+            return installed_version()
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -175,13 +175,15 @@ class ServerPrograms:
     owner: pwd.struct_passwd | None
     how: str
 
-    def run(self, program: str, *args: str, timeout: float = 120) -> None:
-        """Run ``program``; raises SubprocessError (with its stderr) or OSError on failure.
-        Output is captured, which is safe for ``pg_ctl start`` only with ``-l``: the server
-        must not inherit our pipes."""
+    def run(self, program: str, *args: str, timeout: float = 120,
+            env: dict[str, str] | None = None) -> None:
+        """Run ``program``, with ``env`` on top of our environment; raises SubprocessError
+        (with its stderr) or OSError on failure. Output is captured, which is safe for
+        ``pg_ctl start`` only with ``-l``: the server must not inherit our pipes."""
         subprocess.run([os.path.join(self.bindir, program), *args],
                        user=None if self.owner is None else self.owner.pw_name, check=True,
-                       capture_output=True, timeout=timeout)
+                       capture_output=True, timeout=timeout,
+                       env=None if env is None else {**os.environ, **env})
 
 
 def _version_key(path: str) -> tuple[int, ...]:

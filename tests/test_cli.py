@@ -5,8 +5,10 @@ then), and a coordinator on the deny-all default says so."""
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import logging
+import os
 import subprocess
 import sys
 import types
@@ -133,6 +135,27 @@ def test_each_module_of_the_pg_extra_missing_gives_the_install_hint(missing: str
     ((code, out, err),) = _cli_without([missing], ("status", "--dsn", "x"))
     assert code == 2 and out == ""
     assert "PostgreSQL support is not installed" in err and missing in err
+
+
+def test_psycopg_without_a_libpq_gives_the_libpq_hint_and_the_rest_still_works() -> None:
+    # The pg extra brings psycopg without a libpq of its own; asking psycopg for an
+    # implementation that is not installed fails its import as a missing libpq does.
+    impl = next((name for name in ("c", "binary")
+                 if importlib.util.find_spec(f"psycopg_{name}") is None), None)
+    assert impl is not None, "psycopg's c and binary builds are both installed here"
+    env = {**os.environ, "PSYCOPG_IMPL": impl}
+
+    def command(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "mos_lease.cli", *argv], env=env,
+                              capture_output=True, text=True, timeout=60, check=False)
+
+    listed = command("--help")
+    assert listed.returncode == 0, listed.stderr
+    assert "demo" in listed.stdout and "status" in listed.stdout
+    refused = command("status", "--dsn", "x")
+    assert refused.returncode == 2 and refused.stdout == "", refused.stderr
+    assert "psycopg cannot load libpq" in refused.stderr, refused.stderr
+    assert "pip install 'mos-lease[binary]'" in refused.stderr, refused.stderr
 
 
 def test_without_the_pg_extra_other_commands_still_check_their_arguments() -> None:

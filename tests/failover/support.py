@@ -8,12 +8,25 @@ from datetime import timedelta
 from typing import Any
 
 import psycopg
+import pytest
 
 from mos_lease_pg import ConnectionSettings, PostgresLeaseStore, migrate
 from tests.failover.cluster import ReplicatedPair
-from tests.pg_support import unique_name
+from tests.pg_support import ServerPrograms, require_pg, server_programs, unique_name
 
 CALL_TIMEOUT = 2.0
+
+
+def cluster_programs() -> ServerPrograms:
+    """The server programs the clusters run on (the installed ones, else the wheel's); skips
+    (or fails where PostgreSQL is required) without any."""
+    found = server_programs()
+    if isinstance(found, str):
+        problem = f"no PostgreSQL server programs for the failover clusters: {found}"
+        if require_pg():
+            pytest.fail(f"MOS_LEASE_REQUIRE_PG is set and {problem}", pytrace=False)
+        pytest.skip(problem)
+    return found
 
 
 def ha_settings(**overrides: Any) -> ConnectionSettings:

@@ -6,6 +6,9 @@ wrote it. Ahead, a lease ends 2 s early in host time: a rival takes it over whil
 still counts on it, unless the holder's keeper stops at least that much before the expiry it
 was told. Behind, it ends 2 s late: safe for fencing, only slower to take over.
 
+Without libfaketime (Debian ``libfaketime``) the test skips, or fails where
+``MOS_LEASE_REQUIRE_TOOLS=1`` (``tests/tools.py``).
+
 The check is the keeper's default: a holder that acquired with ``ttl`` stops acting at
 ``KeeperTiming(ttl).deadline(start)``; a rival on the new primary must not win before that.
 """
@@ -18,6 +21,7 @@ import pytest
 
 from mos_lease import ConnectorLeaseCoordinator, LeaseIdentity
 from mos_lease.keeper import KeeperTiming
+from tests import tools
 from tests.failover.cluster import Node, ReplicatedPair
 from tests.failover.support import migrated, store
 from tests.faults.gateway import SCOPES, no_preempt_policy
@@ -26,6 +30,14 @@ TTL = 10.0
 # A deployment's bound on the clock difference between its database hosts (NTP keeps
 # well-run hosts within milliseconds; a step of this size is what this test makes).
 STEP = 2.0
+
+
+@pytest.fixture
+def shiftable_pair(request: pytest.FixtureRequest) -> ReplicatedPair:
+    """The pair, once libfaketime is known to be there (checked before the pair is built)."""
+    tools.need(tools.LIBFAKETIME)
+    made: ReplicatedPair = request.getfixturevalue("pair")
+    return made
 
 
 def clock_offset(node: Node) -> float:
@@ -41,7 +53,9 @@ def clock_offset(node: Node) -> float:
 
 @pytest.mark.parametrize("offset", [STEP, -STEP], ids=["ahead", "behind"])
 def test_keeper_default_margin_covers_a_clock_step_at_failover(
-        pair: ReplicatedPair, offset: float, capsys: pytest.CaptureFixture[str]) -> None:
+        shiftable_pair: ReplicatedPair, offset: float,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    pair = shiftable_pair
     dsn = migrated(pair)
     pair.shift_standby_clock(f"{offset:+g}s")
     measured = clock_offset(pair.standby) - clock_offset(pair.primary)
@@ -81,3 +95,16 @@ def test_keeper_default_margin_covers_a_clock_step_at_failover(
         f"a rival won {stops_at - won:.2f} s before the holder's keeper stopped: the default "
         f"safety margin ({KeeperTiming(ttl=TTL).margin:g} s at ttl {TTL:g} s) does not cover "
         f"a {offset:+g} s step of database time")
+
+
+@pytest.mark.parametrize("require", [False, True])
+def test_without_libfaketime_it_skips_naming_the_package_or_fails_when_required(
+        require: bool) -> None:
+    output = tools.run_without_tools(
+        "tests/failover/test_clock_step.py::"
+        "test_keeper_default_margin_covers_a_clock_step_at_failover[ahead]", require=require)
+    assert "libfaketime not installed (Debian: apt-get install libfaketime)" in output, output
+    if require:
+        assert "1 error" in output and "MOS_LEASE_REQUIRE_TOOLS is set" in output, output
+    else:
+        assert "1 skipped" in output and "error" not in output, output

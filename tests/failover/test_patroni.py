@@ -6,6 +6,9 @@ history checker as the other failover tests.
 synchronous standby becomes leader, the other standby its synchronous one, writes resume.
 (b) Only the leader's postmaster dies: Patroni restarts it in place (no failover).
 Each prints the seconds from the kill to the first acknowledged gateway write.
+
+Without Patroni or etcd (Debian ``patroni``, ``etcd-server``) these tests skip, or fail where
+``MOS_LEASE_REQUIRE_TOOLS=1`` (``tests/tools.py``).
 """
 
 from __future__ import annotations
@@ -21,7 +24,9 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
 from mos_lease_pg import migrate
+from tests import tools
 from tests.failover.patroni import PatroniCluster, PatroniNode
+from tests.failover.support import cluster_programs
 from tests.failover.test_failover_load import (
     GATEWAYS,
     WRITES,
@@ -64,7 +69,8 @@ def resumed_after(acknowledged: list[OpRecord], killed_at: float) -> float:
 
 @pytest.fixture
 def cluster() -> Iterator[PatroniCluster]:
-    made = PatroniCluster()
+    tools.need(tools.PATRONI, tools.ETCD)
+    made = PatroniCluster(cluster_programs())
     try:
         yield made.start()
     finally:
@@ -148,3 +154,18 @@ def test_patroni_restarts_a_crashed_postmaster_in_place(
                                    capsys)
     assert after is before  # no failover
     assert before.postmaster_pid() not in (None, *killed)  # a new postmaster
+
+
+@pytest.mark.parametrize("require", [False, True])
+def test_without_patroni_it_skips_naming_the_packages_or_fails_when_required(
+        require: bool) -> None:
+    output = tools.run_without_tools(
+        "tests/failover/test_patroni.py::test_patroni_restarts_a_crashed_postmaster_in_place",
+        require=require)
+    assert ("patroni, etcd not installed (Debian: apt-get install patroni etcd-server)"
+            in output), output
+    if require:
+        # The fixture fails, so the test errors at setup.
+        assert "1 error" in output and "MOS_LEASE_REQUIRE_TOOLS is set" in output, output
+    else:
+        assert "1 skipped" in output and "error" not in output, output

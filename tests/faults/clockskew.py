@@ -50,6 +50,14 @@ def installed() -> tuple[float, float] | None:
     return _state["offset"], _state["rate"]
 
 
+def gained() -> float:
+    """Seconds the skewed wall clock has gained on its offset since it was installed (at a
+    rate other than 1 the offset grows with real time); 0 where nothing is skewed."""
+    if not _state:
+        return 0.0
+    return (_state["rate"] - 1.0) * (_REAL_TIME() - _state["wall"])
+
+
 def _skew(real_start: float, real_now: float, offset: float, rate: float) -> float:
     return real_start + offset + rate * (real_now - real_start)
 
@@ -79,7 +87,7 @@ def install(offset: float, rate: float) -> None:
         "wall": _REAL_TIME, "mono": _REAL_MONOTONIC, "perf": _REAL_PERF,
         "boot": lambda: _REAL_CLOCK_GETTIME(time.CLOCK_BOOTTIME),
     }
-    _state.update(offset=offset, rate=rate)
+    _state.update(offset=offset, rate=rate, wall=anchors["wall"])
 
     def skewed(name: str, with_offset: bool = True) -> float:
         start = anchors[name]

@@ -11,6 +11,8 @@ is determined, and it, and every expiry the library reports, must match.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -37,6 +39,7 @@ CLOCKS = [(0.0, 1.0), (600.0, 0.5), (600.0, 2.0), (-600.0, 0.5), (-600.0, 2.0)]
 TTL = 1.0
 GRANT_TTL = 0.6
 SLACK = timedelta(milliseconds=2)  # timestamps round-trip at microsecond precision
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass
@@ -215,3 +218,17 @@ def test_clock_skew(pg_dsn: str, admin: psycopg.Connection[Any], soak: bool, fig
     figures.add("history checker violations", len(violations), "0", not violations)
     figures.notes += [str(v) for v in violations[:10]]
     assert not figures.failed(), figures.render()
+
+
+def test_a_fast_clocks_offset_is_judged_as_of_its_install() -> None:
+    """At 2x a skewed clock gains a second per real second: the offset a worker reports is
+    taken back to the install, so that a slow start on a loaded machine does not read as a
+    wrong offset."""
+    script = ("import time; from tests.faults import clockskew; clockskew.install(600.0, 2.0); "
+              "time.sleep(1.5); raw = time.time() - clockskew.real_wall(); "
+              "print(raw, raw - clockskew.gained())")
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
+                          text=True, check=True, timeout=60)
+    raw, as_installed = (float(x) for x in done.stdout.split())
+    assert raw > 601.4, raw  # the gain is real (1.5 s of sleep, and more under load)
+    assert abs(as_installed - 600.0) < 0.05, as_installed
