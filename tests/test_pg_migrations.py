@@ -139,7 +139,7 @@ def test_a_schema_named_by_a_keyword_is_built_used_and_kept_append_only(
     # quoted: every statement and function that names the schema must quote it once.
     schema = "select"
     try:
-        assert migrate(pg_dsn, schema=schema, allow_second_copy=True) == [1, 2, 3]
+        assert migrate(pg_dsn, schema=schema, allow_second_copy=True) == [1, 2, 3, 4]
         with PostgresLeaseStore(pg_dsn, settings=ConnectionSettings(schema=schema)) as store:
             gateway = ConnectorLeaseCoordinator(store, AllowAllPolicy())
             acquired = gateway.acquire(LeaseIdentity("t", "a", "b"), "c1", scopes=["tool:run"],
