@@ -26,6 +26,8 @@ import glob
 import json
 import os
 import random
+import shutil
+import tempfile
 import threading
 import time
 from collections import Counter
@@ -96,6 +98,8 @@ class Shared:
     calls: list[Call] = field(default_factory=list)
     seen_expired: list[Seen] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    # Before each step and at the end: did the server's clock still show the offset set?
+    offset_held: list[bool] = field(default_factory=list)
     stop: threading.Event = field(default_factory=threading.Event)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -203,8 +207,9 @@ class Rival(threading.Thread):
 @dataclass
 class Step:
     by: float
-    at: float  # host monotonic, once the offset file was written
+    at: float  # host monotonic, just before the offset file was written
     frozen: list[Holder]
+    seen_after: float | None  # seconds until the server's clock showed it (None: never)
 
 
 def _write_offset(offset_file: Path, offset: float) -> None:
@@ -222,11 +227,33 @@ def _seen(shared: Shared, holder: Holder) -> bool:
                    for s in shared.seen_expired)
 
 
-def _drive(offset_file: Path, steps: list[float], shared: Shared,
+def _server_offset(probe: psycopg.Connection[Any]) -> float:
+    """The server clock minus this host's (which libfaketime leaves alone), in seconds."""
+    before = time.time()
+    row = probe.execute("SELECT extract(epoch FROM clock_timestamp())::float8").fetchone()
+    after = time.time()
+    assert row is not None
+    return float(row[0]) - (before + after) / 2
+
+
+def _confirm(probe: psycopg.Connection[Any], offset: float) -> float | None:
+    """Seconds until the server's clock showed ``offset`` (``None``: not within 5 s)."""
+    began = time.monotonic()
+    while time.monotonic() < began + 5:
+        if abs(_server_offset(probe) - offset) < 0.25:
+            return time.monotonic() - began
+        time.sleep(0.005)
+    return None
+
+
+def _drive(dsn: str, offset_file: Path, steps: list[float], shared: Shared,
            holders: list[Holder], rng: random.Random) -> list[Step]:
     offset, done = 0.0, []
+    probe = psycopg.connect(dsn, autocommit=True)
+    held = shared.offset_held
     for by in steps:
         time.sleep(SETTLE_S)
+        held.append(abs(_server_offset(probe) - offset) < 0.25)
         frozen: list[Holder] = []
         if by < 0:
             frozen = [h for h in rng.sample(holders, FROZEN_PER_STEP) if h.handle is not None]
@@ -240,12 +267,15 @@ def _drive(offset_file: Path, steps: list[float], shared: Shared,
         offset += by
         at = time.monotonic()  # a call that ends after this may have read the new clock
         _write_offset(offset_file, offset)
-        done.append(Step(by, at, frozen))
+        # The holders resume only once the server's clock is seen to have stepped.
+        done.append(Step(by, at, frozen, _confirm(probe, offset)))
         for holder in holders:
             if holder.frozen.is_set():
                 holder.frozen.clear()
                 holder.resumed.set()
     time.sleep(SETTLE_S)
+    held.append(abs(_server_offset(probe) - offset) < 0.25)
+    probe.close()
     return done
 
 
@@ -270,15 +300,15 @@ class Run:
     rows: list[AuditRow]
 
 
-def _run(tmp_path: Path, steps: list[float], identities: int, shared: Shared) -> Run:
+def _run(steps: list[float], identities: int, shared: Shared) -> Run:
     """Holders and a rival on a private cluster whose clock steps by ``steps``."""
-    offset_file = tmp_path / "clock-offset"
+    # A directory of its own, not pytest's: the server (another OS user when we are root)
+    # reads the file on every clock read, and a pytest session starting meanwhile makes its
+    # own base directory private again. Unreadable, the offset would silently fall to zero.
+    where = Path(tempfile.mkdtemp(prefix="mos-lease-clock-"))
+    where.chmod(0o755)
+    offset_file = where / "offset"
     _write_offset(offset_file, 0)
-    for directory in (tmp_path, *tmp_path.parents):
-        if str(directory) in ("/", "/tmp"):
-            break
-        # The server (another OS user when we are root) must reach and read the file.
-        os.chmod(directory, os.stat(directory).st_mode | 0o011)
     cluster = PrivateCluster(env=stepped_clock(offset_file))
     try:
         cluster.start()
@@ -291,7 +321,7 @@ def _run(tmp_path: Path, steps: list[float], identities: int, shared: Shared) ->
         for thread in (*holders, rival):
             thread.start()
         try:
-            done = _drive(offset_file, steps, shared, holders, random.Random(23))
+            done = _drive(dsn, offset_file, steps, shared, holders, random.Random(23))
         finally:
             shared.stop.set()
             for thread in (*holders, rival):
@@ -300,13 +330,14 @@ def _run(tmp_path: Path, steps: list[float], identities: int, shared: Shared) ->
             return Run(done, audit_rows(admin, tenant))
     finally:
         cluster.close()
+        shutil.rmtree(where, ignore_errors=True)
 
 
 def _save(path: Path, done: list[Step], shared: Shared) -> None:
     """The run's steps, calls and observations, one JSON object a line, for a post mortem."""
     with path.open("w", encoding="utf-8") as out:
         for step in done:
-            out.write(json.dumps({"step": step.by, "at": step.at,
+            out.write(json.dumps({"step": step.by, "at": step.at, "seen": step.seen_after,
                                   "frozen": [h.identity.binding_id for h in step.frozen]}) + "\n")
         for call in shared.calls:
             out.write(json.dumps({"call": asdict(call)}) + "\n")
@@ -319,11 +350,12 @@ def test_clock_steps_on_the_server(soak: bool, figures: Table, tmp_path: Path) -
     identities = scaled(soak, 6, 8)
     steps = [STEP_FORWARD, -STEP_BACK] * pairs
     shared = Shared()
-    run = _run(tmp_path, steps, identities, shared)
+    run = _run(steps, identities, shared)
     done, rows = run.done, run.rows
 
     calls = shared.calls
-    _save(tmp_path / "history.jsonl", done, shared)
+    history = tmp_path / "history.jsonl"
+    _save(history, done, shared)
     renewed_after_seen = [
         c for c in calls if c.ok and c.op in ("heartbeat", "release")
         and any(s.identity == c.identity and s.epoch == c.epoch and s.end < c.start
@@ -352,6 +384,13 @@ def test_clock_steps_on_the_server(soak: bool, figures: Table, tmp_path: Path) -
                 f"forward and backward steps under load / {pairs} x (+{STEP_FORWARD:g} s, "
                 f"-{STEP_BACK:g} s), {identities} holders + 1 rival, ttl {TTL:g} s")
     figures.counts("steps made", len(steps), len(done))
+    confirmed = [s.seen_after for s in done if s.seen_after is not None]
+    figures.add("steps seen on the server's clock (max seconds after the write)",
+                f"{len(confirmed)} of {len(done)} ({max(confirmed, default=0.0):.3f} s)",
+                "all", len(confirmed) == len(done))
+    figures.add("server clock still at the set offset before each step and at the end",
+                f"{sum(shared.offset_held)} of {len(shared.offset_held)}", "all",
+                all(shared.offset_held) and len(shared.offset_held) == len(done) + 1)
     figures.add("calls by outcome", dict(sorted(writes.items())))
     figures.add("expiries seen by the rival", len(shared.seen_expired), ">= 1 per frozen holder",
                 len({(s.identity, s.epoch) for s in shared.seen_expired}) >= len(frozen))
@@ -376,4 +415,6 @@ def test_clock_steps_on_the_server(soak: bool, figures: Table, tmp_path: Path) -
     for text in (backwards[:5] + [str(c) for c in renewed_after_seen[:5]]
                  + shared.errors[:5]):
         figures.notes.append(text)
+    if figures.failed():
+        figures.notes.append(f"steps, calls and observations: {history}")
     assert not figures.failed(), figures.render()
