@@ -10,6 +10,7 @@ back by a minute since the row's last write.
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 from typing import Any
 
@@ -18,6 +19,7 @@ import pytest
 
 from mos_lease import (
     AllowAllPolicy,
+    AsyncConnectorLeaseCoordinator,
     ConnectorLeaseCoordinator,
     LeaseIdentity,
     LifecycleEvent,
@@ -25,6 +27,7 @@ from mos_lease import (
     Reason,
 )
 from mos_lease_pg.check import Status, run_check
+from tests.pg_clock import ShiftedAsyncPostgresLeaseStore
 from tests.pg_fixtures import StoreFactory
 
 pytestmark = pytest.mark.pg
@@ -76,6 +79,23 @@ def test_every_guarded_write_behind_the_rows_stamp_is_refused_and_audited(
     # Once the clock has passed the row's stamp again, the same handle renews.
     store.advance(STEP + timedelta(seconds=1))
     assert behind.heartbeat(lease, ttl=30).ok
+
+
+def test_the_asyncio_store_refuses_the_same(pg_dsn: str, pg_stores: StoreFactory,
+                                            pg_tenant: str) -> None:
+    ident = LeaseIdentity(pg_tenant, "agent", "b5")
+    lease = _written_a_minute_ahead(pg_stores, ident)
+
+    async def scenario() -> list[Reason | None]:
+        async with ShiftedAsyncPostgresLeaseStore(pg_dsn) as store:
+            behind = AsyncConnectorLeaseCoordinator(store, AllowAllPolicy())
+            return [(await behind.heartbeat(lease, ttl=30)).reason,
+                    (await behind.heartbeat_many([lease], ttl=30))[0].reason,
+                    (await behind.release(lease)).reason,
+                    (await behind.takeover(ident, "c2", scopes=SCOPES, ttl=30,
+                                           expected_epoch=1)).reason]
+
+    assert asyncio.run(scenario()) == [Reason.CLOCK_BEHIND] * 4
 
 
 def test_a_stale_holder_still_learns_it_is_stale_when_the_clock_is_behind(
