@@ -45,3 +45,13 @@ class ManualClock:
         with self._lock:
             self._now += step
             return self._now
+
+    def step_back(self, by: timedelta | float) -> datetime:
+        """Move the clock backwards, as a failover to a host whose clock is behind or a bad
+        NTP step moves a store's clock: what ``clock_behind`` refusals are about."""
+        step = by if isinstance(by, timedelta) else timedelta(seconds=by)
+        if step < timedelta(0):
+            raise ValueError("a step back is a positive amount")
+        with self._lock:
+            self._now -= step
+            return self._now

@@ -40,7 +40,7 @@ import attrs
 
 from mos_lease.errors import InvalidInput, MosLeaseError
 from mos_lease.identity import LeaseIdentity, Scopes, check_id
-from mos_lease.machine import holder_refusal
+from mos_lease.machine import clock_refusal, holder_refusal
 from mos_lease.records import LeaseRow
 from mos_lease.token import FencingToken
 from mos_lease.vocabulary import Reason
@@ -198,6 +198,9 @@ def effect_refusal(row: LeaseRow | None, now: datetime, fence: FencingToken, *,
 
     * the lease row, as :func:`~mos_lease.machine.holder_refusal` judges it (missing, stale
       or mismatched epoch, replaced, released, expired): facts about the lease, named first;
+    * the clock: ``now`` earlier than the row's latest stamp means the store's clock stepped
+      back since the row was written (:func:`~mos_lease.machine.clock_refusal`), and the
+      lease's expiry cannot be judged at such a time: ``clock_behind``;
     * the fence's own expiry: a context is valid only until its ``expires_at`` (the earlier
       of grant and lease), and a token made from it carries the same instant. Past it the
       effect is refused ``grant_expired``, the reason validation gives the same grant, even
@@ -211,7 +214,8 @@ def effect_refusal(row: LeaseRow | None, now: datetime, fence: FencingToken, *,
     comparison here; the identity an effect belongs to, where the caller knows it, is
     checked before with :func:`mos_lease.machine.identity_refusal`, as validation does.
     """
-    reason = holder_refusal(row, now, fence.connector_id, fence.lease_id, fence.epoch)
+    reason = (holder_refusal(row, now, fence.connector_id, fence.lease_id, fence.epoch)
+              or clock_refusal(row, now))
     if reason is not None:
         return reason
     assert row is not None

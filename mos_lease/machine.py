@@ -182,15 +182,31 @@ def write_refusal(write: Write, row: LeaseRow | None, now: datetime) -> Reason |
         return (Reason.LEASE_HELD if row.state(now) is LeaseState.ACTIVE
                 else Reason.TAKEOVER_REQUIRED)
     if isinstance(write, Renew | Close):
-        return holder_refusal(row, now, write.connector_id, write.lease_id, write.epoch)
-    if row is None:
+        reason = holder_refusal(row, now, write.connector_id, write.lease_id, write.epoch)
+    elif row is None:
         return Reason.LEASE_MISSING
-    if row.epoch != write.expected_epoch:
-        return Reason.EPOCH_MISMATCH
-    if row.epoch >= MAX_EPOCH:
-        return Reason.EPOCH_EXHAUSTED
-    if row.state(now) is LeaseState.ACTIVE and not write.preempt_active:
-        return Reason.PREEMPTION_DENIED
+    elif row.epoch != write.expected_epoch:
+        reason = Reason.EPOCH_MISMATCH
+    elif row.epoch >= MAX_EPOCH:
+        reason = Reason.EPOCH_EXHAUSTED
+    elif row.state(now) is LeaseState.ACTIVE and not write.preempt_active:
+        reason = Reason.PREEMPTION_DENIED
+    else:
+        reason = None
+    return reason if reason is not None else clock_refusal(row, now)
+
+
+def clock_refusal(row: LeaseRow | None, now: datetime) -> Reason | None:
+    """Refuse a write that would otherwise apply if store time ``now`` is earlier than the
+    row's latest stamp (``updated_at``: every write sets it, and no other stamp of a row is
+    later). The store's clock stepped back (a failover to a host whose clock is behind, an
+    NTP step): judged at such a time, an old holder could renew a lease that somebody already
+    saw expire, and the row's times would run backwards. It comes last, so a stale or
+    replaced holder still learns that, whatever the clock says; only a write that the
+    clock alone would let through is refused for it. A step back shorter than the time since
+    the row's last write leaves ``now`` after that stamp and is not seen here."""
+    if row is not None and now < row.updated_at:
+        return Reason.CLOCK_BEHIND
     return None
 
 

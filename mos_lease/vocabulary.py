@@ -46,6 +46,9 @@ class Reason(enum.StrEnum):
     STALE_EPOCH = "stale_epoch"
     EPOCH_MISMATCH = "epoch_mismatch"
     EPOCH_EXHAUSTED = "epoch_exhausted"
+    # store time (a write whose time is earlier than the row's latest stamp: the store's
+    # clock stepped back, e.g. a failover to a host whose clock is behind)
+    CLOCK_BEHIND = "clock_behind"
     # policy
     POLICY_DENIED = "policy_denied"
     PREEMPTION_DENIED = "preemption_denied"

@@ -6,7 +6,9 @@ server cannot produce (a standby, an old server, synchronous replication):
 * :func:`gather` connects once and reads :class:`Facts`: the server and session settings
   (``sql/check/server.sql``), the store's own first-use check (:mod:`mos_lease_pg.preflight`,
   called, not copied: schema, version and privileges are judged exactly as a store judges
-  them), and a few readings of the database clock against this host's clock.
+  them), a few readings of the database clock against this host's clock, and the database
+  clock against the newest stamp of the lease table (``sql/check/stamps.sql``: a clock that
+  stepped back reads earlier than it).
 * :func:`evaluate` turns facts into :class:`Item` rows (name, value, ok / warn / problem and
   a fix for anything not ok). No I/O.
 
@@ -28,7 +30,7 @@ import psycopg
 from mos_lease.errors import ConfigurationError
 from mos_lease_pg import preflight
 from mos_lease_pg.preflight import SchemaCheck
-from mos_lease_pg.statements import DEFAULT_SCHEMA, check_schema, query_text
+from mos_lease_pg.statements import DEFAULT_SCHEMA, check_schema, query_text, schema_query
 from mos_lease_pg.translate import POOLER_SETTINGS
 
 CANNOT_CONNECT: Final = 2
@@ -119,6 +121,11 @@ class Facts:
     # The backend pid the connection's startup named (libpq's backend key): a pooler answers
     # the startup itself, with a key of its own (None: not read).
     startup_pid: int | None = None
+    # How far the newest lease row stamp lies ahead of the database clock, in seconds
+    # (negative: behind it, as it should be), and how many rows were compared (None: the
+    # lease table could not be read, or holds no row).
+    stamp_lead: float | None = None
+    rows_compared: int = 0
 
 
 def read_clock(conn: psycopg.Connection[Any], *, samples: int = CLOCK_SAMPLES,
@@ -140,6 +147,18 @@ def read_clock(conn: psycopg.Connection[Any], *, samples: int = CLOCK_SAMPLES,
     return best, pids
 
 
+def read_stamps(conn: psycopg.Connection[Any], schema: str) -> tuple[float | None, int]:
+    """How far the newest lease stamp lies ahead of the database clock, and over how many
+    rows (``None``: no row, or the table cannot be read by this role)."""
+    try:
+        row = conn.execute(schema_query(schema, "check", "stamps.sql")).fetchone()
+    except psycopg.errors.DatabaseError:
+        # Missing table or privilege: already reported by the schema check.
+        return None, 0
+    assert row is not None
+    return (None if row[0] is None else float(row[0])), int(row[1])
+
+
 def _schema_verdict(conn: psycopg.Connection[Any],
                     schema: str) -> tuple[SchemaCheck | None, str | None]:
     try:
@@ -159,6 +178,8 @@ def gather(conn: psycopg.Connection[Any], schema: str = DEFAULT_SCHEMA, *,
      statement_timeout, lock_timeout, server_port, first_pid) = row
     schema_check, schema_error = _schema_verdict(conn, schema)
     clock, pids = read_clock(conn, local_clock=local_clock)
+    stamp_lead, rows_compared = (read_stamps(conn, schema) if schema_check is not None
+                                 else (None, 0))
     return Facts(
         schema=schema, server_version_num=version_num, server_version=version, role=role,
         database=database, schema_check=schema_check, schema_error=schema_error,
@@ -166,7 +187,7 @@ def gather(conn: psycopg.Connection[Any], schema: str = DEFAULT_SCHEMA, *,
         in_recovery=in_recovery, statement_timeout=statement_timeout,
         lock_timeout=lock_timeout, clock=clock, client_port=_port(conn.info.port),
         server_port=server_port, backend_pids=(first_pid, *pids),
-        startup_pid=conn.info.backend_pid)
+        startup_pid=conn.info.backend_pid, stamp_lead=stamp_lead, rows_compared=rows_compared)
 
 
 def _port(value: object) -> int | None:
@@ -276,6 +297,25 @@ def _clock_item(facts: Facts) -> Item:
     return Item("clock_offset", value, Status.OK)
 
 
+def _clock_step_items(facts: Facts) -> list[Item]:
+    """A database clock earlier than the newest lease stamp stepped back since that write.
+    Only a step back larger than the time since the newest write can be seen here (and, by
+    each write, only one larger than the time since that row's own last write)."""
+    lead = facts.stamp_lead
+    if lead is None:
+        return []
+    if lead > 0:
+        return [Item(
+            "clock_steps", f"database clock {lead:.3f} s behind the newest lease stamp "
+            f"({facts.rows_compared} rows): it stepped back", Status.PROBLEM,
+            "the database host's clock moved backwards (a failover to a host whose clock "
+            "is behind, an NTP step): writes to leases stamped after the clock are refused "
+            "`clock_behind` until the clock passes their stamps; keep the database hosts' "
+            "clocks synchronized (NTP slewing, not stepping) and find why it stepped")]
+    return [Item("clock_steps", f"database clock {-lead:.3f} s past the newest lease stamp "
+                 f"({facts.rows_compared} rows): no step back seen", Status.OK)]
+
+
 def _pooler_signs(facts: Facts) -> tuple[list[str], bool]:
     """What shows a pooler, and whether it is certainly one that shares server sessions
     (a relay or a port mapping shows only a different port)."""
@@ -334,6 +374,7 @@ def evaluate(facts: Facts, *, behind_pooler: bool = False) -> Report:
         *_schema_items(facts),
         *_durability_items(facts),
         _clock_item(facts),
+        *_clock_step_items(facts),
         _pooler_item(facts, behind_pooler),
     ))
 

@@ -49,7 +49,7 @@ import tempfile
 import threading
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 from urllib.parse import urlparse
 from uuid import UUID
@@ -176,10 +176,11 @@ class ServerPrograms:
     how: str
 
     def run(self, program: str, *args: str, timeout: float = 120,
-            env: dict[str, str] | None = None) -> None:
-        """Run ``program``, with ``env`` on top of our environment; raises SubprocessError
-        (with its stderr) or OSError on failure. Output is captured, which is safe for
-        ``pg_ctl start`` only with ``-l``: the server must not inherit our pipes."""
+            env: Mapping[str, str] | None = None) -> None:
+        """Run ``program``; raises SubprocessError (with its stderr) or OSError on failure.
+        Output is captured, which is safe for ``pg_ctl start`` only with ``-l``: the server
+        must not inherit our pipes. ``env`` is added to our environment (``pg_ctl start``
+        passes it on to the server, e.g. a shifted clock)."""
         subprocess.run([os.path.join(self.bindir, program), *args],
                        user=None if self.owner is None else self.owner.pw_name, check=True,
                        capture_output=True, timeout=timeout,

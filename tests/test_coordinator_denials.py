@@ -214,6 +214,26 @@ def _epoch_exhausted() -> list[Provoked]:
     return active + expired
 
 
+def _clock_behind() -> list[Provoked]:
+    env = make_env()
+    c = env.coordinator
+    lease = env.acquire(ttl=30)
+    env.clock.advance(5)
+    renewed = c.heartbeat(lease, ttl=30).lease
+    assert renewed is not None
+    # The store's clock steps back behind the row's latest stamp (the renewal): each write
+    # that would otherwise succeed is refused for it, and the row keeps its stamps.
+    env.clock.step_back(10)
+    provoked = [
+        _provoke(env, H, 1, "conn-a", lambda: c.heartbeat(renewed, ttl=10), current_epoch=1),
+        _provoke(env, R, 1, "conn-a", lambda: c.release(renewed), current_epoch=1),
+        _provoke(env, T, 1, "conn-b", lambda: c.takeover(  # AllowAllPolicy preempts
+            IDENT, "conn-b", scopes=SCOPES, ttl=10, expected_epoch=1), current_epoch=1),
+    ]
+    assert row_of(env.store).updated_at == renewed.expires_at - timedelta(seconds=30)
+    return provoked
+
+
 def _policy_denied() -> list[Provoked]:
     """The production default (no policy given) denies every lease and grant operation."""
     env = make_env()
@@ -342,6 +362,7 @@ SCENARIOS: dict[Reason, Callable[[], list[Provoked]]] = {
     Reason.STALE_EPOCH: _stale_epoch,
     Reason.EPOCH_MISMATCH: _epoch_mismatch,
     Reason.EPOCH_EXHAUSTED: _epoch_exhausted,
+    Reason.CLOCK_BEHIND: _clock_behind,
     Reason.POLICY_DENIED: _policy_denied,
     Reason.PREEMPTION_DENIED: _preemption_denied,
     Reason.SCOPE_NOT_AUTHORIZED: _scope_not_authorized,

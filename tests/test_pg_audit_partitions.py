@@ -87,7 +87,9 @@ def test_a_populated_version_2_log_converts_keeping_every_row_and_seq(
         conn.execute(sql.SQL("SELECT setval(pg_get_serial_sequence(%s, 'seq'), 900)"),
                      (f'"{schema}".{AUDIT}',))
     before = _rows(version_2.dsn, schema)
-    assert migrate(version_2.dsn, schema=schema, allow_second_copy=True) == [3, 4]
+    # 3 converts the log; any later migration is applied after it.
+    assert migrate(version_2.dsn, schema=schema, allow_second_copy=True) == list(
+        range(3, preflight.required_version() + 1))
     assert _rows(version_2.dsn, schema) == before
     names = _partitions(version_2.dsn, schema)
     assert names[0] == f"{AUDIT}_legacy" and names[-1] == f"{AUDIT}_default"

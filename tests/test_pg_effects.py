@@ -158,6 +158,21 @@ def test_effect_refused_half_a_second_after_the_context_expired(
     assert notes(pg_admin, ident.tenant_id) == [(1, "effect"), (1, "effect")]
 
 
+def test_effect_refused_while_the_clock_is_behind_the_lease_row(
+        pg_stores: StoreFactory, attempt: Attempt, pg_admin: psycopg.Connection[Any],
+        ident: LeaseIdentity) -> None:
+    """The lease row is stamped by a store a minute ahead of the database clock, which, to
+    the effect boundary reading that clock, is a clock that stepped back since: the lease
+    looks active, but no effect is judged at a time before the row's own stamp."""
+    ahead = ConnectorLeaseCoordinator(pg_stores(time_offset=timedelta(minutes=1)),
+                                      AllowAllPolicy())
+    _, context = granted(ahead, acquired(ahead, ident), ttl=30)
+    token = parse_token(format_token(context))
+    assert attempt(context, WRITE) is Reason.CLOCK_BEHIND
+    assert attempt(token, WRITE) is Reason.CLOCK_BEHIND
+    assert notes(pg_admin, ident.tenant_id) == []
+
+
 def test_effect_judged_by_the_clock_read_after_the_lock(
         pg_dsn: str, gateway: ConnectorLeaseCoordinator, conn: psycopg.Connection[Any],
         pg_admin: psycopg.Connection[Any], effects: str, ident: LeaseIdentity) -> None:

@@ -97,7 +97,8 @@ def test_migrate_is_idempotent(pg_schema_dsn: PgSchema) -> None:
     assert _migrate(pg_schema_dsn) == []
     assert applied_versions(pg_schema_dsn.dsn, schema=pg_schema_dsn.schema) == [1, 2, 3, 4]
     assert _versions(pg_schema_dsn) == [(1, "initial"), (2, "transitions"),
-                                        (3, "audit_partitions"), (4, "audit_integrity")]
+                                        (3, "audit_partitions"), (4, "audit_integrity"),
+                                        (5, "clock_steps")]
 
 
 def test_concurrent_migrators_apply_each_version_once(pg_schema_dsn: PgSchema,
@@ -111,7 +112,8 @@ def test_concurrent_migrators_apply_each_version_once(pg_schema_dsn: PgSchema,
     assert [run.returncode for run in runs] == [0, 0, 0, 0], outputs
     assert sum("applied migrations: 1" in out for out, _ in outputs) == 1
     assert _versions(pg_schema_dsn) == [(1, "initial"), (2, "transitions"),
-                                        (3, "audit_partitions"), (4, "audit_integrity")]
+                                        (3, "audit_partitions"), (4, "audit_integrity"),
+                                        (5, "clock_steps")]
     migrated = _describe(pg_schema_dsn.dsn, pg_schema_dsn.schema)
     assert migrated == _library_part(_describe(pg_dsn), migrated)
 

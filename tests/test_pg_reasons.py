@@ -94,6 +94,20 @@ def test_lease_state_reasons(pg_stores: StoreFactory, pg_admin: psycopg.Connecti
         Reason.LEASE_EXPIRED, Reason.EPOCH_EXHAUSTED}
 
 
+def test_clock_behind_reason(pg_stores: StoreFactory, pg_tenant: str, seen: Seen) -> None:
+    # The row is stamped by a store a minute ahead; to a store at the database clock, that
+    # clock has stepped back behind the row (more in test_pg_clock_steps.py).
+    ahead = ConnectorLeaseCoordinator(pg_stores(time_offset=timedelta(minutes=1)),
+                                      AllowAllPolicy())
+    ident = LeaseIdentity(pg_tenant, "agent", "b1")
+    held = ahead.acquire(ident, "c1", scopes=SCOPES, ttl=10)
+    assert held.lease is not None
+    store = pg_stores()
+    seen.expect(ConnectorLeaseCoordinator(store, AllowAllPolicy()).heartbeat(held.lease, ttl=10),
+                Reason.CLOCK_BEHIND)
+    assert [r.entry.reason for r in store.audit(ident)] == [None, Reason.CLOCK_BEHIND]
+
+
 def test_policy_reasons(pg_stores: StoreFactory, pg_tenant: str, seen: Seen) -> None:
     store = pg_stores()
     ident = LeaseIdentity(pg_tenant, "agent", "b1")

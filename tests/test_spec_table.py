@@ -57,9 +57,13 @@ def _conditions(command: str, state: str) -> tuple[str, ...]:
     if state == "absent" or command == "acquire":
         return ("-",)
     if command == "takeover":
+        # A row stamped later than now cannot be expired: its expiry lies after its stamp.
+        behind = ("clock_behind",) if state != "expired" else ()
         return ("expected_ne", "at_max") + (
-            ("preempt", "no_preempt") if state == "active" else ("expected_eq",))
+            ("preempt", "no_preempt") if state == "active" else ("expected_eq",)) + behind
     extra = ("scope_outside_lease",) if command == "issue_grant" and state == "active" else ()
+    if command in ("heartbeat", "release") and state == "active":
+        extra = ("clock_behind",)
     return HOLDER_CONDITIONS + extra
 
 
@@ -72,7 +76,7 @@ def _row(state: str, condition: str) -> LeaseRow | None:
         epoch=epoch, acquired_at=NOW - timedelta(minutes=1), heartbeat_at=NOW,
         expires_at=NOW - timedelta(seconds=1) if state == "expired" else NOW + timedelta(30),
         released_at=NOW - timedelta(seconds=5) if state == "released" else None,
-        updated_at=NOW)
+        updated_at=NOW + timedelta(seconds=1) if condition == "clock_behind" else NOW)
 
 
 def _command(name: str, condition: str) -> Command:
@@ -82,8 +86,8 @@ def _command(name: str, condition: str) -> Command:
         return Acquire(IDENTITY, "c2", ("a",), ttl, uuid4(), event, correlation)
     if name == "takeover":
         expected = epoch + 1 if condition == "expected_ne" else epoch
-        return Takeover(IDENTITY, "c2", ("a",), ttl, expected, condition == "preempt",
-                        uuid4(), event, correlation)
+        return Takeover(IDENTITY, "c2", ("a",), ttl, expected,
+                        condition in ("preempt", "clock_behind"), uuid4(), event, correlation)
     connector = "c9" if condition == "other_connector" else "c1"
     lease_id = uuid4() if condition == "other_lease_id" else LEASE_ID
     epoch += {"epoch_lower": -1, "epoch_higher": 1}.get(condition, 0)

@@ -374,7 +374,9 @@ class PrivateCluster:
     (run as ``postgres`` when we are root: PostgreSQL refuses root), fsync off, loopback only,
     on a free port. Only this cluster is ever stopped or restarted by a scenario."""
 
-    def __init__(self) -> None:
+    def __init__(self, env: Mapping[str, str] | None = None) -> None:
+        # ``env``: added to the server's environment (e.g. libfaketime's, scenario 23).
+        self.env = env
         programs = server_programs()
         if isinstance(programs, str):
             raise RuntimeError(f"no PostgreSQL server programs: {programs}")
@@ -397,15 +399,16 @@ class PrivateCluster:
     def dsn_for(self, dbname: str) -> str:
         return make_conninfo(self.dsn, dbname=dbname)
 
-    def _run(self, tool: str, *args: str, timeout: float = 60) -> None:
-        self.programs.run(tool, *args, timeout=timeout)
+    def _run(self, tool: str, *args: str, timeout: float = 60,
+             env: Mapping[str, str] | None = None) -> None:
+        self.programs.run(tool, *args, timeout=timeout, env=env)
 
     def start(self) -> float:
         """Start and wait until it accepts connections; returns the seconds it took."""
         began = time.monotonic()
         self._run("pg_ctl", "-D", self.data, "-l", self.log, "-w", "-t", "60", "-o",
                   f"-F -p {self.port} -c listen_addresses=127.0.0.1 -k {self.base} "
-                  "-c max_connections=60", "start")
+                  "-c max_connections=60", "start", env=self.env)
         self.running = True
         return time.monotonic() - began
 
