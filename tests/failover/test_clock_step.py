@@ -31,8 +31,8 @@ from mos_lease import (
     Reason,
 )
 from mos_lease.keeper import KeeperTiming
-from tests import tools
 from mos_lease_pg.check import Status, run_check
+from tests import tools
 from tests.failover.cluster import Node, ReplicatedPair
 from tests.failover.support import migrated, store
 from tests.faults.gateway import SCOPES, no_preempt_policy
