@@ -76,6 +76,7 @@ from mos_lease.machine import (
     validation_refusal,
     validation_refusal_unread,
 )
+from mos_lease.operation import one_bound
 from mos_lease.policy import ConnectorLeaseService, DenyAllPolicy, PolicyRequest
 from mos_lease.ports import AsyncLeaseStore, IdSource, LeaseStore
 from mos_lease.records import AuditEntry, LeaseHandle, LeaseRow, Snapshot, WriteOutcome
@@ -772,7 +773,8 @@ class ConnectorLeaseCoordinator(_Coordinator[LeaseStore]):
         ``scopes``. Prefer :meth:`invoke`, which leaves no gap before the adapter runs."""
         if self._foreign_process():
             return ValidationResult(Reason.GRANT_UNKNOWN)
-        return self._run(self._flows.validate(grant, identity, scopes, correlation_id))
+        with one_bound():  # the read and a denial's audit append: one bound (operation.py)
+            return self._run(self._flows.validate(grant, identity, scopes, correlation_id))
 
     def invoke(self, grant: ExecutionGrant, adapter: Callable[[ConnectorExecutionContext], T],
                *, identity: LeaseIdentity, scopes: object,
@@ -844,7 +846,9 @@ class AsyncConnectorLeaseCoordinator(_Coordinator[AsyncLeaseStore]):
                        correlation_id: str | None = None) -> ValidationResult:
         if self._foreign_process():
             return ValidationResult(Reason.GRANT_UNKNOWN)
-        return await self._run(self._flows.validate(grant, identity, scopes, correlation_id))
+        with one_bound():  # as in ConnectorLeaseCoordinator.validate
+            return await self._run(self._flows.validate(grant, identity, scopes,
+                                                        correlation_id))
 
     async def invoke(self, grant: ExecutionGrant,
                      adapter: Callable[[ConnectorExecutionContext], Awaitable[T]], *,

@@ -35,7 +35,9 @@ import attrs
 import psycopg
 import psycopg_pool
 from psycopg.conninfo import conninfo_to_dict
+from psycopg.pq import TransactionStatus
 
+from mos_lease.bounded import OVERDUE, bounded
 from mos_lease.errors import ConfigurationError, StoreUnavailable
 from mos_lease_pg import preflight, replication
 from mos_lease_pg.deadline import WATCHDOG, AsyncWatch
@@ -67,6 +69,8 @@ def _flag(_inst: object, attr: attrs.Attribute[Any], value: object) -> None:
     if not isinstance(value, bool):
         raise ConfigurationError(f"{attr.name} must be True or False")
 
+
+_IDLE: Final = TransactionStatus.IDLE
 
 # With no statement timeout, the call bound still needs one to start from.
 _UNTIMED_STATEMENT: Final = timedelta(seconds=30)
@@ -265,6 +269,50 @@ async def _vet_async(source: _Source, conn: psycopg.AsyncConnection[Any],
         await watch.done()
 
 
+def _mid_call(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
+    """Whether ``conn`` was left between a request and the end of its reply."""
+    return not conn.closed and conn.info.transaction_status is not _IDLE
+
+
+def _discard_if_busy_sync(conn: psycopg.Connection[Any]) -> None:
+    # A call interrupted by something other than a driver error (KeyboardInterrupt, a
+    # cancellation) may leave its reply unread: the next call would read it as its own.
+    if _mid_call(conn):
+        conn.close()
+
+
+async def _discard_if_busy(conn: psycopg.AsyncConnection[Any]) -> None:
+    """As :func:`_discard_if_busy_sync`, for an asyncio connection (whose ``close`` does
+    not suspend, so a second cancellation cannot stop it half way)."""
+    if _mid_call(conn):
+        await conn.close()
+
+
+# Returns to a pool still finishing after the call that made them was cancelled: referenced
+# here until they end (the loop keeps only weak references to its tasks).
+_RETURNING: Final[set[asyncio.Task[None]]] = set()
+
+
+async def _give_back(pool: psycopg_pool.AsyncConnectionPool[Any],
+                     conn: psycopg.AsyncConnection[Any]) -> None:
+    """Return ``conn`` to ``pool`` even if the caller is cancelled meanwhile: the return
+    waits for the pool's lock, and a return cut off there would lose the connection. The
+    cancellation still propagates at once; the return finishes on its own."""
+    returning = asyncio.ensure_future(pool.putconn(conn))
+    try:
+        await asyncio.shield(returning)
+    except asyncio.CancelledError:
+        if not returning.done():
+            _RETURNING.add(returning)
+            returning.add_done_callback(_RETURNING.discard)
+        raise
+
+
+def _no_connection(bound: float) -> StoreUnavailable:
+    return StoreUnavailable(
+        f"cannot connect to PostgreSQL: no connection within the {bound:g} s call bound")
+
+
 def _busy(bound: float) -> StoreUnavailable:
     return StoreUnavailable(
         f"the store's connection stayed busy: no turn on it within the {bound:g} s call bound")
@@ -353,11 +401,7 @@ class DedicatedConnection(_Dedicated[Wire]):
                 if self._wire is not None:
                     self._wire.conn.close()
                     self._wire = None
-                try:
-                    conn = psycopg.Connection.connect(self._conninfo,
-                                                      **self._connect_kwargs(deadline))
-                except psycopg.Error as exc:
-                    raise unavailable_on_checkout(exc, pool_timeout=0) from exc
+                conn = self._connect(deadline)
                 try:
                     _vet(self, conn, deadline)
                 except BaseException:
@@ -366,13 +410,34 @@ class DedicatedConnection(_Dedicated[Wire]):
                 wire = self._wire = Wire(conn, prepare=self._prepare)
             return wire
 
+    def _connect(self, deadline: float | None) -> psycopg.Connection[Any]:
+        """A new connection, within the call's deadline. libpq's ``connect_timeout`` is
+        whole seconds, at least 2, per address tried, so the connect runs on a thread of
+        its own and is given up at the deadline (a connection it opens later is closed)."""
+        kwargs = self._connect_kwargs(deadline)
+        opened = bounded(lambda: psycopg.Connection.connect(self._conninfo, **kwargs),
+                         remaining(deadline, self._bound), name="mos-lease-connect",
+                         late=lambda conn: conn.close())
+        if opened is OVERDUE:
+            raise _no_connection(self._bound)
+        if isinstance(opened, psycopg.Error):
+            raise unavailable_on_checkout(opened, pool_timeout=0) from opened
+        if isinstance(opened, BaseException):
+            raise opened
+        return opened
+
     @contextmanager
     def checkout(self, deadline: float | None = None) -> Iterator[Wire]:
         # A call stuck on the connection holds this lock only until its own deadline.
         if not self._in_use.acquire(timeout=remaining(deadline, self._bound)):
             raise _busy(self._bound)
         try:
-            yield self._current(deadline)
+            wire = self._current(deadline)
+            try:
+                yield wire
+            except BaseException:
+                _discard_if_busy_sync(wire.conn)
+                raise
         finally:
             self._in_use.release()
 
@@ -442,9 +507,14 @@ class AsyncDedicatedConnection(_Dedicated[AsyncWire]):
                 if self._wire is not None:
                     await self._wire.conn.close()
                     self._wire = None
+                # Bounded by the deadline here, not by libpq's connect_timeout (see
+                # DedicatedConnection._connect); asyncio.timeout lets a cancellation through.
                 try:
-                    conn = await psycopg.AsyncConnection.connect(
-                        self._conninfo, **self._connect_kwargs(deadline))
+                    async with asyncio.timeout(remaining(deadline, self._bound)):
+                        conn = await psycopg.AsyncConnection.connect(
+                            self._conninfo, **self._connect_kwargs(deadline))
+                except TimeoutError:
+                    raise _no_connection(self._bound) from None
                 except psycopg.Error as exc:
                     raise unavailable_on_checkout(exc, pool_timeout=0) from exc
                 try:
@@ -458,12 +528,20 @@ class AsyncDedicatedConnection(_Dedicated[AsyncWire]):
     @asynccontextmanager
     async def checkout(self, deadline: float | None = None
                        ) -> AsyncIterator[AsyncWire]:
+        # asyncio.timeout, not wait_for: on 3.11 wait_for returns the lock it just obtained
+        # and drops a cancellation that arrives at that moment.
         try:
-            await asyncio.wait_for(self._in_use.acquire(), remaining(deadline, self._bound))
+            async with asyncio.timeout(remaining(deadline, self._bound)):
+                await self._in_use.acquire()
         except TimeoutError:
             raise _busy(self._bound) from None
         try:
-            yield await self._current(deadline)
+            wire = await self._current(deadline)
+            try:
+                yield wire
+            except BaseException:
+                await _discard_if_busy(wire.conn)
+                raise
         finally:
             self._in_use.release()
 
@@ -490,7 +568,7 @@ class AsyncPooledConnection(_Pooled[psycopg_pool.AsyncConnectionPool[Any]]):
             await _vet_async(self, conn, deadline)
             yield AsyncWire(conn, prepare=self._prepare)
         finally:
-            await self._pool.putconn(conn)
+            await _give_back(self._pool, conn)
 
     async def close(self) -> None:
         """The pool belongs to the caller, who closes it."""
