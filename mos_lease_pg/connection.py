@@ -559,10 +559,19 @@ class AsyncPooledConnection(_Pooled[psycopg_pool.AsyncConnectionPool[Any]]):
     @asynccontextmanager
     async def checkout(self, deadline: float | None = None
                        ) -> AsyncIterator[AsyncWire]:
+        task = asyncio.current_task()
+        asked = 0 if task is None else task.cancelling()
         try:
             conn = await self._pool.getconn(timeout=self._wait(deadline))
         except psycopg.Error as exc:
             raise self._unavailable(exc) from exc
+        if task is not None and task.cancelling() > asked:
+            # The pool waits for a connection with asyncio.wait_for, which on 3.11 returns
+            # the connection it just got and drops a cancellation arriving at that moment;
+            # a cancellation that came in during the wait and was not delivered is
+            # delivered here, after the connection went back.
+            await _give_back(self._pool, conn)
+            raise asyncio.CancelledError
         try:
             _check_autocommit(conn)
             await _vet_async(self, conn, deadline)
