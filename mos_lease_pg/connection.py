@@ -41,6 +41,7 @@ from mos_lease.bounded import OVERDUE, bounded
 from mos_lease.errors import ConfigurationError, StoreUnavailable
 from mos_lease_pg import preflight, replication
 from mos_lease_pg.deadline import WATCHDOG, AsyncWatch
+from mos_lease_pg.finish import finish
 from mos_lease_pg.statements import DEFAULT_SCHEMA, check_schema
 from mos_lease_pg.translate import unavailable_on_checkout
 from mos_lease_pg.wire import AsyncWire, Wire
@@ -288,24 +289,12 @@ async def _discard_if_busy(conn: psycopg.AsyncConnection[Any]) -> None:
         await conn.close()
 
 
-# Returns to a pool still finishing after the call that made them was cancelled: referenced
-# here until they end (the loop keeps only weak references to its tasks).
-_RETURNING: Final[set[asyncio.Task[None]]] = set()
-
-
 async def _give_back(pool: psycopg_pool.AsyncConnectionPool[Any],
                      conn: psycopg.AsyncConnection[Any]) -> None:
     """Return ``conn`` to ``pool`` even if the caller is cancelled meanwhile: the return
-    waits for the pool's lock, and a return cut off there would lose the connection. The
-    cancellation still propagates at once; the return finishes on its own."""
-    returning = asyncio.ensure_future(pool.putconn(conn))
-    try:
-        await asyncio.shield(returning)
-    except asyncio.CancelledError:
-        if not returning.done():
-            _RETURNING.add(returning)
-            returning.add_done_callback(_RETURNING.discard)
-        raise
+    may wait for the pool's lock, and a return cut off there would lose the connection. A
+    cancellation is delivered once the connection is back (:mod:`mos_lease_pg.finish`)."""
+    await finish(pool.putconn(conn))
 
 
 def _no_connection(bound: float) -> StoreUnavailable:
