@@ -64,7 +64,7 @@ BOUND = SETTINGS.call_bound()  # 3 s
 SCOPES = ["tools.read"]
 SEED = 22
 ROUND = 10  # trials between two looks at the connections
-# A source stops after this many failures: enough to show a hole, and a library that
+# Each part of a source stops after this many failures: enough to show a hole, and a library that
 # swallows cancellations leaves tasks running that would slow every later trial down.
 STOP = 25
 
@@ -421,12 +421,14 @@ async def _fuzz(dsn: str, source: str, admin: psycopg.Connection[Any], prefix: s
             await pool.wait()
         bench.noise_identity = bench.identity()
         await bench.lease(bench.noise_identity)
+        before = tally.failures()
         for _ in range(trials // ROUND):
-            if tally.failures() >= STOP:
+            if tally.failures() - before >= STOP:
                 break
             await _round(bench, tally, rng, ROUND)
+        before = tally.failures()
         for _ in range(losses):
-            if tally.failures() >= STOP:
+            if tally.failures() - before >= STOP:
                 break
             await _loss(bench, tally, rng)
     finally:
