@@ -232,8 +232,11 @@ async def _outcome(run: Run) -> object:
         return refused
 
 
-async def _noise(bench: Bench, identity: LeaseIdentity, which: int) -> None:
-    while not bench.stopping:  # the flag only ends a loop whose cancellation was lost
+async def _noise(bench: Bench, identity: LeaseIdentity, which: int,
+                 over: list[bool] | None = None) -> None:
+    # The flags only end a loop whose cancellation was lost (the round or the source is
+    # over): it would load every later trial.
+    while not bench.stopping and not (over and over[0]):
         if which:
             await bench.store.now()
         else:
@@ -267,7 +270,9 @@ async def _end(task: asyncio.Task[Any]) -> float | None:
 async def _round(bench: Bench, tally: Tally, rng: random.Random, trials: int) -> None:
     """``trials`` trials while two more tasks loop on calls of the same store; then those
     are cancelled too, and the connections are looked at once nothing uses them."""
-    noise = [asyncio.ensure_future(_noise(bench, bench.noise_identity, i)) for i in (0, 1)]
+    over = [False]
+    noise = [asyncio.ensure_future(_noise(bench, bench.noise_identity, i, over))
+             for i in (0, 1)]
     await asyncio.sleep(0)
     for _ in range(trials):
         await _one(bench, tally, rng, rng.choice(ENTRIES))
@@ -278,6 +283,8 @@ async def _round(bench: Bench, tally: Tally, rng: random.Random, trials: int) ->
                 tally.swallowed.append(f"{where}: a concurrent call swallowed its cancellation")
             else:
                 tally.noise_cancelled += 1
+    over[0] = True
+    await asyncio.wait(noise, timeout=BOUND)
     await _check_connections(bench, tally, where)
 
 
@@ -373,15 +380,16 @@ async def _loss(bench: Bench, tally: Tally, rng: random.Random) -> None:
                   cancel_on_loss=True, on_lost=lambda _loss: lost_at.append(time.monotonic()))
 
     entered = asyncio.Event()
+    over = [False]
 
     async def block() -> None:
         async with holder:
             entered.set()
-            while not bench.stopping:  # as in _noise
+            while not bench.stopping and not over[0]:  # as in _noise
                 await bench.coordinator.current_holder(identity)
                 calls.append(time.monotonic())
 
-    noise = asyncio.ensure_future(_noise(bench, bench.noise_identity, 1))
+    noise = asyncio.ensure_future(_noise(bench, bench.noise_identity, 1, over))
     task = asyncio.ensure_future(block())
     async with asyncio.timeout(BOUND):
         await entered.wait()
@@ -391,8 +399,9 @@ async def _loss(bench: Bench, tally: Tally, rng: random.Random) -> None:
     assert taken.ok and taken.lease is not None, taken
     holder._notice(identity, taken.lease.epoch)  # what the notice listener hands over
     ended = await _end(task)
+    over[0] = True
     noise.cancel()
-    await asyncio.wait((noise,))
+    await asyncio.wait((noise,), timeout=BOUND)
     tally.loss_trials += 1
     if ended is not None and not task.cancelled() \
             and isinstance(task.exception(), LeaseLost) and lost_at:
