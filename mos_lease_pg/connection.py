@@ -93,8 +93,10 @@ class ConnectionSettings:
     does (a silent or half-open peer, replies that never come): by then the call has
     returned or raised. ``None`` (the default) means ``statement_timeout`` + 1 s (31 s
     without a statement timeout); see :meth:`call_bound`. A write cut off this way raises
-    ``CommitOutcomeUnknown`` and is reconciled; a read raises ``StoreUnavailable``. Opening
-    a new connection is bounded by ``connect_timeout`` on top of it.
+    ``CommitOutcomeUnknown`` and is reconciled; a read raises ``StoreUnavailable``. The
+    bound counts from the call: the wait for the connection (its turn on a dedicated one, or
+    the pool), opening a new one (given up at the deadline, whatever ``connect_timeout``
+    says) and its checks are inside it, and a validation's denial shares its read's bound.
 
     ``require_synchronous_replication`` refuses (``ConfigurationError``, at first use) a
     primary whose commits do not wait for a synchronous standby, and makes reconcile call a
@@ -356,8 +358,9 @@ class _Dedicated(_Source, Generic[W]):
         return wire if wire is not None and not wire.closed else None
 
     def _connect_kwargs(self, deadline: float | None) -> dict[str, Any]:
-        # Opening a connection counts against the call's deadline too (libpq waits at least
-        # 2 s, so a call that must connect with less left may overrun by that much).
+        # Opening a connection counts against the call's deadline too. libpq waits at least
+        # 2 s, so the connect is also given up from outside at the deadline (_connect, and
+        # asyncio.timeout in the asyncio twin); this only ends an abandoned attempt sooner.
         if deadline is None or "connect_timeout" in self._given:
             return self._kwargs
         left = math.ceil(min(self._kwargs["connect_timeout"], remaining(deadline, self._bound)))
