@@ -3,7 +3,7 @@
 A store that bounds its calls (the PostgreSQL stores: ``ConnectionSettings.call_bound``)
 counts each call's bound from the moment it is called. A validation is one answer for its
 caller, though: the read and, when it is denied, the audit append of the denial. So the
-coordinator marks a validation's start in :data:`SHARED_START` (``time.monotonic()``
+coordinator sets a validation's start in :data:`SHARED_START` (``time.monotonic()``
 seconds) while it runs, and such a store counts every call made meanwhile from that start:
 a validation that cannot get its read through fails closed within one bound, and the
 denial's audit append only gets what is left of it (a log line records a denial it could not
@@ -14,23 +14,11 @@ tasks and threads each see their own operation's start.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Final
 
 SHARED_START: Final[ContextVar[float | None]] = ContextVar("mos_lease_shared_start",
                                                            default=None)
-
-
-@contextmanager
-def one_bound() -> Iterator[None]:
-    """Every store call made inside shares one bound, counted from now."""
-    token = SHARED_START.set(time.monotonic())
-    try:
-        yield
-    finally:
-        SHARED_START.reset(token)
 
 
 def call_deadline(bound: float) -> float:
