@@ -680,6 +680,8 @@ class _Coordinator(Generic[S]):
                              id_source=id_source, max_conflict_retries=max_conflict_retries,
                              monotonic_clock=monotonic_clock)
         self._system = store_system(store)
+        # Whether the store counts its calls' bounds from SHARED_START (operation.py).
+        self._shares_bound = getattr(store, "shares_bound", False) is True
         self._pid = os.getpid()
 
     def _drive(self, flow: Flow[T]) -> Drive[Op, T]:
@@ -775,6 +777,8 @@ class ConnectorLeaseCoordinator(_Coordinator[LeaseStore]):
             return ValidationResult(Reason.GRANT_UNKNOWN)
         # The read and a denial's audit append share one bound (operation.py); set and
         # reset inline rather than through a context manager: this is the hottest call.
+        if not self._shares_bound:
+            return self._run(self._flows.validate(grant, identity, scopes, correlation_id))
         started = SHARED_START.set(time.monotonic())
         try:
             return self._run(self._flows.validate(grant, identity, scopes, correlation_id))
@@ -851,6 +855,9 @@ class AsyncConnectorLeaseCoordinator(_Coordinator[AsyncLeaseStore]):
                        correlation_id: str | None = None) -> ValidationResult:
         if self._foreign_process():
             return ValidationResult(Reason.GRANT_UNKNOWN)
+        if not self._shares_bound:
+            return await self._run(self._flows.validate(grant, identity, scopes,
+                                                        correlation_id))
         started = SHARED_START.set(time.monotonic())  # as in ConnectorLeaseCoordinator
         try:
             return await self._run(self._flows.validate(grant, identity, scopes,

@@ -7,8 +7,9 @@ coordinator sets a validation's start in :data:`SHARED_START` (``time.monotonic(
 seconds) while it runs, and such a store counts every call made meanwhile from that start:
 a validation that cannot get its read through fails closed within one bound, and the
 denial's audit append only gets what is left of it (a log line records a denial it could not
-append). Stores without bounds ignore it. A context variable, so that concurrent asyncio
-tasks and threads each see their own operation's start.
+append). The coordinator sets it only for a store whose class says ``shares_bound = True``
+(nothing is paid for the others, such as the in-memory store). A context variable, so
+that concurrent asyncio tasks and threads each see their own operation's start.
 """
 
 from __future__ import annotations

@@ -153,6 +153,8 @@ class _StoreCore:
     """What both stores share: the time offset, the calls, and in-doubt bookkeeping."""
 
     db_system: ClassVar[str] = "postgresql"  # for telemetry (mos_lease.events)
+    # Every call's bound counts from mos_lease.operation.SHARED_START when it is set.
+    shares_bound: ClassVar[bool] = True
 
     settings: ConnectionSettings  # set by each store; its ``schema`` is in every call
 
