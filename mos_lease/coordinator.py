@@ -76,6 +76,7 @@ from mos_lease.machine import (
     validation_refusal,
     validation_refusal_unread,
 )
+from mos_lease.operation import SHARED_START
 from mos_lease.policy import ConnectorLeaseService, DenyAllPolicy, PolicyRequest
 from mos_lease.ports import AsyncLeaseStore, IdSource, LeaseStore
 from mos_lease.records import AuditEntry, LeaseHandle, LeaseRow, Snapshot, WriteOutcome
@@ -679,6 +680,8 @@ class _Coordinator(Generic[S]):
                              id_source=id_source, max_conflict_retries=max_conflict_retries,
                              monotonic_clock=monotonic_clock)
         self._system = store_system(store)
+        # Whether the store counts its calls' bounds from SHARED_START (operation.py).
+        self._shares_bound = getattr(store, "shares_bound", False) is True
         self._pid = os.getpid()
 
     def _drive(self, flow: Flow[T]) -> Drive[Op, T]:
@@ -772,7 +775,15 @@ class ConnectorLeaseCoordinator(_Coordinator[LeaseStore]):
         ``scopes``. Prefer :meth:`invoke`, which leaves no gap before the adapter runs."""
         if self._foreign_process():
             return ValidationResult(Reason.GRANT_UNKNOWN)
-        return self._run(self._flows.validate(grant, identity, scopes, correlation_id))
+        # The read and a denial's audit append share one bound (operation.py); set and
+        # reset inline rather than through a context manager: this is the hottest call.
+        if not self._shares_bound:
+            return self._run(self._flows.validate(grant, identity, scopes, correlation_id))
+        started = SHARED_START.set(time.monotonic())
+        try:
+            return self._run(self._flows.validate(grant, identity, scopes, correlation_id))
+        finally:
+            SHARED_START.reset(started)
 
     def invoke(self, grant: ExecutionGrant, adapter: Callable[[ConnectorExecutionContext], T],
                *, identity: LeaseIdentity, scopes: object,
@@ -859,7 +870,15 @@ class AsyncConnectorLeaseCoordinator(_Coordinator[AsyncLeaseStore]):
         :meth:`ConnectorLeaseCoordinator.validate`. Prefer :meth:`invoke`."""
         if self._foreign_process():
             return ValidationResult(Reason.GRANT_UNKNOWN)
-        return await self._run(self._flows.validate(grant, identity, scopes, correlation_id))
+        if not self._shares_bound:
+            return await self._run(self._flows.validate(grant, identity, scopes,
+                                                        correlation_id))
+        started = SHARED_START.set(time.monotonic())  # as in ConnectorLeaseCoordinator
+        try:
+            return await self._run(self._flows.validate(grant, identity, scopes,
+                                                        correlation_id))
+        finally:
+            SHARED_START.reset(started)
 
     async def invoke(self, grant: ExecutionGrant,
                      adapter: Callable[[ConnectorExecutionContext], Awaitable[T]], *,

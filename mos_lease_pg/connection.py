@@ -35,10 +35,13 @@ import attrs
 import psycopg
 import psycopg_pool
 from psycopg.conninfo import conninfo_to_dict
+from psycopg.pq import TransactionStatus
 
+from mos_lease.bounded import OVERDUE, bounded
 from mos_lease.errors import ConfigurationError, StoreUnavailable
 from mos_lease_pg import preflight, replication
 from mos_lease_pg.deadline import WATCHDOG, AsyncWatch
+from mos_lease_pg.finish import finish
 from mos_lease_pg.statements import DEFAULT_SCHEMA, check_schema
 from mos_lease_pg.translate import unavailable_on_checkout
 from mos_lease_pg.wire import AsyncWire, Wire
@@ -68,6 +71,8 @@ def _flag(_inst: object, attr: attrs.Attribute[Any], value: object) -> None:
         raise ConfigurationError(f"{attr.name} must be True or False")
 
 
+_IDLE: Final = TransactionStatus.IDLE
+
 # With no statement timeout, the call bound still needs one to start from.
 _UNTIMED_STATEMENT: Final = timedelta(seconds=30)
 
@@ -88,8 +93,10 @@ class ConnectionSettings:
     does (a silent or half-open peer, replies that never come): by then the call has
     returned or raised. ``None`` (the default) means ``statement_timeout`` + 1 s (31 s
     without a statement timeout); see :meth:`call_bound`. A write cut off this way raises
-    ``CommitOutcomeUnknown`` and is reconciled; a read raises ``StoreUnavailable``. Opening
-    a new connection is bounded by ``connect_timeout`` on top of it.
+    ``CommitOutcomeUnknown`` and is reconciled; a read raises ``StoreUnavailable``. The
+    bound counts from the call: the wait for the connection (its turn on a dedicated one, or
+    the pool), opening a new one (given up at the deadline, whatever ``connect_timeout``
+    says) and its checks are inside it, and a validation's denial shares its read's bound.
 
     ``require_synchronous_replication`` refuses (``ConfigurationError``, at first use) a
     primary whose commits do not wait for a synchronous standby, and makes reconcile call a
@@ -267,6 +274,38 @@ async def _vet_async(source: _Source, conn: psycopg.AsyncConnection[Any],
         await watch.done()
 
 
+def _mid_call(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
+    """Whether ``conn`` was left between a request and the end of its reply."""
+    return not conn.closed and conn.info.transaction_status is not _IDLE
+
+
+def _discard_if_busy_sync(conn: psycopg.Connection[Any]) -> None:
+    # A call interrupted by something other than a driver error (KeyboardInterrupt, a
+    # cancellation) may leave its reply unread: the next call would read it as its own.
+    if _mid_call(conn):
+        conn.close()
+
+
+async def _discard_if_busy(conn: psycopg.AsyncConnection[Any]) -> None:
+    """As :func:`_discard_if_busy_sync`, for an asyncio connection (whose ``close`` does
+    not suspend, so a second cancellation cannot stop it half way)."""
+    if _mid_call(conn):
+        await conn.close()
+
+
+async def _give_back(pool: psycopg_pool.AsyncConnectionPool[Any],
+                     conn: psycopg.AsyncConnection[Any]) -> None:
+    """Return ``conn`` to ``pool`` even if the caller is cancelled meanwhile: the return
+    may wait for the pool's lock, and a return cut off there would lose the connection. A
+    cancellation is delivered once the connection is back (:mod:`mos_lease_pg.finish`)."""
+    await finish(pool.putconn(conn))
+
+
+def _no_connection(bound: float) -> StoreUnavailable:
+    return StoreUnavailable(
+        f"cannot connect to PostgreSQL: no connection within the {bound:g} s call bound")
+
+
 def _busy(bound: float) -> StoreUnavailable:
     return StoreUnavailable(
         f"the store's connection stayed busy: no turn on it within the {bound:g} s call bound")
@@ -321,8 +360,9 @@ class _Dedicated(_Source, Generic[W]):
         return wire if wire is not None and not wire.closed else None
 
     def _connect_kwargs(self, deadline: float | None) -> dict[str, Any]:
-        # Opening a connection counts against the call's deadline too (libpq waits at least
-        # 2 s, so a call that must connect with less left may overrun by that much).
+        # Opening a connection counts against the call's deadline too. libpq waits at least
+        # 2 s, so the connect is also given up from outside at the deadline (_connect, and
+        # asyncio.timeout in the asyncio twin); this only ends an abandoned attempt sooner.
         if deadline is None or "connect_timeout" in self._given:
             return self._kwargs
         left = math.ceil(min(self._kwargs["connect_timeout"], remaining(deadline, self._bound)))
@@ -355,11 +395,7 @@ class DedicatedConnection(_Dedicated[Wire]):
                 if self._wire is not None:
                     self._wire.conn.close()
                     self._wire = None
-                try:
-                    conn = psycopg.Connection.connect(self._conninfo,
-                                                      **self._connect_kwargs(deadline))
-                except psycopg.Error as exc:
-                    raise unavailable_on_checkout(exc, pool_timeout=0) from exc
+                conn = self._connect(deadline)
                 try:
                     _vet(self, conn, deadline)
                 except BaseException:
@@ -369,13 +405,34 @@ class DedicatedConnection(_Dedicated[Wire]):
                                          pid_names_backend=self._pid_names_backend)
             return wire
 
+    def _connect(self, deadline: float | None) -> psycopg.Connection[Any]:
+        """A new connection, within the call's deadline. libpq's ``connect_timeout`` is
+        whole seconds, at least 2, per address tried, so the connect runs on a thread of
+        its own and is given up at the deadline (a connection it opens later is closed)."""
+        kwargs = self._connect_kwargs(deadline)
+        opened = bounded(lambda: psycopg.Connection.connect(self._conninfo, **kwargs),
+                         remaining(deadline, self._bound), name="mos-lease-connect",
+                         late=lambda conn: conn.close())
+        if opened is OVERDUE:
+            raise _no_connection(self._bound)
+        if isinstance(opened, psycopg.Error):
+            raise unavailable_on_checkout(opened, pool_timeout=0) from opened
+        if isinstance(opened, BaseException):
+            raise opened
+        return opened
+
     @contextmanager
     def checkout(self, deadline: float | None = None) -> Iterator[Wire]:
         # A call stuck on the connection holds this lock only until its own deadline.
         if not self._in_use.acquire(timeout=remaining(deadline, self._bound)):
             raise _busy(self._bound)
         try:
-            yield self._current(deadline)
+            wire = self._current(deadline)
+            try:
+                yield wire
+            except BaseException:
+                _discard_if_busy_sync(wire.conn)
+                raise
         finally:
             self._in_use.release()
 
@@ -445,9 +502,14 @@ class AsyncDedicatedConnection(_Dedicated[AsyncWire]):
                 if self._wire is not None:
                     await self._wire.conn.close()
                     self._wire = None
+                # Bounded by the deadline here, not by libpq's connect_timeout (see
+                # DedicatedConnection._connect); asyncio.timeout lets a cancellation through.
                 try:
-                    conn = await psycopg.AsyncConnection.connect(
-                        self._conninfo, **self._connect_kwargs(deadline))
+                    async with asyncio.timeout(remaining(deadline, self._bound)):
+                        conn = await psycopg.AsyncConnection.connect(
+                            self._conninfo, **self._connect_kwargs(deadline))
+                except TimeoutError:
+                    raise _no_connection(self._bound) from None
                 except psycopg.Error as exc:
                     raise unavailable_on_checkout(exc, pool_timeout=0) from exc
                 try:
@@ -462,12 +524,20 @@ class AsyncDedicatedConnection(_Dedicated[AsyncWire]):
     @asynccontextmanager
     async def checkout(self, deadline: float | None = None
                        ) -> AsyncIterator[AsyncWire]:
+        # asyncio.timeout, not wait_for: on 3.11 wait_for returns the lock it just obtained
+        # and drops a cancellation that arrives at that moment.
         try:
-            await asyncio.wait_for(self._in_use.acquire(), remaining(deadline, self._bound))
+            async with asyncio.timeout(remaining(deadline, self._bound)):
+                await self._in_use.acquire()
         except TimeoutError:
             raise _busy(self._bound) from None
         try:
-            yield await self._current(deadline)
+            wire = await self._current(deadline)
+            try:
+                yield wire
+            except BaseException:
+                await _discard_if_busy(wire.conn)
+                raise
         finally:
             self._in_use.release()
 
@@ -485,17 +555,26 @@ class AsyncPooledConnection(_Pooled[psycopg_pool.AsyncConnectionPool[Any]]):
     @asynccontextmanager
     async def checkout(self, deadline: float | None = None
                        ) -> AsyncIterator[AsyncWire]:
+        task = asyncio.current_task()
+        asked = 0 if task is None else task.cancelling()
         try:
             conn = await self._pool.getconn(timeout=self._wait(deadline))
         except psycopg.Error as exc:
             raise self._unavailable(exc) from exc
+        if task is not None and task.cancelling() > asked:
+            # The pool waits for a connection with asyncio.wait_for, which on 3.11 returns
+            # the connection it just got and drops a cancellation arriving at that moment;
+            # a cancellation that came in during the wait and was not delivered is
+            # delivered here, after the connection went back.
+            await _give_back(self._pool, conn)
+            raise asyncio.CancelledError
         try:
             _check_autocommit(conn)
             await _vet_async(self, conn, deadline)
             yield AsyncWire(conn, prepare=self._prepare,
                             pid_names_backend=self._pid_names_backend)
         finally:
-            await self._pool.putconn(conn)
+            await _give_back(self._pool, conn)
 
     async def close(self) -> None:
         """The pool belongs to the caller, who closes it."""

@@ -190,6 +190,10 @@ class AsyncWatch:
 
     async def __aexit__(self, exc_type: type[BaseException] | None,
                         exc: BaseException | None, tb: TracebackType | None) -> None:
-        await self.done()
-        if self.fired:
-            await self._conn.close()  # its reply may still be outstanding
+        try:
+            await self.done()
+        finally:
+            # Closed even when the caller is cancelled while the cut finishes: its reply may
+            # still be outstanding (close does not suspend, so it always completes).
+            if self.fired:
+                await self._conn.close()

@@ -40,6 +40,7 @@ from mos_lease.errors import (
 from mos_lease.flowdrive import Drive, outcome_of, outcome_of_async
 from mos_lease.identity import LeaseIdentity, check_count, check_id, check_identity
 from mos_lease.machine import Renew, Write
+from mos_lease.operation import call_deadline
 from mos_lease.ports import MAX_AUDIT_PAGE
 from mos_lease.records import AuditEntry, AuditRecord, LeaseRow, Snapshot, WriteOutcome
 from mos_lease_pg import reconcile, replication, statements
@@ -153,6 +154,8 @@ class _StoreCore:
     """What both stores share: the time offset, the calls, and in-doubt bookkeeping."""
 
     db_system: ClassVar[str] = "postgresql"  # for telemetry (mos_lease.events)
+    # Every call's bound counts from mos_lease.operation.SHARED_START when it is set.
+    shares_bound: ClassVar[bool] = True
 
     settings: ConnectionSettings  # set by each store; its ``schema`` is in every call
 
@@ -173,7 +176,8 @@ class _StoreCore:
         return self.settings.call_bound()
 
     def _deadline(self, deadline: float | None) -> float:
-        return time.monotonic() + self._bound if deadline is None else deadline
+        # From the call, or from the start of the validation it serves (operation.py).
+        return call_deadline(self._bound) if deadline is None else deadline
 
     def _lost_here(self, event_id: UUID, wire: AnyWire) -> Lost | None:
         """The backend to end before ``event_id`` is looked for, if this process knows it

@@ -81,8 +81,11 @@ class AsyncHolder(_HolderBase[AsyncLeaseKeeper]):
         if self._sleep is not None:
             await self._sleep(step.seconds)
         else:
-            with contextlib.suppress(TimeoutError):  # a notice ends the pause early
-                await asyncio.wait_for(self._wakeup.wait(), step.seconds)
+            # A notice ends the pause early. asyncio.timeout, not wait_for: on 3.11 wait_for
+            # drops a cancellation that arrives as the event is set.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(step.seconds):
+                    await self._wakeup.wait()
             self._wakeup.clear()
         return None
 

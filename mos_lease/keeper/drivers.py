@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random as _random
 import threading
@@ -14,6 +13,7 @@ from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import Any, Generic, TypeVar
 
+from mos_lease.bounded import bounded
 from mos_lease.coordinator import (
     AsyncConnectorLeaseCoordinator,
     ConnectorLeaseCoordinator,
@@ -205,9 +205,9 @@ class LeaseKeeper(_Keeper[ConnectorLeaseCoordinator, Callable[[float], object]])
         if isinstance(call, Sleep):
             return self._sleep(call.seconds)
         if isinstance(call, Heartbeat):
-            return _bounded(lambda: self.heartbeat_coordinator.heartbeat(call.lease,
-                                                                         ttl=self.ttl),
-                            call.timeout)
+            return bounded(lambda: self.heartbeat_coordinator.heartbeat(call.lease,
+                                                                        ttl=self.ttl),
+                           call.timeout, name="mos-lease-heartbeat")
         if isinstance(call, flow.IssueGrant):
             return self.coordinator.issue_grant(call.lease, scopes=call.scopes, ttl=call.ttl,
                                                 correlation_id=call.correlation_id)
@@ -294,30 +294,6 @@ class LeaseKeeper(_Keeper[ConnectorLeaseCoordinator, Callable[[float], object]])
 
     def __exit__(self, *_exc: object) -> None:
         self.stop()
-
-
-T = TypeVar("T")
-
-
-def _bounded(call: Callable[[], T], timeout: float) -> T | BaseException:
-    """Run ``call`` on a daemon thread: its result, the exception it raised, or
-    :data:`OVERDUE` if it is still running after ``timeout`` seconds (then abandoned)."""
-    box: list[T | BaseException] = []
-    done = threading.Event()
-
-    def run() -> None:
-        try:
-            box.append(call())
-        except BaseException as error:
-            box.append(error)
-        finally:
-            done.set()
-
-    threading.Thread(target=run, daemon=True, name="mos-lease-heartbeat").start()
-    if not done.wait(max(timeout, 0.0)):
-        overdue: T | BaseException = OVERDUE
-        return overdue
-    return box[0]
 
 
 class AsyncLeaseKeeper(_Keeper[AsyncConnectorLeaseCoordinator,
@@ -455,8 +431,13 @@ class AsyncLeaseKeeper(_Keeper[AsyncConnectorLeaseCoordinator,
         task = self._task
         if task is not None and task is not asyncio.current_task():
             task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            # Waited for without awaiting it: ``await task`` raises the task's own
+            # CancelledError, and suppressing that would drop a cancellation of the caller
+            # arriving meanwhile. asyncio.wait raises only the caller's.
+            await asyncio.wait((task,))
+            error = None if task.cancelled() else task.exception()
+            if error is not None:
+                raise error  # as ``await task`` would
         result: LeaseResult | None = await self._drive(flow.stop(self._core, release))
         return result
 

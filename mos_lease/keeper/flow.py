@@ -19,6 +19,7 @@ from typing import Any
 
 import attrs
 
+from mos_lease.bounded import OVERDUE as _OVERDUE
 from mos_lease.errors import InvalidInput
 from mos_lease.events import Emitter, EventHook, RenewalRetry, Renewed, emitter
 from mos_lease.events import Lost as LostEvent
@@ -101,8 +102,9 @@ class Release:
 Call = Acquire | Takeover | Heartbeat | Sleep | IssueGrant | Release
 Flow = Generator[Call, Any, Any]
 
-OVERDUE: Any = object()
-"""The answer to a :class:`Heartbeat` that did not return before its timeout."""
+# The answer to a :class:`Heartbeat` that did not return before its timeout (the async
+# driver gives it too).
+OVERDUE: Any = _OVERDUE
 
 
 def correlation(correlation_id: str | None) -> str:
