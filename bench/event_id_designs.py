@@ -1,0 +1,136 @@
+"""Other ways to hold an event id to one audit row, measured against migration 0004's.
+
+Migration 0004 claims every audit row's event id from an AFTER INSERT statement trigger (a
+transition table) on the log and every partition. This compares, on one connection,
+interleaved round by round, with the cases of ``event_ids.py`` (heartbeat, a batched
+heartbeat of 100, and heartbeat without a commit flush), four schemas side by side:
+
+* ``v3``: migrated through version 3 only (the floor ``event_ids.py`` measures against);
+* ``v4``: fully migrated (the statement trigger);
+* ``fk``: fully migrated, the trigger dropped; instead the log (and so every partition)
+  has a FOREIGN KEY (event_id, seq, recorded_at) to the claims, which are UNIQUE on those
+  three columns as well as keyed by event id; the statement inserts the claim itself, from
+  the audit row's RETURNING, in a sibling data-modifying CTE (the key is checked at the
+  end of the statement, so the order of the two inserts does not matter). The key must
+  name recorded_at as well as seq: seq alone is not unique across partitions, and any role
+  that may insert may name it (OVERRIDING SYSTEM VALUE), so a second row could reuse the
+  first row's claim;
+* ``floor``: as ``fk`` but with no foreign key: the claim the library writes, with nothing
+  making other paths claim (what any guard costs on top of the claim itself).
+
+    python bench/event_id_designs.py [--rounds N] [--per-round N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+import _path  # noqa: F401  (the repository's own mos_lease, before anything imports it)
+import event_ids
+import psycopg
+from common import CorrectnessError, server, throwaway_database
+from measure import Series, interleave, throughput_ratio
+from pinning import pin
+
+from mos_lease_pg import migrate
+
+FK = "bench_fk"
+FLOOR = "bench_floor"
+# Where the audit CTE ends in guarded_write.sql and in renew_many.sql.
+_AFTER_AUDIT = (b"\n),\nnotified AS MATERIALIZED", b"\n)\nSELECT t.now")
+_CLAIM = (b"\n    RETURNING event_id, seq, recorded_at\n),\nclaimed AS (\n"
+          b"    INSERT INTO %s.connector_lease_event_ids (event_id, seq, recorded_at)\n"
+          b"    SELECT a.event_id, a.seq, a.recorded_at FROM audited AS a")
+
+
+def _claiming(schema: str) -> event_ids.Rewrite:
+    def rewrite(text: bytes) -> bytes:
+        for end in _AFTER_AUDIT:
+            if text.count(end) == 1 and b"INSERT INTO" in text:
+                return text.replace(end, _CLAIM % schema.encode() + end)
+        return text
+    return rewrite
+
+
+def _variant(dsn: str, schema: str, *, foreign_key: bool) -> None:
+    migrate(dsn, schema=schema, allow_second_copy=True)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        log = f"{schema}.connector_lease_audit_log"
+        parts = [row[0] for row in conn.execute(
+            b"SELECT i.inhrelid::regclass::text FROM pg_inherits AS i "
+            b"WHERE i.inhparent = %s::regclass", (log,)).fetchall()]
+        for table in [log, *parts]:
+            conn.execute(f"DROP TRIGGER connector_lease_audit_log_event_once ON {table}"
+                         .encode())
+        if foreign_key:
+            conn.execute(f"ALTER TABLE {schema}.connector_lease_event_ids ADD UNIQUE "
+                         f"(event_id, seq, recorded_at)".encode())
+            conn.execute(f"ALTER TABLE {log} ADD FOREIGN KEY (event_id, seq, recorded_at) "
+                         f"REFERENCES {schema}.connector_lease_event_ids "
+                         f"(event_id, seq, recorded_at)".encode())
+
+
+def run(dsn: str, *, rounds: int, per_round: int) -> dict[str, dict[str, Series]]:
+    event_ids._schemas(dsn)
+    _variant(dsn, FK, foreign_key=True)
+    _variant(dsn, FLOOR, foreign_key=False)
+    rewrites = {event_ids.OLD: event_ids._same, event_ids.NEW: event_ids._same,
+                FK: _claiming(FK), FLOOR: _claiming(FLOOR)}
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        pinning = pin(conn, cpu=None, enabled=True)
+        try:
+            single = {s: event_ids._leases(conn, s, "bench", 1, r)[0]
+                      for s, r in rewrites.items()}
+            many = {s: event_ids._leases(conn, s, "bench-many", event_ids.BATCH, r)
+                    for s, r in rewrites.items()}
+            cases = [event_ids._heartbeat(conn, s, single[s], r) for s, r in rewrites.items()]
+            measured = {"heartbeat": interleave(cases, rounds=rounds, per_round=per_round,
+                                                warmup=100)}
+            measured[f"heartbeat_many({event_ids.BATCH})"] = interleave(
+                [event_ids._batch(conn, s, many[s], r) for s, r in rewrites.items()],
+                rounds=rounds, per_round=4, warmup=1)
+            conn.execute(b"SET synchronous_commit = off")
+            measured["heartbeat, no flush"] = interleave(cases, rounds=rounds,
+                                                         per_round=per_round, warmup=100)
+        finally:
+            pinning.restore()
+        _check_claimed(conn)
+    return measured
+
+
+def _check_claimed(conn: psycopg.Connection[Any]) -> None:
+    # Every audit row of the variants was really claimed (else the comparison is void).
+    for schema in (FK, FLOOR):
+        rows, claims = conn.execute(
+            f"SELECT (SELECT count(*) FROM {schema}.connector_lease_audit_log), "
+            f"(SELECT count(*) FROM {schema}.connector_lease_event_ids)".encode()).fetchone() \
+            or (0, -1)
+        if rows != claims:
+            raise CorrectnessError(f"{schema}: {rows} audit rows, {claims} claims")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="bench/event_id_designs.py",
+                                     description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--per-round", type=int, default=150)
+    args = parser.parse_args(argv)
+    srv = server()
+    try:
+        with throwaway_database(srv, "mos_lease_bench_event_id_designs",
+                                migrated=False) as dsn:
+            measured = run(dsn, rounds=args.rounds, per_round=args.per_round)
+    finally:
+        srv.stop()
+    names = {event_ids.NEW: "trigger (0004)", FK: "foreign key", FLOOR: "no guard"}
+    for label, series in measured.items():
+        old = series[event_ids.OLD]
+        print(f"{label:<22} schema 3 {old.ops_per_s:>9,.0f}/s  " + "  ".join(
+            f"{name} {throughput_ratio(series[s], old):.3f}" for s, name in names.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
