@@ -70,10 +70,12 @@ class NoticeConfirmer:
 
     @property
     def rate(self) -> float:
+        """Confirming turns per second the bound lets start, across every key."""
         return self._gate.rate
 
     @property
     def burst(self) -> int:
+        """Turns that may start at once before the rate applies."""
         return self._gate.burst
 
     def stats(self) -> NoticeStats:
