@@ -286,7 +286,9 @@ def test_rows_of_months_around_an_existing_partition_are_adopted_each_on_its_own
             _append(conn, target.schema, event_id)
         # A statement naming a partition (the owner may) claims through its own trigger.
         named = uuid.uuid4()
-        conn.execute(sql.SQL("INSERT INTO {}.{} (seq, " + COLUMNS + ") VALUES (nextval("
+        # OVERRIDING SYSTEM VALUE: from PostgreSQL 17 a partition has the log's identity column.
+        conn.execute(sql.SQL("INSERT INTO {}.{} (seq, " + COLUMNS + ") OVERRIDING SYSTEM VALUE "
+                             "VALUES (nextval("
                              "pg_get_serial_sequence(%s, 'seq')), %s, 'acquire', 'denied', "
                              "'lease_held', 'owner', 'a', 'b', 'c', 1, 'corr', "
                              "%s::timestamptz + interval '2 hours')").format(
