@@ -1,11 +1,31 @@
-"""Clocks for the in-memory store, which is its own time authority: the wall clock of this
-process, or a manual one for tests, demos and simulations."""
+"""The library's clocks: the monotonic clock deadlines and in-flight times are measured on,
+and the wall clocks of the in-memory store, which is its own time authority (this process's
+clock, or a manual one for tests, demos and simulations)."""
 
 from __future__ import annotations
 
 import threading
+import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import Protocol
+from typing import Final, Protocol
+
+MonotonicClock = Callable[[], float]
+"""Seconds on a clock that never jumps: how long a store call was in flight is measured
+on it (and keepers keep their deadlines on it). Injectable, so tests can make a reply slow
+without sleeping."""
+
+
+def _boottime() -> float:
+    return time.clock_gettime(time.CLOCK_BOOTTIME)
+
+
+# ``CLOCK_MONOTONIC`` stops while a machine is suspended; a lease's expiry in the store does
+# not. ``CLOCK_BOOTTIME`` (Linux) counts suspended time, so time spent suspended counts as
+# time elapsed, whether a keeper's deadline or a reply in flight is being judged.
+default_clock: Final[MonotonicClock] = (
+    _boottime if hasattr(time, "CLOCK_BOOTTIME") else time.monotonic)
+"""Monotonic seconds that keep counting through suspend where the platform allows."""
 
 
 class Clock(Protocol):

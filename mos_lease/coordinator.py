@@ -19,6 +19,7 @@ from uuid import UUID
 
 import attrs
 
+from mos_lease.clock import MonotonicClock, default_clock
 from mos_lease.context import ConnectorExecutionContext
 from mos_lease.errors import (
     CommitOutcomeUnknown,
@@ -130,22 +131,6 @@ Flow = Generator[Op, Any, T]
 DEFAULT_MAX_CONFLICT_RETRIES = 8
 MAX_BATCH = 1000
 
-MonotonicClock = Callable[[], float]
-"""Seconds on a clock that never jumps: how long a store call was in flight is measured
-on it (and keepers keep their deadlines on it). Injectable, so tests can make a reply slow
-without sleeping."""
-
-
-def _boottime() -> float:
-    return time.clock_gettime(time.CLOCK_BOOTTIME)
-
-
-# ``CLOCK_MONOTONIC`` stops while a machine is suspended; a lease's expiry in the store does
-# not. ``CLOCK_BOOTTIME`` (Linux) counts suspended time, so time spent suspended counts as
-# time elapsed, whether a keeper's deadline or a reply in flight is being judged.
-default_clock: Final[MonotonicClock] = (
-    _boottime if hasattr(time, "CLOCK_BOOTTIME") else time.monotonic)
-"""Monotonic seconds that keep counting through suspend where the platform allows."""
 
 
 def _check_cap(name: str, value: object, hard_cap: timedelta) -> timedelta:
@@ -689,6 +674,12 @@ class _Coordinator(Generic[S]):
             return Drive(flow)
         return _ObservedDrive(flow, _Observation(self._emit, self._flows._monotonic,
                                                  self._system))
+
+    @property
+    def monotonic(self) -> MonotonicClock:
+        """The monotonic clock this coordinator measures in-flight time on; keepers and
+        holders built on it keep their deadlines on the same clock unless told otherwise."""
+        return self._flows._monotonic
 
     @property
     def live_grants(self) -> int:

@@ -31,7 +31,7 @@ import logging
 import threading
 from collections.abc import Callable, Hashable
 
-from mos_lease.coordinator import default_clock
+from mos_lease.clock import default_clock
 from mos_lease.errors import ConfigurationError
 from mos_lease.notice_gate import (
     DEFAULT_BURST,

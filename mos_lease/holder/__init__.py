@@ -44,10 +44,12 @@ from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import Any, TypedDict, Unpack, overload
 
+from mos_lease.clock import (
+    default_clock,  # CLOCK_BOOTTIME: a resumed process finds its deadline passed
+)
 from mos_lease.coordinator import (
     AsyncConnectorLeaseCoordinator,
     ConnectorLeaseCoordinator,
-    default_clock,
 )
 from mos_lease.errors import InvalidInput
 from mos_lease.events import EventHook

@@ -14,10 +14,12 @@ from datetime import timedelta
 from typing import Any, Generic, TypeVar
 
 from mos_lease.bounded import bounded
+from mos_lease.clock import (
+    default_clock,  # CLOCK_BOOTTIME: a resumed process finds its deadline passed
+)
 from mos_lease.coordinator import (
     AsyncConnectorLeaseCoordinator,
     ConnectorLeaseCoordinator,
-    default_clock,  # CLOCK_BOOTTIME: a resumed process finds its deadline already passed
 )
 from mos_lease.errors import ConfigurationError, InvalidInput, MosLeaseError
 from mos_lease.events import EventHook
