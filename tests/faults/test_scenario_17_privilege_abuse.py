@@ -33,7 +33,7 @@ from mos_lease.token import FencingToken
 from mos_lease_pg import ConnectionSettings, PostgresLeaseStore
 from mos_lease_pg.fencing import PostgresResourceGuard
 from tests.faults.support import Table
-from tests.test_pg_roles import Layout, role_layout
+from tests.pg.test_pg_roles import Layout, role_layout
 
 pytestmark = [pytest.mark.faults, pytest.mark.pg]
 

@@ -45,10 +45,10 @@ from mos_lease.testing import run_store_contract
 from mos_lease_pg import ConnectionSettings, PostgresLeaseStore
 from tests.faults.support import Table
 from tests.helpers import claim
+from tests.pg.test_pg_pgbouncer import busy
 from tests.pg_fixtures import PgSchema, PostgresHarness, StoreFactory
 from tests.pg_support import FaultProxy, unique_name
 from tests.pgbouncer import PgBouncer
-from tests.test_pg_pgbouncer import busy
 
 pytestmark = [pytest.mark.faults, pytest.mark.pg]
 

@@ -41,8 +41,8 @@ from mos_lease.cli import main as cli
 from mos_lease.errors import MosLeaseError
 from mos_lease_pg import archive as retention
 from tests.faults.support import Table
-from tests.test_pg_audit_partitions import _insert_old_rows
-from tests.test_pg_roles import Layout, role_layout
+from tests.pg.test_pg_audit_partitions import _insert_old_rows
+from tests.pg.test_pg_roles import Layout, role_layout
 
 pytestmark = [pytest.mark.faults, pytest.mark.pg]
 

@@ -1,0 +1,1 @@
+"""The OpenTelemetry hook (``mos_lease.otel``): needs the ``otel`` extra and the SDK."""
