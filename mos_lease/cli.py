@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from mos_lease import demo
 from mos_lease.version import installed_version
 
-# The commands mos_lease_pg.cli registers (its COMMANDS; tests/test_cli.py keeps the two
+# The commands mos_lease_pg.cli registers (its COMMANDS; tests/e2e/test_cli.py keeps the two
 # equal). Without the pg extra each still answers, with the install hint.
 PG_COMMANDS = ("setup", "roles", "migrate", "check", "status", "audit")
 PG_MISSING_EXIT = 2

@@ -212,7 +212,7 @@ def _fix_roles(facts: Facts) -> str:
 def _is_privilege_refusal(message: str) -> bool:
     # preflight raises one ConfigurationError at the first stage that fails, in a fixed
     # order: schema exists, role may use it, tables and version, then privileges. Its texts
-    # for the two privilege stages are these (tests/test_pg_check.py provokes each stage).
+    # for the two privilege stages are these (tests/pg/test_pg_check.py provokes each stage).
     return " lacks " in message or " may not use schema " in message
 
 

@@ -5,7 +5,7 @@ writing and exits 1 if the committed file differs).
 
 The encoder here is written from ``specs/token.md`` with ``struct``, ``base64`` and ``hmac``
 alone and does not import ``mos_lease``: the vectors are then a second, independent statement
-of the format, and ``tests/test_token_spec.py`` holds the library to them. Expected refusal
+of the format, and ``tests/core/test_token_spec.py`` holds the library to them. Expected refusal
 messages are written out by hand for the same reason. Everything is fixed (keys, UUIDs,
 times), so the output is the same on every run.
 """

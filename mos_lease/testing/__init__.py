@@ -11,7 +11,7 @@ A resource guard of your own is checked by :func:`run_guard_contract`.
 
 An asyncio store gives an :class:`AsyncStoreHarness` instead and runs the same two through
 :meth:`EventLoopThread.harness_factory`. Every shipped store passes both
-(``tests/test_conformance.py``, ``tests/test_conformance_async.py``). See
+(``tests/conformance/test_conformance.py``, ``tests/conformance/test_conformance_async.py``). See
 ``docs/writing-a-store.md``.
 """
 
