@@ -16,12 +16,6 @@ from tests.failover.cluster import ReplicatedPair
 from tests.failover.support import cluster_programs
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line(
-        "markers", "failover: a primary and a synchronous standby on real clusters, "
-        "killed and promoted (also marked pg)")
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     here = __file__.rsplit("/", 1)[0]
     for item in items:
