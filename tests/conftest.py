@@ -6,7 +6,8 @@ from collections.abc import Callable
 
 import pytest
 
-from mos_lease.testing import MemoryHarness, StoreHarness
+from mos_lease.testing import StoreHarness
+from mos_lease_memory import MemoryHarness
 from tests.pg_support import require_pg
 
 pytest_plugins = ["tests.pg_fixtures", "tests.pgbouncer"]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-PUBLIC = ("mos_lease", "mos_lease_pg", "mos_lease_memory", "mos_lease_memory.fencing",
+PUBLIC = ("mos_lease", "mos_lease_pg", "mos_lease_pg.admin", "mos_lease_memory",
           "mos_lease.testing")
 REFERENCE = Path(__file__).resolve().parents[1] / "docs" / "reference"
 

@@ -19,7 +19,7 @@ from mos_lease import (
     PolicyVerdict,
 )
 from mos_lease.clock import ManualClock
-from mos_lease.memory import InMemoryLeaseStore
+from mos_lease_memory import InMemoryLeaseStore
 from tests.helpers import IDENT, SCOPES, make_env
 
 

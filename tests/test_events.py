@@ -232,9 +232,9 @@ def test_a_failing_hook_is_logged_once_per_kind_and_never_breaks_an_operation(
 
 def test_on_event_must_be_callable() -> None:
     with pytest.raises(ConfigurationError, match="on_event"):
-        ConnectorLeaseCoordinator(on_event="print")
+        ConnectorLeaseCoordinator(InMemoryLeaseStore(), on_event="print")
     with pytest.raises(ConfigurationError, match="on_event"):
-        AsyncConnectorLeaseCoordinator(on_event=42)
+        AsyncConnectorLeaseCoordinator(AsyncInMemoryLeaseStore(), on_event=42)
     rig = make_rig()
     with pytest.raises(ConfigurationError, match="on_event"):
         rig.keeper(on_event=[])

@@ -29,6 +29,7 @@ from mos_lease import (
     Reason,
     StoreUnavailable,
 )
+from mos_lease.clock import ManualClock
 from mos_lease.keeper import (
     DEFAULT_CLOCK_STEP,
     AsyncLeaseKeeper,
@@ -49,7 +50,7 @@ from mos_lease.keeper import (
 from mos_lease.machine import Renew, Write
 from mos_lease.records import AuditEntry, Snapshot, WriteOutcome
 from mos_lease.results import GrantResult, LeaseResult
-from mos_lease_memory import AsyncInMemoryLeaseStore, InMemoryLeaseStore, ManualClock
+from mos_lease_memory import AsyncInMemoryLeaseStore, InMemoryLeaseStore
 
 IDENT = LeaseIdentity("acme", "agent-1", "binding-1")
 SCOPES = ("tool:run",)

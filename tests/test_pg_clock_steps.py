@@ -26,7 +26,7 @@ from mos_lease import (
     Outcome,
     Reason,
 )
-from mos_lease_pg.check import Status, run_check
+from mos_lease_pg.admin.check import Status, run_check
 from tests.pg_clock import ShiftedAsyncPostgresLeaseStore
 from tests.pg_fixtures import StoreFactory
 

@@ -31,7 +31,7 @@ from mos_lease import (
     Reason,
 )
 from mos_lease.keeper import KeeperTiming
-from mos_lease_pg.check import Status, run_check
+from mos_lease_pg.admin.check import Status, run_check
 from tests import tools
 from tests.failover.cluster import Node, ReplicatedPair
 from tests.failover.support import migrated, store

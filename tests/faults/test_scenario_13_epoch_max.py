@@ -30,8 +30,9 @@ from mos_lease import (
     LeaseIdentity,
     Reason,
 )
+from mos_lease.clock import ManualClock
 from mos_lease.records import LeaseRow
-from mos_lease_memory import InMemoryLeaseStore, ManualClock
+from mos_lease_memory import InMemoryLeaseStore
 from tests.faults.gateway import SCOPES, Gateway
 from tests.faults.history import Ident, Op, Status, check_history, read_records
 from tests.faults.support import (
