@@ -36,12 +36,12 @@ class InMemoryLeaseStore:
         self._event_ids: set[UUID] = set()
 
     def load(self, identity: LeaseIdentity) -> Snapshot:
-        """:meth:`mos_lease.LeaseStore.load` under the store's lock, at its clock's time."""
+        """:meth:`mos_lease.ports.LeaseStore.load` under the store's lock, at its clock's time."""
         with self._lock:
             return Snapshot(self._rows.get(identity), self.clock.now())
 
     def apply(self, write: Write, entry: AuditEntry) -> WriteOutcome:
-        """:meth:`mos_lease.LeaseStore.apply`: the reference semantics (``write_outcome``)
+        """:meth:`mos_lease.ports.LeaseStore.apply`: the reference semantics (``write_outcome``)
         under the store's lock, the row and its audit record together."""
         with self._lock:
             now = self.clock.now()
@@ -54,17 +54,18 @@ class InMemoryLeaseStore:
             return WriteOutcome(row, now)
 
     def renew_many(self, items: Sequence[tuple[Renew, AuditEntry]]) -> list[WriteOutcome]:
-        """:meth:`mos_lease.LeaseStore.renew_many`: each renewal as :meth:`apply`, in order."""
+        """:meth:`mos_lease.ports.LeaseStore.renew_many`: each renewal as :meth:`apply`, in
+        order."""
         return [self.apply(write, entry) for write, entry in items]
 
     def record(self, entry: AuditEntry) -> None:
-        """:meth:`mos_lease.LeaseStore.record`; an event id recorded twice raises
+        """:meth:`mos_lease.ports.LeaseStore.record`; an event id recorded twice raises
         ``ValueError``."""
         with self._lock:
             self._append(entry, self.clock.now())
 
     def event_committed(self, event_id: UUID) -> bool:
-        """:meth:`mos_lease.LeaseStore.event_committed`."""
+        """:meth:`mos_lease.ports.LeaseStore.event_committed`."""
         with self._lock:
             return event_id in self._event_ids
 

@@ -15,7 +15,6 @@ import pytest
 from mos_lease import (
     AllowAllPolicy,
     AsyncConnectorLeaseCoordinator,
-    AuditRecord,
     ConnectorExecutionContext,
     ConnectorLeaseCoordinator,
     ExecutionGrant,
@@ -29,7 +28,7 @@ from mos_lease import (
 )
 from mos_lease.clock import ManualClock
 from mos_lease.machine import Write
-from mos_lease.records import AuditEntry, Snapshot, WriteOutcome
+from mos_lease.records import AuditEntry, AuditRecord, Snapshot, WriteOutcome
 from mos_lease_memory import AsyncInMemoryLeaseStore, InMemoryLeaseStore
 from tests.helpers import IDENT, OTHER_IDENT, SCOPES, START, CountingIds, FaultyStore
 

@@ -11,10 +11,10 @@ from mos_lease import (
     ConnectorExecutionContext,
     ConnectorLeaseCoordinator,
     LeaseHandle,
-    LeaseState,
     Outcome,
     Reason,
 )
+from mos_lease.vocabulary import LeaseState
 from mos_lease_memory import InMemoryLeaseStore
 from tests.helpers import IDENT, OTHER_IDENT, SCOPES, CountingIds, expire, make_env, row_of
 

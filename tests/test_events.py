@@ -19,18 +19,21 @@ from mos_lease import (
     ConnectorLeaseCoordinator,
     InvalidInput,
     LeaseKeeper,
-    LifecycleEvent,
-    Lost,
-    OperationFinished,
     Outcome,
     Reason,
-    RenewalRetry,
-    Renewed,
-    StoreCall,
     StoreUnavailable,
     hold,
 )
-from mos_lease.events import Event, store_system
+from mos_lease.events import (
+    Event,
+    Lost,
+    OperationFinished,
+    RenewalRetry,
+    Renewed,
+    StoreCall,
+    store_system,
+)
+from mos_lease.vocabulary import LifecycleEvent
 from mos_lease_memory import AsyncInMemoryLeaseStore, InMemoryLeaseStore
 from mos_lease_pg import PostgresLeaseStore
 from tests.helpers import IDENT, OTHER_IDENT, SCOPES, CountingIds, Env, FaultyStore, make_env

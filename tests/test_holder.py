@@ -25,14 +25,11 @@ from mos_lease import (
     ConfigurationError,
     ConnectorLeaseCoordinator,
     ConnectorLeaseService,
-    HolderView,
     InvalidInput,
     LeaseIdentity,
     LeaseLoss,
     LeaseLost,
     LeaseNotAcquired,
-    LeaseState,
-    LifecycleEvent,
     LossCause,
     Outcome,
     Reason,
@@ -54,6 +51,8 @@ from mos_lease.holder import (
 )
 from mos_lease.keeper import KeeperTiming
 from mos_lease.records import AuditRecord
+from mos_lease.results import HolderView
+from mos_lease.vocabulary import LeaseState, LifecycleEvent
 from mos_lease_memory import AsyncInMemoryLeaseStore, InMemoryLeaseStore
 from tests.test_keeper import AsyncFaulty, FakeTime, Faulty
 

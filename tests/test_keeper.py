@@ -24,7 +24,6 @@ from mos_lease import (
     InvalidInput,
     LeaseHandle,
     LeaseIdentity,
-    LifecycleEvent,
     Outcome,
     Reason,
     StoreUnavailable,
@@ -50,6 +49,7 @@ from mos_lease.keeper import (
 from mos_lease.machine import Renew, Write
 from mos_lease.records import AuditEntry, Snapshot, WriteOutcome
 from mos_lease.results import GrantResult, LeaseResult
+from mos_lease.vocabulary import LifecycleEvent
 from mos_lease_memory import AsyncInMemoryLeaseStore, InMemoryLeaseStore
 
 IDENT = LeaseIdentity("acme", "agent-1", "binding-1")

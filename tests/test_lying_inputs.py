@@ -14,7 +14,6 @@ import attrs
 import pytest
 
 from mos_lease import (
-    LEASE_TTL_CAP,
     AllowAllPolicy,
     ConnectorLeaseCoordinator,
     InvalidInput,
@@ -26,7 +25,7 @@ from mos_lease import (
     Reason,
 )
 from mos_lease.coordinator import _check_handle
-from mos_lease.identity import MAX_SCOPES, normalize_scopes, normalize_ttl
+from mos_lease.identity import LEASE_TTL_CAP, MAX_SCOPES, normalize_scopes, normalize_ttl
 from mos_lease.machine import ALLOW
 from mos_lease_memory import InMemoryLeaseStore
 

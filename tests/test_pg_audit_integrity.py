@@ -17,7 +17,8 @@ import psycopg
 import pytest
 from psycopg import errors, sql
 
-from mos_lease import CommitOutcomeUnknown, InternalInconsistency, LeaseIdentity
+from mos_lease import CommitOutcomeUnknown, LeaseIdentity
+from mos_lease.errors import InternalInconsistency
 from mos_lease.machine import Close, Insert, Renew, Rotate
 from mos_lease.records import AuditEntry, LeaseRow
 from mos_lease_pg import PostgresLeaseStore

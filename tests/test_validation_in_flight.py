@@ -24,12 +24,12 @@ from mos_lease import (
     ConnectorExecutionContext,
     ConnectorLeaseCoordinator,
     LeaseIdentity,
-    LifecycleEvent,
     Outcome,
     Reason,
 )
 from mos_lease.clock import ManualClock
 from mos_lease.records import Snapshot
+from mos_lease.vocabulary import LifecycleEvent
 from mos_lease_memory import AsyncInMemoryLeaseStore, InMemoryLeaseStore
 from tests.helpers import CountingIds
 

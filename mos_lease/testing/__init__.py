@@ -5,7 +5,7 @@ plus a way to move its time authority forward) and run:
 
 * :func:`make_lease_machine` — the stateful specification; in a test module write
   ``TestMyStore = make_lease_machine(my_factory).TestCase``;
-* :func:`run_store_contract` — the write-guard contract of :class:`~mos_lease.LeaseStore`.
+* :func:`run_store_contract` — the write-guard contract of :class:`~mos_lease.ports.LeaseStore`.
 
 A resource guard of your own is checked by :func:`run_guard_contract`.
 

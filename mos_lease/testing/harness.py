@@ -16,15 +16,15 @@ class InspectableStore(LeaseStore, LeaseInspector, Protocol):
 
 
 class AsyncLeaseInspector(Protocol):
-    """The asyncio twin of :class:`~mos_lease.LeaseInspector`: the reads the kit checks
+    """The asyncio twin of :class:`~mos_lease.ports.LeaseInspector`: the reads the kit checks
     audit rows with."""
 
     async def leases(self, tenant_id: str | None = None) -> Sequence[LeaseRow]:
-        """As :meth:`mos_lease.LeaseInspector.leases`."""
+        """As :meth:`mos_lease.ports.LeaseInspector.leases`."""
 
     async def audit(self, identity: LeaseIdentity | None = None, *, after_seq: int = 0,
                     limit: int = 1000) -> Sequence[AuditRecord]:
-        """As :meth:`mos_lease.LeaseInspector.audit`."""
+        """As :meth:`mos_lease.ports.LeaseInspector.audit`."""
 
 
 class AsyncInspectableStore(AsyncLeaseStore, AsyncLeaseInspector, Protocol):

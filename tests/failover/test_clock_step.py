@@ -22,15 +22,9 @@ from datetime import timedelta
 
 import pytest
 
-from mos_lease import (
-    AllowAllPolicy,
-    ConnectorLeaseCoordinator,
-    LeaseIdentity,
-    LeaseState,
-    Outcome,
-    Reason,
-)
+from mos_lease import AllowAllPolicy, ConnectorLeaseCoordinator, LeaseIdentity, Outcome, Reason
 from mos_lease.keeper import KeeperTiming
+from mos_lease.vocabulary import LeaseState
 from mos_lease_pg.admin.check import Status, run_check
 from tests import tools
 from tests.failover.cluster import Node, ReplicatedPair

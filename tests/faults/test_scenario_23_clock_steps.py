@@ -39,13 +39,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from mos_lease import (
-    ConnectorLeaseCoordinator,
-    LeaseHandle,
-    LeaseIdentity,
-    LeaseState,
-    Reason,
-)
+from mos_lease import ConnectorLeaseCoordinator, LeaseHandle, LeaseIdentity, Reason
+from mos_lease.vocabulary import LeaseState
 from mos_lease_pg import ConnectionSettings, PostgresLeaseStore
 from mos_lease_pg.admin import migrate
 from tests.faults.gateway import SCOPES, no_preempt_policy
