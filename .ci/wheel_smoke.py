@@ -15,8 +15,8 @@ from pathlib import Path
 from uuid import UUID
 
 import mos_lease
-from mos_lease.memory import InMemoryLeaseStore
-from mos_lease.testing import MemoryHarness, run_store_contract
+from mos_lease.testing import run_store_contract
+from mos_lease_memory import InMemoryLeaseStore, MemoryHarness
 
 
 class ClaimsEveryEvent(MemoryHarness):

@@ -26,7 +26,7 @@ from measure import Case, Series, interleave, throughput_ratio
 
 from mos_lease import AllowAllPolicy, ConnectorLeaseCoordinator, LeaseIdentity
 from mos_lease_pg import PostgresLeaseStore
-from mos_lease_pg import archive as retention
+from mos_lease_pg.admin import archive as retention
 from tests.pg_support import PgServer
 
 CONNECTORS = 10_000

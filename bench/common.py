@@ -17,7 +17,8 @@ from mos_lease import LeaseIdentity
 from mos_lease.machine import Write
 from mos_lease.records import AuditEntry
 from mos_lease.vocabulary import LifecycleEvent, Outcome
-from mos_lease_pg import PostgresLeaseStore, migrate, statements
+from mos_lease_pg import PostgresLeaseStore, statements
+from mos_lease_pg.admin import migrate
 from mos_lease_pg.wire import Wire
 from tests.pg_support import (
     PgServer,

@@ -34,7 +34,7 @@ from common import CorrectnessError, server, throwaway_database
 from measure import Series, interleave, throughput_ratio
 from pinning import pin
 
-from mos_lease_pg import migrate
+from mos_lease_pg.admin import migrate
 
 FK = "bench_fk"
 FLOOR = "bench_floor"

@@ -32,8 +32,9 @@ from pinning import pin
 from mos_lease import LeaseIdentity
 from mos_lease.machine import Insert, Renew
 from mos_lease.vocabulary import LifecycleEvent, Outcome
-from mos_lease_pg import migrate, statements
-from mos_lease_pg import migrations as migrations_module
+from mos_lease_pg import statements
+from mos_lease_pg.admin import migrate
+from mos_lease_pg.admin import migrations as migrations_module
 
 OLD = "bench_v3"
 NEW = "bench_v4"

@@ -28,7 +28,8 @@ from mos_lease import (
     LeaseHandle,
     LeaseIdentity,
 )
-from mos_lease_pg import ConnectionSettings, PostgresLeaseStore, migrate
+from mos_lease_pg import ConnectionSettings, PostgresLeaseStore
+from mos_lease_pg.admin import migrate
 
 SAMPLE = 256
 TENANT = "scale"

@@ -39,7 +39,8 @@ from psycopg import sql
 from mos_lease import LeaseIdentity
 from mos_lease.machine import Insert, Renew
 from mos_lease.vocabulary import LifecycleEvent, Outcome
-from mos_lease_pg import PostgresLeaseStore, migrate, statements
+from mos_lease_pg import PostgresLeaseStore, statements
+from mos_lease_pg.admin import migrate
 from mos_lease_pg.statements import DEFAULT_SCHEMA, Template
 
 GUARD_LINE = "      AND l.updated_at <= t.now\n"

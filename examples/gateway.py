@@ -66,9 +66,9 @@ from mos_lease.adapter import run_adapter_async
 from mos_lease.fencing import FencedEffectRefused, GuardDecision
 from mos_lease.token import format_token, parse_token
 from mos_lease_pg import AsyncPostgresLeaseStore
+from mos_lease_pg.admin.roles import DEFAULT_GATEWAY_ROLE
 from mos_lease_pg.effects import fenced_transaction_async
 from mos_lease_pg.fencing import AsyncPostgresResourceGuard
-from mos_lease_pg.roles import DEFAULT_GATEWAY_ROLE
 
 SCOPES = ("ledger:write",)
 # The example's own tables, beside (not inside) the mos-lease schema. ``setup`` creates them

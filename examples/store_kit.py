@@ -21,6 +21,7 @@ from pathlib import Path
 from uuid import UUID
 
 from mos_lease import LeaseIdentity
+from mos_lease.clock import ManualClock
 from mos_lease.fencing import (
     NO_GRACE,
     GuardDecision,
@@ -33,7 +34,6 @@ from mos_lease.fencing import (
 from mos_lease.machine import Renew, Write, write_outcome
 from mos_lease.records import AuditEntry, AuditRecord, LeaseRow, Snapshot, WriteOutcome
 from mos_lease.token import FencingToken
-from mos_lease_memory import ManualClock
 
 # --- a lease store ------------------------------------------------------------------------
 

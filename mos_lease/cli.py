@@ -1,45 +1,43 @@
-"""The ``mos-lease`` command: the demo, and the PostgreSQL operations when installed."""
+"""The ``mos-lease`` command. Its subcommands come from the adapters installed beside the
+core, which the core does not import: each adapter registers one entry point per command in
+the group ``mos_lease.cli`` (its ``pyproject.toml``), named as the command, whose object adds
+that command to the parser (:data:`AddCommand`). ``mos_lease_memory`` adds ``demo``;
+``mos_lease_pg`` adds the PostgreSQL commands.
+
+An adapter whose extra is not installed raises :class:`~mos_lease.errors.MissingExtra` at
+import; its commands are then still listed, and each answers with the message saying what to
+install. Any other failure to load an adapter is a fault of that adapter and is raised as one.
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from importlib.metadata import entry_points
+from typing import Any, TypeAlias
 
-from mos_lease import demo
+from mos_lease.errors import MissingExtra
 from mos_lease.version import installed_version
 
-# The commands mos_lease_pg.cli registers (its COMMANDS; tests/e2e/test_cli.py keeps the two
-# equal). Without the pg extra each still answers, with the install hint.
-PG_COMMANDS = ("setup", "roles", "migrate", "check", "status", "audit")
-PG_MISSING_EXIT = 2
-# The modules the pg extra installs. Only their absence means "PostgreSQL support is not
-# installed", and psycopg without a libpq that it can load means "install one"; any other
-# ImportError from mos_lease_pg is a fault and must be seen as one.
-PG_EXTRA_MODULES = frozenset({"psycopg", "psycopg_pool"})
+GROUP = "mos_lease.cli"
+MISSING_EXTRA_EXIT = 2
+
+Commands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+AddCommand: TypeAlias = Callable[[Commands], Any]
+"""What an entry point of the group names: adds its command (a subparser whose defaults set
+``func``, called with the parsed arguments and returning the exit status)."""
 
 
-def _pg_unavailable() -> str | None:
-    """Why the PostgreSQL commands cannot load, or ``None`` when they can."""
-    try:
-        import psycopg  # noqa: F401
-        import psycopg_pool  # noqa: F401
-    except ModuleNotFoundError as missing:
-        if missing.name not in PG_EXTRA_MODULES:
-            raise
-        return f"PostgreSQL support is not installed ({missing}); pip install 'mos-lease[pg]'"
-    except ImportError as no_libpq:
-        # psycopg is installed but found no libpq to call: the pg extra leaves the choice of
-        # the system's libpq or psycopg's own binary build to the application.
-        first = str(no_libpq).splitlines()[0]
-        return (f"psycopg cannot load libpq ({first}); install libpq (Debian: apt-get install "
-                "libpq5) or pip install 'mos-lease[binary]'")
-    return None
+def _stand_in(commands: Commands, name: str, reason: str) -> None:
+    # Without options of its own: any arguments at all (``--dsn x --json``, ``--help``)
+    # reach the install hint instead of an argparse error about them.
+    def hint(_args: argparse.Namespace) -> int:
+        print(reason, file=sys.stderr)
+        return MISSING_EXTRA_EXIT
 
-
-def _hint(reason: str) -> int:
-    print(reason, file=sys.stderr)
-    return PG_MISSING_EXIT
+    stub = commands.add_parser(name, help="(needs an extra: see its message)", add_help=False)
+    stub.set_defaults(func=hint, takes_any_arguments=True)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -47,20 +45,13 @@ def _parser() -> argparse.ArgumentParser:
         prog="mos-lease", description="Fenced connector leases for logical agents.")
     parser.add_argument("--version", action="version", version=f"mos-lease {installed_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
-    demo_parser = commands.add_parser("demo", help="scripted failover on the in-memory store")
-    demo_parser.set_defaults(func=lambda _args: demo.run())
-    reason = _pg_unavailable()
-    if reason is not None:
-        # Stand-ins without their own options: any arguments at all (``--dsn x --json``,
-        # ``--help``) reach the install hint instead of an argparse error about them.
-        for name in PG_COMMANDS:
-            stub = commands.add_parser(name, help="(needs mos-lease[pg])", add_help=False)
-            stub.set_defaults(func=lambda _args: _hint(reason), takes_any_arguments=True)
-    else:
-        # Any ImportError from here on is a fault of mos_lease_pg, and must be seen as one.
-        from mos_lease_pg.cli import register
-
-        register(commands)
+    for point in sorted(entry_points(group=GROUP), key=lambda point: point.name):
+        try:
+            add: AddCommand = point.load()
+        except MissingExtra as missing:
+            _stand_in(commands, point.name, str(missing))
+            continue
+        add(commands)
     return parser
 
 

@@ -17,6 +17,7 @@ without sleeping."""
 
 
 def _boottime() -> float:
+    """Seconds on ``CLOCK_BOOTTIME``: monotonic, and counting while the machine sleeps."""
     return time.clock_gettime(time.CLOCK_BOOTTIME)
 
 
@@ -31,7 +32,9 @@ default_clock: Final[MonotonicClock] = (
 class Clock(Protocol):
     """What the in-memory store reads its time from."""
 
-    def now(self) -> datetime: ...
+    def now(self) -> datetime:
+        """The store's current time, timezone-aware."""
+        ...
 
 
 class SystemClock:

@@ -699,19 +699,16 @@ class _Coordinator(Generic[S]):
 class ConnectorLeaseCoordinator(_Coordinator[LeaseStore]):
     """Synchronous coordinator. One instance per gateway process.
 
-    ``store`` defaults to a fresh in-memory store; ``policy`` defaults to deny-all. The TTL
-    caps (5 minutes for leases, 30 seconds for grants) may only be lowered. Other keyword
+    ``store`` is the lease store (``mos_lease_memory.InMemoryLeaseStore`` in one process,
+    ``mos_lease_pg.PostgresLeaseStore`` across processes); ``policy`` defaults to deny-all.
+    The TTL caps (5 minutes for leases, 30 seconds for grants) may only be lowered. Other keyword
     options are those of :class:`AsyncConnectorLeaseCoordinator`. ``on_event`` (default
     ``None``) is called with a :mod:`mos_lease.events` event for every store call and every
     finished lifecycle attempt or validation (``docs/telemetry.md``).
     """
 
-    def __init__(self, store: LeaseStore | None = None,
+    def __init__(self, store: LeaseStore,
                  policy: ConnectorLeaseService | None = None, **options: Any) -> None:
-        if store is None:
-            from mos_lease.memory import InMemoryLeaseStore  # the embedded default
-
-            store = InMemoryLeaseStore()
         super().__init__(store, policy, **options)
 
     def _run(self, flow: Flow[T]) -> T:
@@ -800,12 +797,8 @@ class ConnectorLeaseCoordinator(_Coordinator[LeaseStore]):
 class AsyncConnectorLeaseCoordinator(_Coordinator[AsyncLeaseStore]):
     """The asyncio coordinator: the same flows, driven against an :class:`AsyncLeaseStore`."""
 
-    def __init__(self, store: AsyncLeaseStore | None = None,
+    def __init__(self, store: AsyncLeaseStore,
                  policy: ConnectorLeaseService | None = None, **options: Any) -> None:
-        if store is None:
-            from mos_lease.memory import AsyncInMemoryLeaseStore
-
-            store = AsyncInMemoryLeaseStore()
         super().__init__(store, policy, **options)
 
     async def _run(self, flow: Flow[T]) -> T:

@@ -55,3 +55,8 @@ class GrantNotTransferable(MosLeaseError, TypeError):
 
 class InternalInconsistency(MosLeaseError):
     """The store and the pure decision core disagree; a bug in a store adapter."""
+
+
+class MissingExtra(MosLeaseError, ImportError):
+    """Raised by an adapter package at import when a dependency its extra installs is absent
+    or unusable (``mos_lease_pg`` without psycopg); the message says what to install."""

@@ -1,8 +1,21 @@
-"""In-memory adapter: the resource guard (``mos_lease_memory.fencing``), and the in-memory
-store and its clocks under their former names (they live in ``mos_lease.memory`` and
-``mos_lease.clock``, so that the core imports no sibling package)."""
+"""In-memory adapter: the lease store and resource guard of one process, their conformance
+harnesses and the ``mos-lease demo`` command. The clocks the store reads its time from are
+the core's (:mod:`mos_lease.clock`)."""
 
-from mos_lease.clock import ManualClock, SystemClock
-from mos_lease.memory import AsyncInMemoryLeaseStore, InMemoryLeaseStore
+from mos_lease_memory.fencing import AsyncInMemoryResourceGuard, InMemoryResourceGuard
+from mos_lease_memory.harness import (
+    AsyncMemoryHarness,
+    InspectableAsyncMemoryStore,
+    MemoryHarness,
+)
+from mos_lease_memory.store import AsyncInMemoryLeaseStore, InMemoryLeaseStore
 
-__all__ = ["AsyncInMemoryLeaseStore", "InMemoryLeaseStore", "ManualClock", "SystemClock"]
+__all__ = [
+    "AsyncInMemoryLeaseStore",
+    "AsyncInMemoryResourceGuard",
+    "AsyncMemoryHarness",
+    "InMemoryLeaseStore",
+    "InMemoryResourceGuard",
+    "InspectableAsyncMemoryStore",
+    "MemoryHarness",
+]

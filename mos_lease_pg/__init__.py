@@ -1,22 +1,19 @@
 """PostgreSQL adapter for mos-lease: the production store, sync and asyncio.
 
 Several gateway processes on several hosts share one database; every lease write is one
-guarded statement judged by the database clock. See ``mos_lease_pg/README.md``.
+guarded statement judged by the database clock. This package holds what a gateway imports at
+run time; setting a database up and looking after it (migrations, roles, checks, the audit
+archive and the ``mos-lease`` commands) is :mod:`mos_lease_pg.admin`, which importing this
+package does not load. See ``mos_lease_pg/README.md``.
 """
 
+# First: without the pg extra, say what to install before any module needs psycopg.
+from mos_lease_pg import extra  # noqa: F401
+
+# isort: split
 from mos_lease_pg.connection import ConnectionSettings, connect_kwargs, make_pool, open_async_pool
-from mos_lease_pg.migrations import (
-    Migration,
-    MigrationError,
-    SecondCopyRefused,
-    applied_versions,
-    available_migrations,
-    migrate,
-)
 from mos_lease_pg.notices import LeaseNotices
 from mos_lease_pg.preflight import SchemaCheck
-from mos_lease_pg.roles import apply_roles, role_script
-from mos_lease_pg.schema import describe_schema
 from mos_lease_pg.statements import DEFAULT_SCHEMA
 from mos_lease_pg.store import AsyncPostgresLeaseStore, PostgresLeaseStore
 
@@ -25,18 +22,9 @@ __all__ = [
     "AsyncPostgresLeaseStore",
     "ConnectionSettings",
     "LeaseNotices",
-    "Migration",
-    "MigrationError",
     "PostgresLeaseStore",
     "SchemaCheck",
-    "SecondCopyRefused",
-    "applied_versions",
-    "apply_roles",
-    "available_migrations",
     "connect_kwargs",
-    "describe_schema",
     "make_pool",
-    "migrate",
     "open_async_pool",
-    "role_script",
 ]

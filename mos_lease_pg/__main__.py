@@ -3,6 +3,6 @@ on their own."""
 
 import sys
 
-from mos_lease_pg.cli import main
+from mos_lease_pg.admin.cli import main
 
 sys.exit(main())

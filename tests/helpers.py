@@ -16,7 +16,6 @@ import attrs
 
 from mos_lease import (
     AllowAllPolicy,
-    AuditRecord,
     CommitOutcomeUnknown,
     ConnectorLeaseCoordinator,
     ConnectorLeaseService,
@@ -24,13 +23,12 @@ from mos_lease import (
     LeaseHandle,
     LeaseIdentity,
     LeaseResult,
-    LeaseRow,
     StoreUnavailable,
 )
 from mos_lease.clock import ManualClock
 from mos_lease.machine import Renew, Write
-from mos_lease.memory import InMemoryLeaseStore
-from mos_lease.records import AuditEntry, Snapshot, WriteOutcome
+from mos_lease.records import AuditEntry, AuditRecord, LeaseRow, Snapshot, WriteOutcome
+from mos_lease_memory import InMemoryLeaseStore
 
 START = datetime(2030, 1, 1, tzinfo=UTC)
 IDENT = LeaseIdentity("acme", "agent-1", "binding-1")

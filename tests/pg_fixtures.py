@@ -42,8 +42,9 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from mos_lease_pg import ConnectionSettings, migrate
-from mos_lease_pg.roles import DEFAULT_GATEWAY_ROLE, DEFAULT_OWNER_ROLE, set_up
+from mos_lease_pg import ConnectionSettings
+from mos_lease_pg.admin import migrate
+from mos_lease_pg.admin.roles import DEFAULT_GATEWAY_ROLE, DEFAULT_OWNER_ROLE, set_up
 from mos_lease_pg.statements import DEFAULT_SCHEMA
 from tests.pg_clock import ShiftedPostgresLeaseStore
 from tests.pg_support import (

@@ -5,14 +5,16 @@ plus a way to move its time authority forward) and run:
 
 * :func:`make_lease_machine` — the stateful specification; in a test module write
   ``TestMyStore = make_lease_machine(my_factory).TestCase``;
-* :func:`run_store_contract` — the write-guard contract of :class:`~mos_lease.LeaseStore`.
+* :func:`run_store_contract` — the write-guard contract of :class:`~mos_lease.ports.LeaseStore`.
 
 A resource guard of your own is checked by :func:`run_guard_contract`.
 
 An asyncio store gives an :class:`AsyncStoreHarness` instead and runs the same two through
 :meth:`EventLoopThread.harness_factory`. Every shipped store passes both
-(``tests/conformance/test_conformance.py``, ``tests/conformance/test_conformance_async.py``). See
-``docs/writing-a-store.md``.
+(``tests/conformance/test_conformance.py``,
+``tests/conformance/test_conformance_async.py``); the in-memory
+store's harnesses are ``mos_lease_memory.MemoryHarness`` and
+``mos_lease_memory.AsyncMemoryHarness``. See ``docs/writing-a-store.md``.
 """
 
 from mos_lease.testing.contract import run_store_contract
@@ -21,11 +23,8 @@ from mos_lease.testing.guard_contract import GuardFactory, run_guard_contract
 from mos_lease.testing.harness import (
     AsyncInspectableStore,
     AsyncLeaseInspector,
-    AsyncMemoryHarness,
     AsyncStoreHarness,
-    InspectableAsyncMemoryStore,
     InspectableStore,
-    MemoryHarness,
     StoreHarness,
 )
 from mos_lease.testing.oracle import Oracle
@@ -34,13 +33,10 @@ from mos_lease.testing.stateful import make_lease_machine
 __all__ = [
     "AsyncInspectableStore",
     "AsyncLeaseInspector",
-    "AsyncMemoryHarness",
     "AsyncStoreHarness",
     "EventLoopThread",
     "GuardFactory",
-    "InspectableAsyncMemoryStore",
     "InspectableStore",
-    "MemoryHarness",
     "Oracle",
     "StoreHarness",
     "make_lease_machine",

@@ -1,4 +1,4 @@
-"""The write-guard contract every :class:`~mos_lease.LeaseStore` must meet.
+"""The write-guard contract every :class:`~mos_lease.ports.LeaseStore` must meet.
 
 Each guarded write is applied to the store and compared with the reference semantics,
 :func:`mos_lease.machine.write_outcome`, evaluated on the row read just before and at the

@@ -6,9 +6,7 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Protocol
 
-from mos_lease.clock import ManualClock
 from mos_lease.identity import LeaseIdentity
-from mos_lease.memory import AsyncInMemoryLeaseStore, InMemoryLeaseStore
 from mos_lease.ports import AsyncLeaseStore, LeaseInspector, LeaseStore
 from mos_lease.records import AuditRecord, LeaseRow
 
@@ -18,15 +16,15 @@ class InspectableStore(LeaseStore, LeaseInspector, Protocol):
 
 
 class AsyncLeaseInspector(Protocol):
-    """The asyncio twin of :class:`~mos_lease.LeaseInspector`: the reads the kit checks
+    """The asyncio twin of :class:`~mos_lease.ports.LeaseInspector`: the reads the kit checks
     audit rows with."""
 
     async def leases(self, tenant_id: str | None = None) -> Sequence[LeaseRow]:
-        """As :meth:`mos_lease.LeaseInspector.leases`."""
+        """As :meth:`mos_lease.ports.LeaseInspector.leases`."""
 
     async def audit(self, identity: LeaseIdentity | None = None, *, after_seq: int = 0,
                     limit: int = 1000) -> Sequence[AuditRecord]:
-        """As :meth:`mos_lease.LeaseInspector.audit`."""
+        """As :meth:`mos_lease.ports.LeaseInspector.audit`."""
 
 
 class AsyncInspectableStore(AsyncLeaseStore, AsyncLeaseInspector, Protocol):
@@ -59,51 +57,3 @@ class AsyncStoreHarness(Protocol):
 
     async def advance(self, by: timedelta) -> None:
         """Move the store's time authority forward by exactly ``by``."""
-
-
-class MemoryHarness:
-    """The in-memory store on a manual clock."""
-
-    def __init__(self) -> None:
-        self.clock = ManualClock()
-        self._store = InMemoryLeaseStore(self.clock)
-
-    @property
-    def store(self) -> InMemoryLeaseStore:
-        """The in-memory store on this harness's manual clock."""
-        return self._store
-
-    def advance(self, by: timedelta) -> None:
-        """Advance the manual clock by ``by``."""
-        self.clock.advance(by)
-
-
-class InspectableAsyncMemoryStore(AsyncInMemoryLeaseStore):
-    """:class:`~mos_lease_memory.AsyncInMemoryLeaseStore` with asyncio inspection reads
-    (the store's writes and loads are its own, unchanged)."""
-
-    async def leases(self, tenant_id: str | None = None) -> Sequence[LeaseRow]:
-        """As :meth:`mos_lease_memory.InMemoryLeaseStore.leases`."""
-        return self.sync.leases(tenant_id)
-
-    async def audit(self, identity: LeaseIdentity | None = None, *, after_seq: int = 0,
-                    limit: int = 1000) -> Sequence[AuditRecord]:
-        """As :meth:`mos_lease_memory.InMemoryLeaseStore.audit`."""
-        return self.sync.audit(identity, after_seq=after_seq, limit=limit)
-
-
-class AsyncMemoryHarness:
-    """The asyncio in-memory store on a manual clock."""
-
-    def __init__(self) -> None:
-        self.clock = ManualClock()
-        self._store = InspectableAsyncMemoryStore(InMemoryLeaseStore(self.clock))
-
-    @property
-    def store(self) -> InspectableAsyncMemoryStore:
-        """The asyncio in-memory store on this harness's manual clock."""
-        return self._store
-
-    async def advance(self, by: timedelta) -> None:
-        """Advance the manual clock by ``by``."""
-        self.clock.advance(by)

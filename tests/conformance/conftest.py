@@ -7,7 +7,8 @@ from collections.abc import Callable
 
 import pytest
 
-from mos_lease.testing import MemoryHarness, StoreHarness
+from mos_lease.testing import StoreHarness
+from mos_lease_memory import MemoryHarness
 
 HarnessFactory = Callable[[], StoreHarness]
 

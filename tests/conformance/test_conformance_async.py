@@ -21,13 +21,13 @@ from mos_lease import StoreUnavailable
 from mos_lease.machine import Renew, Rotate, Write, write_outcome
 from mos_lease.records import LeaseRow
 from mos_lease.testing import (
-    AsyncMemoryHarness,
     AsyncStoreHarness,
     EventLoopThread,
     StoreHarness,
     make_lease_machine,
     run_store_contract,
 )
+from mos_lease_memory import AsyncMemoryHarness
 from mos_lease_pg import ConnectionSettings
 from tests.pg_clock import ShiftedAsyncPostgresLeaseStore
 from tests.pg_fixtures import PgSchema

@@ -31,9 +31,10 @@ from mos_lease import (
     StaticConnectorPolicy,
     ValidationResult,
 )
+from mos_lease.clock import ManualClock
 from mos_lease.grants import ExecutionGrant
 from mos_lease.records import LeaseHandle, LeaseRow
-from mos_lease_memory import InMemoryLeaseStore, ManualClock
+from mos_lease_memory import InMemoryLeaseStore
 from mos_lease_pg import PostgresLeaseStore
 from tests.pg_clock import ShiftedPostgresLeaseStore
 from tests.pg_support import CountingIds

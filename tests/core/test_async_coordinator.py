@@ -15,7 +15,6 @@ import pytest
 from mos_lease import (
     AllowAllPolicy,
     AsyncConnectorLeaseCoordinator,
-    AuditRecord,
     ConnectorExecutionContext,
     ConnectorLeaseCoordinator,
     ExecutionGrant,
@@ -27,9 +26,10 @@ from mos_lease import (
     Reason,
     StoreUnavailable,
 )
+from mos_lease.clock import ManualClock
 from mos_lease.machine import Write
-from mos_lease.records import AuditEntry, Snapshot, WriteOutcome
-from mos_lease_memory import AsyncInMemoryLeaseStore, InMemoryLeaseStore, ManualClock
+from mos_lease.records import AuditEntry, AuditRecord, Snapshot, WriteOutcome
+from mos_lease_memory import AsyncInMemoryLeaseStore, InMemoryLeaseStore
 from tests.helpers import IDENT, OTHER_IDENT, SCOPES, START, CountingIds, FaultyStore
 
 
@@ -119,9 +119,9 @@ def test_denials() -> None:
     _run(main())
 
 
-def test_default_async_coordinator_denies_everything() -> None:
+def test_default_async_policy_denies_everything() -> None:
     async def main() -> None:
-        c = AsyncConnectorLeaseCoordinator()
+        c = AsyncConnectorLeaseCoordinator(AsyncInMemoryLeaseStore())
         result = await c.acquire(IDENT, "conn-a", scopes=SCOPES, ttl=10)
         assert result.reason is Reason.POLICY_DENIED
         assert isinstance(c.store, AsyncInMemoryLeaseStore)

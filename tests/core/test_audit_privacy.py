@@ -13,18 +13,18 @@ import pytest
 
 from mos_lease import (
     AllowAllPolicy,
-    AuditEntry,
     ConnectorExecutionContext,
     ConnectorLeaseCoordinator,
     InvalidInput,
     LeaseHandle,
-    LifecycleEvent,
     Outcome,
     PolicyRequest,
     PolicyVerdict,
     Reason,
     StaticConnectorPolicy,
 )
+from mos_lease.records import AuditEntry
+from mos_lease.vocabulary import LifecycleEvent
 from tests.helpers import IDENT, OTHER_IDENT, SCOPES, CountingIds, Env, FaultyStore, make_env
 
 E = LifecycleEvent
@@ -294,7 +294,7 @@ def test_audit_paging_arguments_are_checked_like_the_postgres_store() -> None:
 
 
 def test_events_have_no_place_for_secrets() -> None:
-    from mos_lease import Lost, OperationFinished, RenewalRetry, Renewed, StoreCall
+    from mos_lease.events import Lost, OperationFinished, RenewalRetry, Renewed, StoreCall
 
     ids = {"tenant_id", "logical_agent_id", "binding_id", "connector_id", "epoch"}
     fields = {kind.__name__: {f.name for f in attrs.fields(kind)} for kind in (

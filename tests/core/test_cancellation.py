@@ -21,13 +21,15 @@ from mos_lease import (
     hold,
 )
 from mos_lease.keeper import AsyncLeaseKeeper
+from mos_lease_memory import AsyncInMemoryLeaseStore
 
 IDENTITY = LeaseIdentity("tenant", "agent", "binding")
 
 
 def test_a_waiting_holder_cancelled_as_it_is_woken_ends_cancelled() -> None:
     async def scenario() -> None:
-        coordinator = AsyncConnectorLeaseCoordinator(policy=AllowAllPolicy())
+        coordinator = AsyncConnectorLeaseCoordinator(AsyncInMemoryLeaseStore(),
+                                                     policy=AllowAllPolicy())
         assert (await coordinator.acquire(IDENTITY, "rival", scopes=["x"], ttl=60)).ok
         holder = hold(coordinator, IDENTITY, "me", scopes=["x"], ttl=10, wait=30,
                       min_backoff=5.0, max_backoff=5.0)
@@ -50,7 +52,8 @@ def test_a_waiting_holder_cancelled_as_it_is_woken_ends_cancelled() -> None:
 
 def test_a_keeper_stop_cancelled_while_it_waits_for_its_task_ends_cancelled() -> None:
     async def scenario() -> None:
-        coordinator = AsyncConnectorLeaseCoordinator(policy=AllowAllPolicy())
+        coordinator = AsyncConnectorLeaseCoordinator(AsyncInMemoryLeaseStore(),
+                                                     policy=AllowAllPolicy())
         keeper = AsyncLeaseKeeper(coordinator, ttl=10)
         assert (await keeper.acquire(IDENTITY, "me", scopes=["x"])).ok
         stopping = asyncio.create_task(keeper.stop())

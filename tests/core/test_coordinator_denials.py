@@ -12,22 +12,21 @@ import attrs
 import pytest
 
 from mos_lease import (
-    MAX_EPOCH,
     AllowAllPolicy,
-    AuditRecord,
     ConnectorExecutionContext,
     ConnectorLeaseCoordinator,
     ExecutionGrant,
     LeaseHandle,
     LeaseIdentity,
-    LifecycleEvent,
     Outcome,
     Reason,
     StaticConnectorPolicy,
     StoreUnavailable,
 )
+from mos_lease.identity import MAX_EPOCH
 from mos_lease.machine import Insert
-from mos_lease.records import AuditEntry
+from mos_lease.records import AuditEntry, AuditRecord
+from mos_lease.vocabulary import LifecycleEvent
 from tests.helpers import (
     IDENT,
     OTHER_IDENT,

@@ -15,7 +15,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mos_lease import (
-    MAX_EPOCH,
     ConnectorExecutionContext,
     ConnectorLeaseCoordinator,
     ExecutionGrant,
@@ -23,6 +22,7 @@ from mos_lease import (
     LeaseHandle,
     LeaseIdentity,
 )
+from mos_lease.identity import MAX_EPOCH
 from tests.helpers import IDENT, SCOPES, Env, make_env
 
 BAD_IDS: list[object] = ["", "x" * 129, " pad", "pad ", "n\x00", "d\x7f", "b\u202e", "z\u200b",

@@ -11,11 +11,11 @@ from mos_lease import (
     ConnectorExecutionContext,
     ConnectorLeaseCoordinator,
     LeaseHandle,
-    LeaseState,
     Outcome,
     Reason,
 )
-from mos_lease.memory import InMemoryLeaseStore
+from mos_lease.vocabulary import LeaseState
+from mos_lease_memory import InMemoryLeaseStore
 from tests.helpers import IDENT, OTHER_IDENT, SCOPES, CountingIds, expire, make_env, row_of
 
 
@@ -173,8 +173,8 @@ def test_correlation_ids_are_propagated_or_generated() -> None:
     assert env.audit()[-1].entry.correlation_id == generated.correlation_id
 
 
-def test_default_store_is_in_memory_and_default_policy_denies() -> None:
-    coordinator = ConnectorLeaseCoordinator()
+def test_default_policy_denies() -> None:
+    coordinator = ConnectorLeaseCoordinator(InMemoryLeaseStore())
     result = coordinator.acquire(IDENT, "conn-a", scopes=SCOPES, ttl=10)
     assert result.reason is Reason.POLICY_DENIED
     assert isinstance(coordinator.store, InMemoryLeaseStore)

@@ -10,7 +10,7 @@ import pytest
 
 from mos_lease import AllowAllPolicy, ConnectorLeaseCoordinator, InvalidInput, LeaseHandle, Outcome
 from mos_lease.clock import ManualClock
-from mos_lease.memory import InMemoryLeaseStore
+from mos_lease_memory import InMemoryLeaseStore
 from tests.helpers import IDENT, OTHER_IDENT, SCOPES, Env, FaultyStore, make_env, row_of
 
 

@@ -9,8 +9,6 @@ from typing import Any
 import pytest
 
 from mos_lease import (
-    GRANT_TTL_CAP,
-    LEASE_TTL_CAP,
     AllowAllPolicy,
     ConfigurationError,
     ConnectorLeaseCoordinator,
@@ -19,7 +17,8 @@ from mos_lease import (
     PolicyVerdict,
 )
 from mos_lease.clock import ManualClock
-from mos_lease.memory import InMemoryLeaseStore
+from mos_lease.identity import GRANT_TTL_CAP, LEASE_TTL_CAP
+from mos_lease_memory import InMemoryLeaseStore
 from tests.helpers import IDENT, SCOPES, make_env
 
 

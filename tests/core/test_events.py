@@ -19,18 +19,21 @@ from mos_lease import (
     ConnectorLeaseCoordinator,
     InvalidInput,
     LeaseKeeper,
-    LifecycleEvent,
-    Lost,
-    OperationFinished,
     Outcome,
     Reason,
-    RenewalRetry,
-    Renewed,
-    StoreCall,
     StoreUnavailable,
     hold,
 )
-from mos_lease.events import Event, store_system
+from mos_lease.events import (
+    Event,
+    Lost,
+    OperationFinished,
+    RenewalRetry,
+    Renewed,
+    StoreCall,
+    store_system,
+)
+from mos_lease.vocabulary import LifecycleEvent
 from mos_lease_memory import AsyncInMemoryLeaseStore, InMemoryLeaseStore
 from tests.core.test_keeper import TTL, _async_rig, make_rig
 from tests.helpers import IDENT, OTHER_IDENT, SCOPES, CountingIds, Env, FaultyStore, make_env
@@ -230,9 +233,9 @@ def test_a_failing_hook_is_logged_once_per_kind_and_never_breaks_an_operation(
 
 def test_on_event_must_be_callable() -> None:
     with pytest.raises(ConfigurationError, match="on_event"):
-        ConnectorLeaseCoordinator(on_event="print")
+        ConnectorLeaseCoordinator(InMemoryLeaseStore(), on_event="print")
     with pytest.raises(ConfigurationError, match="on_event"):
-        AsyncConnectorLeaseCoordinator(on_event=42)
+        AsyncConnectorLeaseCoordinator(AsyncInMemoryLeaseStore(), on_event=42)
     rig = make_rig()
     with pytest.raises(ConfigurationError, match="on_event"):
         rig.keeper(on_event=[])

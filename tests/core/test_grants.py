@@ -19,13 +19,13 @@ from hypothesis import strategies as st
 from mos_lease import (
     ConnectorExecutionContext,
     ExecutionGrant,
-    GrantNotTransferable,
     LeaseHandle,
     LeaseIdentity,
-    LifecycleEvent,
     Outcome,
     Reason,
 )
+from mos_lease.errors import GrantNotTransferable
+from mos_lease.vocabulary import LifecycleEvent
 from tests.helpers import IDENT, SCOPES, Env, make_env
 
 

@@ -25,14 +25,11 @@ from mos_lease import (
     ConfigurationError,
     ConnectorLeaseCoordinator,
     ConnectorLeaseService,
-    HolderView,
     InvalidInput,
     LeaseIdentity,
     LeaseLoss,
     LeaseLost,
     LeaseNotAcquired,
-    LeaseState,
-    LifecycleEvent,
     LossCause,
     Outcome,
     Reason,
@@ -54,6 +51,8 @@ from mos_lease.holder import (
 )
 from mos_lease.keeper import KeeperTiming
 from mos_lease.records import AuditRecord
+from mos_lease.results import HolderView
+from mos_lease.vocabulary import LeaseState, LifecycleEvent
 from mos_lease_memory import AsyncInMemoryLeaseStore, InMemoryLeaseStore
 from tests.core.test_keeper import AsyncFaulty, FakeTime, Faulty
 
@@ -402,8 +401,8 @@ def test_a_holder_holds_once_and_async_holders_need_async_with() -> None:
         pass
     with pytest.raises(InvalidInput), holder:
         pass
-    async_holder = hold(AsyncConnectorLeaseCoordinator(policy=ALLOW), IDENT, "conn-b",
-                        scopes=SCOPES, clock_step=0, ttl=5)
+    async_holder = hold(AsyncConnectorLeaseCoordinator(AsyncInMemoryLeaseStore(), policy=ALLOW),
+                        IDENT, "conn-b", scopes=SCOPES, clock_step=0, ttl=5)
     with pytest.raises(TypeError, match="async with"), async_holder:
         pass
 
@@ -425,7 +424,8 @@ class RecordingNotices:
 
 def test_a_wait_that_fails_or_is_cancelled_stops_listening_for_notices() -> None:
     notices = RecordingNotices()
-    refusing = ConnectorLeaseCoordinator(policy=rules(False, connector_id="conn-z"))
+    refusing = ConnectorLeaseCoordinator(InMemoryLeaseStore(),
+                                         policy=rules(False, connector_id="conn-z"))
     with pytest.raises(LeaseNotAcquired), hold(refusing, IDENT, "conn-b", scopes=SCOPES,
                                                clock_step=0, ttl=5, notices=notices):
         pass
@@ -497,7 +497,8 @@ BAD: list[tuple[str, dict[str, Any]]] = [
     ("cancel_on_loss", {"cancel_on_loss": "yes"}),
     ("heartbeat_coordinator", {"heartbeat_coordinator": object()}),
     ("heartbeat_coordinator",
-     {"heartbeat_coordinator": AsyncConnectorLeaseCoordinator(policy=ALLOW)}),
+     {"heartbeat_coordinator": AsyncConnectorLeaseCoordinator(AsyncInMemoryLeaseStore(),
+                                                              policy=ALLOW)}),
     ("clock", {"clock": 5}),
     ("coordinator", {"coordinator": "postgresql://"}),
 ]

@@ -11,8 +11,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mos_lease import GRANT_TTL_CAP, LEASE_TTL_CAP, MAX_EPOCH, InvalidInput, LeaseIdentity
+from mos_lease import InvalidInput, LeaseIdentity
 from mos_lease.identity import (
+    GRANT_TTL_CAP,
+    LEASE_TTL_CAP,
+    MAX_EPOCH,
     MAX_ID_LENGTH,
     MAX_SCOPE_LENGTH,
     MAX_SCOPES,

@@ -24,11 +24,11 @@ from mos_lease import (
     InvalidInput,
     LeaseHandle,
     LeaseIdentity,
-    LifecycleEvent,
     Outcome,
     Reason,
     StoreUnavailable,
 )
+from mos_lease.clock import ManualClock
 from mos_lease.keeper import (
     DEFAULT_CLOCK_STEP,
     AsyncLeaseKeeper,
@@ -49,7 +49,8 @@ from mos_lease.keeper import (
 from mos_lease.machine import Renew, Write
 from mos_lease.records import AuditEntry, Snapshot, WriteOutcome
 from mos_lease.results import GrantResult, LeaseResult
-from mos_lease_memory import AsyncInMemoryLeaseStore, InMemoryLeaseStore, ManualClock
+from mos_lease.vocabulary import LifecycleEvent
+from mos_lease_memory import AsyncInMemoryLeaseStore, InMemoryLeaseStore
 
 IDENT = LeaseIdentity("acme", "agent-1", "binding-1")
 SCOPES = ("tool:run",)

@@ -23,12 +23,12 @@ from mos_lease import (
     ConfigurationError,
     ConnectorLeaseCoordinator,
     LeaseIdentity,
-    LifecycleEvent,
     Reason,
 )
 from mos_lease.keeper import AsyncLeaseKeeper, LeaseKeeper, LeaseLoss, LossCause
 from mos_lease.machine import Renew, Write
 from mos_lease.records import AuditEntry, Snapshot, WriteOutcome
+from mos_lease.vocabulary import LifecycleEvent
 from mos_lease_memory import AsyncInMemoryLeaseStore, InMemoryLeaseStore
 
 IDENT = LeaseIdentity("acme", "agent-1", "binding-1")

@@ -1,6 +1,8 @@
-"""Imports between the layers: the core never imports the PostgreSQL driver (it must run
-where psycopg is absent), and it imports no sibling package at all, the in-memory store
-included; that store keeps its former import paths."""
+"""Imports between the layers. The core (``mos_lease``) imports no adapter package and no
+driver: it must run where psycopg and OpenTelemetry are absent, and an adapter depends on the
+core, never the other way round. ``mos_lease.otel`` is the one core module that needs an
+extra (OpenTelemetry, which it exists to speak to); it is imported only by whoever wants it.
+The PostgreSQL adapter's administration stays out of what a gateway imports."""
 
 from __future__ import annotations
 
@@ -10,13 +12,11 @@ import sys
 from pathlib import Path
 
 import mos_lease
-import mos_lease_memory
-import mos_lease_memory.clock
-import mos_lease_memory.fencing
-import mos_lease_memory.store
-from mos_lease import clock, memory, ports
 
 CORE = Path(mos_lease.__file__).resolve().parent
+ADAPTERS = ("mos_lease_memory", "mos_lease_pg", "mos_lease_tmux")
+DRIVERS = ("psycopg", "psycopg_pool", "psycopg_c", "psycopg_binary")
+EXTRA_ONLY = {"otel.py": ("opentelemetry",)}  # the module written for that extra
 
 
 def _run(code: str) -> subprocess.CompletedProcess[str]:
@@ -24,68 +24,111 @@ def _run(code: str) -> subprocess.CompletedProcess[str]:
                           timeout=60, check=False)
 
 
-def test_core_and_memory_store_do_not_import_psycopg() -> None:
-    code = ("import sys, mos_lease, mos_lease.testing, mos_lease_memory, mos_lease.keeper, "
-            "mos_lease.token, mos_lease.fencing, mos_lease.adapter, mos_lease.cli; "
-            "bad = sorted(m for m in sys.modules if m.split('.')[0] in "
-            "('psycopg', 'psycopg_pool', 'mos_lease_pg')); print(bad); "
-            "sys.exit(1 if bad else 0)")
-    done = _run(code)
-    assert done.returncode == 0, done.stdout + done.stderr
+def _imported_roots(path: Path) -> list[tuple[int, str]]:
+    """Every module an import statement of ``path`` names, those inside functions included
+    (a lazy import is still a dependency), as (line, top-level package)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text("utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name.split(".")[0]) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.append((node.lineno, node.module.split(".")[0]))
+    return found
 
 
-def test_no_core_module_names_the_memory_package() -> None:
-    """Every import statement in ``mos_lease``, those inside functions included (the
-    coordinators build their default store lazily), is read from the source."""
+def test_no_core_module_names_an_adapter_or_a_driver() -> None:
+    forbidden = (*ADAPTERS, *DRIVERS, "opentelemetry")
     found = []
     for path in sorted(CORE.rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text("utf-8"), str(path))):
-            if isinstance(node, ast.Import):
-                names = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                names = [node.module]
-            else:
-                continue
-            found += [f"{path.relative_to(CORE)}:{node.lineno} {name}" for name in names
-                      if name.split(".")[0] == "mos_lease_memory"]
+        allowed = EXTRA_ONLY.get(str(path.relative_to(CORE)), ())
+        found += [f"{path.relative_to(CORE)}:{line} {root}"
+                  for line, root in _imported_roots(path)
+                  if root in forbidden and root not in allowed]
     assert found == []
 
 
-def test_the_core_at_work_loads_no_sibling_package() -> None:
-    """Every ``mos_lease`` module imported, both coordinators built with their default
-    store and the demo run: no ``mos_lease_*`` package is loaded."""
+def test_importing_the_core_loads_no_adapter_driver_or_telemetry_sdk() -> None:
+    """Every ``mos_lease`` module but ``mos_lease.otel`` imported, in a fresh interpreter:
+    nothing outside the core and its declared dependency is loaded."""
     code = (
-        "import contextlib, importlib, importlib.util, io, pkgutil, sys\n"
+        "import importlib, pkgutil, sys\n"
         "import mos_lease\n"
         "for info in pkgutil.walk_packages(mos_lease.__path__, 'mos_lease.'):\n"
-        # The otel extra's module needs that extra; tests/core runs without it (.ci/run).
-        "    if info.name == 'mos_lease.otel' and not importlib.util.find_spec('opentelemetry'):\n"
-        "        continue\n"
-        "    importlib.import_module(info.name)\n"
-        "from mos_lease import AsyncConnectorLeaseCoordinator, ConnectorLeaseCoordinator\n"
-        "from mos_lease.demo import run\n"
-        "assert ConnectorLeaseCoordinator().store.leases() == []\n"
-        "assert AsyncConnectorLeaseCoordinator().store.sync.leases() == []\n"
-        "with contextlib.redirect_stdout(io.StringIO()):\n"
-        "    assert run() == 0\n"
-        "bad = sorted(m for m in sys.modules if m.split('.')[0].startswith('mos_lease_'))\n"
+        "    if info.name != 'mos_lease.otel':\n"
+        "        importlib.import_module(info.name)\n"
+        f"roots = {(*ADAPTERS, *DRIVERS, 'opentelemetry')!r}\n"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in roots)\n"
         "print(bad)\n"
         "sys.exit(1 if bad else 0)\n")
     done = _run(code)
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-def test_the_memory_store_keeps_its_former_import_paths() -> None:
-    assert mos_lease_memory.InMemoryLeaseStore is memory.InMemoryLeaseStore
-    assert mos_lease_memory.AsyncInMemoryLeaseStore is memory.AsyncInMemoryLeaseStore
-    assert mos_lease_memory.ManualClock is clock.ManualClock
-    assert mos_lease_memory.SystemClock is clock.SystemClock
-    assert mos_lease_memory.store.InMemoryLeaseStore is memory.InMemoryLeaseStore
-    assert mos_lease_memory.store.AsyncInMemoryLeaseStore is memory.AsyncInMemoryLeaseStore
-    assert mos_lease_memory.store.MAX_AUDIT_PAGE == ports.MAX_AUDIT_PAGE
-    assert mos_lease_memory.store.Clock is clock.Clock
-    assert mos_lease_memory.clock.ManualClock is clock.ManualClock
-    assert mos_lease_memory.clock.SystemClock is clock.SystemClock
-    assert callable(mos_lease_memory.fencing.InMemoryResourceGuard)
-    store = mos_lease_memory.InMemoryLeaseStore(mos_lease_memory.ManualClock())
-    assert isinstance(store, memory.InMemoryLeaseStore) and store.leases() == []
+def test_the_memory_adapter_at_work_loads_no_other_adapter_or_driver() -> None:
+    """The in-memory adapter's modules imported, a coordinator on its store and the demo
+    run: neither PostgreSQL nor OpenTelemetry is loaded."""
+    code = (
+        "import contextlib, importlib, io, pkgutil, sys\n"
+        "import mos_lease_memory\n"
+        "for info in pkgutil.walk_packages(mos_lease_memory.__path__, 'mos_lease_memory.'):\n"
+        "    importlib.import_module(info.name)\n"
+        "from mos_lease import ConnectorLeaseCoordinator\n"
+        "from mos_lease_memory import InMemoryLeaseStore\n"
+        "from mos_lease_memory.demo import run\n"
+        "assert ConnectorLeaseCoordinator(InMemoryLeaseStore()).store.leases() == []\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    assert run() == 0\n"
+        f"roots = {('mos_lease_pg', 'mos_lease_tmux', *DRIVERS, 'opentelemetry')!r}\n"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in roots)\n"
+        "print(bad)\n"
+        "sys.exit(1 if bad else 0)\n")
+    done = _run(code)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_a_coordinator_is_given_its_store() -> None:
+    """The core has no default store to fall back on: which adapter holds the leases is the
+    application's choice, made where it builds its coordinator."""
+    from mos_lease import AsyncConnectorLeaseCoordinator, ConnectorLeaseCoordinator
+
+    for coordinator in (ConnectorLeaseCoordinator, AsyncConnectorLeaseCoordinator):
+        try:
+            coordinator()  # type: ignore[call-arg]
+        except TypeError as missing:
+            assert "store" in str(missing)
+        else:
+            raise AssertionError(f"{coordinator.__name__}() built a store of its own")
+
+
+def test_a_gateway_importing_the_postgresql_store_loads_no_administration() -> None:
+    """``mos_lease_pg`` and every run-time module of it imported, in a fresh interpreter:
+    nothing of ``mos_lease_pg.admin`` (migrations, roles, checks, archive, commands) and no
+    command-line machinery is loaded."""
+    code = (
+        "import importlib, pkgutil, sys\n"
+        "import mos_lease_pg\n"
+        "for info in pkgutil.iter_modules(mos_lease_pg.__path__, 'mos_lease_pg.'):\n"
+        "    if info.name not in ('mos_lease_pg.admin', 'mos_lease_pg.__main__'):\n"
+        "        importlib.import_module(info.name)\n"
+        "bad = sorted(m for m in sys.modules if m.startswith('mos_lease_pg.admin')\n"
+        "             or m in ('mos_lease.cli', 'argparse'))\n"
+        "print(bad)\n"
+        "sys.exit(1 if bad else 0)\n")
+    done = _run(code)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_without_psycopg_importing_the_postgresql_adapter_says_what_to_install() -> None:
+    code = (
+        "import sys\n"
+        "sys.modules['psycopg'] = None\n"
+        "from mos_lease.errors import MissingExtra\n"
+        "try:\n"
+        "    import mos_lease_pg\n"
+        "except MissingExtra as missing:\n"
+        "    print(missing)\n"
+        "    sys.exit(0)\n"
+        "sys.exit(1)\n")
+    done = _run(code)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "pip install 'mos-lease[pg]'" in done.stdout

@@ -14,7 +14,6 @@ import attrs
 import pytest
 
 from mos_lease import (
-    LEASE_TTL_CAP,
     AllowAllPolicy,
     ConnectorLeaseCoordinator,
     InvalidInput,
@@ -26,8 +25,9 @@ from mos_lease import (
     Reason,
 )
 from mos_lease.coordinator import _check_handle
-from mos_lease.identity import MAX_SCOPES, normalize_scopes, normalize_ttl
+from mos_lease.identity import LEASE_TTL_CAP, MAX_SCOPES, normalize_scopes, normalize_ttl
 from mos_lease.machine import ALLOW
+from mos_lease_memory import InMemoryLeaseStore
 
 IDENT = LeaseIdentity("acme", "agent-1", "binding-1")
 SCOPES = ("tool:read", "tool:run")
@@ -69,7 +69,7 @@ class RecordingPolicy:
 
 
 def _held() -> tuple[ConnectorLeaseCoordinator, LeaseHandle]:
-    coordinator = ConnectorLeaseCoordinator(None, AllowAllPolicy())
+    coordinator = ConnectorLeaseCoordinator(InMemoryLeaseStore(), AllowAllPolicy())
     lease = coordinator.acquire(IDENT, "conn-a", scopes=SCOPES, ttl=60).lease
     assert lease is not None
     return coordinator, lease
@@ -181,7 +181,7 @@ def test_lying_handle_fields_take_no_part_in_fencing(field: str, value: object,
 
 def test_the_policy_sees_every_call_with_normalized_values() -> None:
     policy = RecordingPolicy()
-    coordinator = ConnectorLeaseCoordinator(None, policy)
+    coordinator = ConnectorLeaseCoordinator(InMemoryLeaseStore(), policy)
     lease = coordinator.acquire(IDENT, "conn-a", scopes=["tool:run", "tool:read"],
                                 ttl=60).lease
     assert lease is not None

@@ -17,8 +17,9 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from mos_lease import MAX_EPOCH, LeaseIdentity, LeaseRow, LeaseState, Outcome, Reason
+from mos_lease import LeaseIdentity, Outcome, Reason
 from mos_lease import machine as m
+from mos_lease.identity import MAX_EPOCH
 from mos_lease.machine import (
     ALLOW,
     Acquire,
@@ -44,6 +45,8 @@ from mos_lease.machine import (
     success_epoch,
     write_outcome,
 )
+from mos_lease.records import LeaseRow
+from mos_lease.vocabulary import LeaseState
 
 BASE = datetime(2030, 1, 1, tzinfo=UTC)
 IDENT = LeaseIdentity("acme", "agent-1", "binding-1")

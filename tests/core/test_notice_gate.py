@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mos_lease import ConfigurationError, NoticeConfirmer, NoticeStats, shared_confirmer
-from mos_lease.notice_confirmer import Done
-from mos_lease.notice_gate import NoticeGate, Turn
+from mos_lease import ConfigurationError
+from mos_lease.notice_confirmer import Done, NoticeConfirmer, shared_confirmer
+from mos_lease.notice_gate import NoticeGate, NoticeStats, Turn
 
 
 def keys(turns: tuple[Turn[str], ...]) -> list[str]:

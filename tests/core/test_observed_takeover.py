@@ -12,13 +12,13 @@ import pytest
 from mos_lease import (
     ConnectorLeaseCoordinator,
     InvalidInput,
-    LeaseState,
     Outcome,
     PolicyRequest,
     PolicyVerdict,
     Reason,
 )
 from mos_lease.machine import ALLOW
+from mos_lease.vocabulary import LeaseState
 from tests.helpers import (
     IDENT,
     OTHER_IDENT,

@@ -15,20 +15,19 @@ from mos_lease import (
     ConfigurationError,
     ConnectorLeaseCoordinator,
     ConnectorLeaseService,
-    ConnectorRule,
     DenyAllPolicy,
     GrantResult,
     InvalidInput,
     LeaseHandle,
     LeaseIdentity,
     LeaseResult,
-    LeaseState,
-    LifecycleEvent,
     PolicyRequest,
     PolicyVerdict,
     Reason,
     StaticConnectorPolicy,
 )
+from mos_lease.policy import ConnectorRule
+from mos_lease.vocabulary import LeaseState, LifecycleEvent
 from tests.helpers import IDENT, OTHER_IDENT, CountingIds, expire, make_env
 
 ALL_EVENTS = [LifecycleEvent.ACQUIRE, LifecycleEvent.TAKEOVER, LifecycleEvent.HEARTBEAT,

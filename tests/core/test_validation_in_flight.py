@@ -24,12 +24,13 @@ from mos_lease import (
     ConnectorExecutionContext,
     ConnectorLeaseCoordinator,
     LeaseIdentity,
-    LifecycleEvent,
     Outcome,
     Reason,
 )
+from mos_lease.clock import ManualClock
 from mos_lease.records import Snapshot
-from mos_lease_memory import AsyncInMemoryLeaseStore, InMemoryLeaseStore, ManualClock
+from mos_lease.vocabulary import LifecycleEvent
+from mos_lease_memory import AsyncInMemoryLeaseStore, InMemoryLeaseStore
 from tests.helpers import CountingIds
 
 IDENT = LeaseIdentity("acme", "agent-1", "binding-1")
@@ -158,4 +159,4 @@ def test_the_monotonic_clock_must_be_callable() -> None:
     from mos_lease import ConfigurationError
 
     with pytest.raises(ConfigurationError, match="monotonic_clock"):
-        ConnectorLeaseCoordinator(None, AllowAllPolicy(), monotonic_clock=5)
+        ConnectorLeaseCoordinator(InMemoryLeaseStore(), AllowAllPolicy(), monotonic_clock=5)

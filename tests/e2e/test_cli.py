@@ -12,7 +12,7 @@ import os
 import subprocess
 import sys
 import types
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from importlib import metadata
 
 import pytest
@@ -23,8 +23,8 @@ from mos_lease import (
     ConnectorLeaseCoordinator,
     DenyAllPolicy,
     cli,
-    demo,
 )
+from mos_lease_memory import AsyncInMemoryLeaseStore, InMemoryLeaseStore, demo
 
 
 def test_demo_narrates_failover_and_refusals() -> None:
@@ -66,14 +66,30 @@ def test_version_is_the_installed_distributions(capsys: pytest.CaptureFixture[st
     assert done.stdout.strip() == f"mos-lease {metadata.version('mos-lease')}"
 
 
-def test_the_stand_ins_cover_every_postgresql_command() -> None:
-    from mos_lease_pg import cli as pg_cli
+# The PostgreSQL commands, as the pg adapter names them (mos_lease_pg.admin.cli.COMMANDS);
+# read from the package here only where psycopg is installed.
+PG_COMMANDS = ("setup", "roles", "migrate", "check", "status", "audit")
+PG_EXTRA_MODULES = ("psycopg", "psycopg_pool")
 
-    assert cli.PG_COMMANDS == pg_cli.COMMANDS
+
+def _registered(add: Callable[[cli.Commands], object]) -> list[str]:
     parser = argparse.ArgumentParser()
-    pg_cli.register(parser.add_subparsers())
-    registered = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-    assert tuple(registered[0].choices) == pg_cli.COMMANDS
+    add(parser.add_subparsers())
+    (commands,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return list(commands.choices)
+
+
+def test_each_entry_point_adds_the_command_it_is_named_for() -> None:
+    """The adapters register every command, each under its own name, and the core names
+    none of them: the entry points are the whole list."""
+    from mos_lease_pg.admin import cli as pg_cli
+
+    points = {point.name: point for point in metadata.entry_points(group=cli.GROUP)}
+    assert sorted(points) == sorted(("demo", *PG_COMMANDS))
+    assert tuple(pg_cli.COMMANDS) == PG_COMMANDS
+    for name, point in points.items():
+        assert _registered(point.load()) == [name]
+    assert _registered(pg_cli.register) == list(PG_COMMANDS)
 
 
 ARGUMENT_SHAPES = [
@@ -121,7 +137,7 @@ def _cli_without(missing: Sequence[str], *argvs: Sequence[str]) -> list[tuple[in
     return [(code, out, err) for code, out, err in json.loads(done.stdout)]
 
 
-@pytest.mark.parametrize("command", cli.PG_COMMANDS)
+@pytest.mark.parametrize("command", PG_COMMANDS)
 def test_without_the_pg_extra_every_command_prints_the_install_hint(command: str) -> None:
     results = _cli_without(["psycopg"], *[(command, *shape) for shape in ARGUMENT_SHAPES])
     for shape, (code, out, err) in zip(ARGUMENT_SHAPES, results, strict=True):
@@ -130,7 +146,7 @@ def test_without_the_pg_extra_every_command_prints_the_install_hint(command: str
         assert "unrecognized" not in err and out == "", shape
 
 
-@pytest.mark.parametrize("missing", sorted(cli.PG_EXTRA_MODULES))
+@pytest.mark.parametrize("missing", PG_EXTRA_MODULES)
 def test_each_module_of_the_pg_extra_missing_gives_the_install_hint(missing: str) -> None:
     ((code, out, err),) = _cli_without([missing], ("status", "--dsn", "x"))
     assert code == 2 and out == ""
@@ -166,15 +182,16 @@ def test_without_the_pg_extra_other_commands_still_check_their_arguments() -> No
 
 def test_a_fault_inside_mos_lease_pg_is_not_reported_as_a_missing_extra(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """With psycopg installed, an ImportError from mos_lease_pg itself is a bug there and
+    """With psycopg installed, a failure to load mos_lease_pg itself is a bug there and
     propagates: a missing module of the package, a name it no longer defines, or a module
     deep inside it that fails to load."""
-    monkeypatch.setitem(sys.modules, "mos_lease_pg.cli", None)
+    monkeypatch.setitem(sys.modules, "mos_lease_pg.admin.cli", None)
     with pytest.raises(ModuleNotFoundError) as missing_module:
         cli.main(["status", "--dsn", "x"])
-    assert missing_module.value.name == "mos_lease_pg.cli"
-    monkeypatch.setitem(sys.modules, "mos_lease_pg.cli", types.ModuleType("mos_lease_pg.cli"))
-    with pytest.raises(ImportError, match="cannot import name 'register'"):
+    assert missing_module.value.name == "mos_lease_pg.admin.cli"
+    monkeypatch.setitem(sys.modules, "mos_lease_pg.admin.cli",
+                        types.ModuleType("mos_lease_pg.admin.cli"))
+    with pytest.raises(AttributeError, match="add_audit"):
         cli.main(["demo"])
     done = _run_without(["mos_lease_pg.statements"], ("status", "--dsn", "x"))
     assert done.returncode == 1
@@ -198,13 +215,14 @@ def _policy_warnings(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord
 def test_a_coordinator_on_the_deny_all_default_says_so(
         caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG, logger="mos_lease")
-    ConnectorLeaseCoordinator()
-    AsyncConnectorLeaseCoordinator()
+    ConnectorLeaseCoordinator(InMemoryLeaseStore())
+    AsyncConnectorLeaseCoordinator(AsyncInMemoryLeaseStore())
     warned = _policy_warnings(caplog)
     assert len(warned) == 2
     for record in warned:
         assert "DenyAllPolicy" in record.message and "pass policy=" in record.message
     caplog.clear()
-    ConnectorLeaseCoordinator(policy=AllowAllPolicy())
-    AsyncConnectorLeaseCoordinator(policy=DenyAllPolicy())  # chosen on purpose: no warning
+    ConnectorLeaseCoordinator(InMemoryLeaseStore(), policy=AllowAllPolicy())
+    # Deny-all chosen on purpose: no warning.
+    AsyncConnectorLeaseCoordinator(AsyncInMemoryLeaseStore(), policy=DenyAllPolicy())
     assert _policy_warnings(caplog) == []

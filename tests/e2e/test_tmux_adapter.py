@@ -28,9 +28,10 @@ from mos_lease import (
     Reason,
 )
 from mos_lease.adapter import ConnectorAdapter, run_adapter
+from mos_lease.clock import ManualClock
 from mos_lease.fencing import FenceReason, GuardDecision
 from mos_lease.token import FencingToken, parse_token
-from mos_lease_memory import InMemoryLeaseStore, ManualClock
+from mos_lease_memory import InMemoryLeaseStore
 from mos_lease_memory.fencing import InMemoryResourceGuard
 from mos_lease_tmux import TmuxError, TmuxPaneAdapter, TmuxSendResult, TmuxServer, check_command
 from tests import tools

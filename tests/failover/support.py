@@ -10,7 +10,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from mos_lease_pg import ConnectionSettings, PostgresLeaseStore, migrate
+from mos_lease_pg import ConnectionSettings, PostgresLeaseStore
+from mos_lease_pg.admin import migrate
 from tests.failover.cluster import ReplicatedPair
 from tests.pg_support import ServerPrograms, require_pg, server_programs, unique_name
 

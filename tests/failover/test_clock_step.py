@@ -22,16 +22,10 @@ from datetime import timedelta
 
 import pytest
 
-from mos_lease import (
-    AllowAllPolicy,
-    ConnectorLeaseCoordinator,
-    LeaseIdentity,
-    LeaseState,
-    Outcome,
-    Reason,
-)
+from mos_lease import AllowAllPolicy, ConnectorLeaseCoordinator, LeaseIdentity, Outcome, Reason
 from mos_lease.keeper import KeeperTiming
-from mos_lease_pg.check import Status, run_check
+from mos_lease.vocabulary import LeaseState
+from mos_lease_pg.admin.check import Status, run_check
 from tests import tools
 from tests.failover.cluster import Node, ReplicatedPair
 from tests.failover.support import migrated, store

@@ -23,7 +23,7 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
-from mos_lease_pg import migrate
+from mos_lease_pg.admin import migrate
 from tests import tools
 from tests.failover.patroni import PatroniCluster, PatroniNode
 from tests.failover.support import cluster_programs

@@ -18,7 +18,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from mos_lease_pg import migrate
+from mos_lease_pg.admin import migrate
 from tests.faults.history import (
     AuditRow,
     FinalRow,

@@ -33,10 +33,10 @@ from mos_lease import (
     ConnectorExecutionContext,
     ConnectorLeaseCoordinator,
     ExecutionGrant,
-    GrantNotTransferable,
     LeaseHandle,
     LeaseIdentity,
 )
+from mos_lease.errors import GrantNotTransferable
 from mos_lease_memory import InMemoryLeaseStore
 from tests.faults.gateway import SCOPES, Gateway
 from tests.faults.history import Op, check_history, read_records

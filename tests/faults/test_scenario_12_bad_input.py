@@ -369,7 +369,7 @@ def test_endless_scopes_iterable_is_refused() -> None:
     bounded the items read (found by this scenario)."""
     code = ("import itertools\n"
             "from mos_lease import ConnectorLeaseCoordinator, AllowAllPolicy, LeaseIdentity\n"
-            "c = ConnectorLeaseCoordinator(None, AllowAllPolicy())\n"
+            "c = ConnectorLeaseCoordinator(InMemoryLeaseStore(), AllowAllPolicy())\n"
             "try:\n"
             "    c.acquire(LeaseIdentity('t', 'a', 'b'), 'c', "
             "scopes=itertools.repeat('tool:read'), ttl=5)\n"
@@ -383,11 +383,12 @@ def test_endless_scopes_iterable_is_refused() -> None:
 @pytest.mark.parametrize("ttl", HUGE_TTLS, ids=["10**400", "-(10**400)"])
 def test_ttl_beyond_float_range_is_refused(ttl: int) -> None:
     """Refused as bad input everywhere a TTL is taken (an OverflowError until 9c81759)."""
-    coordinator = ConnectorLeaseCoordinator(None, AllowAllPolicy())
+    coordinator = ConnectorLeaseCoordinator(InMemoryLeaseStore(), AllowAllPolicy())
     with pytest.raises(InvalidInput):
         coordinator.acquire(LeaseIdentity("t", "a", "b"), "c", scopes=[], ttl=ttl)
     with pytest.raises(ConfigurationError):
-        ConnectorLeaseCoordinator(None, AllowAllPolicy(), lease_ttl_cap=ttl)
+        ConnectorLeaseCoordinator(InMemoryLeaseStore(), AllowAllPolicy(),
+                                  lease_ttl_cap=ttl)
     with pytest.raises(ConfigurationError):
         StaticConnectorPolicy.from_dict({"rules": [{
             "tenant_id": "*", "logical_agent_id": "*", "binding_id": "*", "connector_id": "c",

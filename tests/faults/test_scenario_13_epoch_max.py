@@ -22,7 +22,6 @@ import psycopg
 import pytest
 
 from mos_lease import (
-    MAX_EPOCH,
     AllowAllPolicy,
     ConnectorLeaseCoordinator,
     InvalidInput,
@@ -30,8 +29,10 @@ from mos_lease import (
     LeaseIdentity,
     Reason,
 )
+from mos_lease.clock import ManualClock
+from mos_lease.identity import MAX_EPOCH
 from mos_lease.records import LeaseRow
-from mos_lease_memory import InMemoryLeaseStore, ManualClock
+from mos_lease_memory import InMemoryLeaseStore
 from tests.faults.gateway import SCOPES, Gateway
 from tests.faults.history import Ident, Op, Status, check_history, read_records
 from tests.faults.support import (

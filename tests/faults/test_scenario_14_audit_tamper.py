@@ -38,7 +38,8 @@ from mos_lease import (
 )
 from mos_lease.adapter import run_adapter
 from mos_lease.token import format_token
-from mos_lease_pg import ConnectionSettings, PostgresLeaseStore, apply_roles, migrate
+from mos_lease_pg import ConnectionSettings, PostgresLeaseStore
+from mos_lease_pg.admin import apply_roles, migrate
 from tests.faults.support import Table
 from tests.pg_support import unique_name, with_params
 

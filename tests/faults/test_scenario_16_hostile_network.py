@@ -59,10 +59,10 @@ from mos_lease import (
     LeaseHandle,
     LeaseIdentity,
     LeaseResult,
-    Snapshot,
     StoreUnavailable,
     ValidationResult,
 )
+from mos_lease.records import Snapshot
 from mos_lease_pg import AsyncPostgresLeaseStore, ConnectionSettings, PostgresLeaseStore
 from tests.faults.history import Op, check_history
 from tests.faults.recorder import Recorder

@@ -35,7 +35,8 @@ from psycopg import sql
 from mos_lease import AllowAllPolicy, ConnectorLeaseCoordinator, LeaseIdentity
 from mos_lease.cli import main as cli
 from mos_lease.errors import ConfigurationError, MosLeaseError
-from mos_lease_pg import PostgresLeaseStore, migrate
+from mos_lease_pg import PostgresLeaseStore
+from mos_lease_pg.admin import migrate
 from tests.faults.support import Table
 from tests.pg_support import (
     PgServer,

@@ -39,7 +39,7 @@ from psycopg import sql
 
 from mos_lease.cli import main as cli
 from mos_lease.errors import MosLeaseError
-from mos_lease_pg import archive as retention
+from mos_lease_pg.admin import archive as retention
 from tests.faults.support import Table
 from tests.pg.test_pg_audit_partitions import _insert_old_rows
 from tests.pg.test_pg_roles import Layout, role_layout

@@ -43,10 +43,9 @@ from mos_lease import (
     LeaseHandle,
     LeaseIdentity,
     LeaseLoss,
-    RenewalRetry,
-    Renewed,
     hold,
 )
+from mos_lease.events import RenewalRetry, Renewed
 from mos_lease.keeper import KeeperTiming
 from mos_lease.notice_confirmer import NoticeConfirmer
 from mos_lease.notice_gate import NoticeStats

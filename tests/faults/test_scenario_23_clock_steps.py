@@ -39,14 +39,10 @@ from typing import Any
 import psycopg
 import pytest
 
-from mos_lease import (
-    ConnectorLeaseCoordinator,
-    LeaseHandle,
-    LeaseIdentity,
-    LeaseState,
-    Reason,
-)
-from mos_lease_pg import ConnectionSettings, PostgresLeaseStore, migrate
+from mos_lease import ConnectorLeaseCoordinator, LeaseHandle, LeaseIdentity, Reason
+from mos_lease.vocabulary import LeaseState
+from mos_lease_pg import ConnectionSettings, PostgresLeaseStore
+from mos_lease_pg.admin import migrate
 from tests.faults.gateway import SCOPES, no_preempt_policy
 from tests.faults.history import AuditRow
 from tests.faults.support import PrivateCluster, Table, audit_rows, create_db, scaled

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from mos_lease_pg import archive as retention
+from mos_lease_pg.admin import archive as retention
 from tests.pg.test_pg_cli import run
 
 

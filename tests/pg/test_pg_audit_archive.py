@@ -16,7 +16,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from mos_lease_pg import archive as retention
+from mos_lease_pg.admin import archive as retention
 from tests.pg.test_pg_audit_partitions import AUDIT, _insert_old_rows, _partitions, _rows
 from tests.pg.test_pg_cli import run
 from tests.pg.test_pg_roles import Layout, role_layout

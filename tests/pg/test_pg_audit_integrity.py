@@ -17,12 +17,14 @@ import psycopg
 import pytest
 from psycopg import errors, sql
 
-from mos_lease import CommitOutcomeUnknown, InternalInconsistency, LeaseIdentity
+from mos_lease import CommitOutcomeUnknown, LeaseIdentity
+from mos_lease.errors import InternalInconsistency
 from mos_lease.machine import Close, Insert, Renew, Rotate
 from mos_lease.records import AuditEntry, LeaseRow
-from mos_lease_pg import PostgresLeaseStore, migrate
-from mos_lease_pg import archive as retention
-from mos_lease_pg import migrations as migrations_module
+from mos_lease_pg import PostgresLeaseStore
+from mos_lease_pg.admin import archive as retention
+from mos_lease_pg.admin import migrate
+from mos_lease_pg.admin import migrations as migrations_module
 from tests.pg.test_pg_audit_partitions import AUDIT, _insert_old_rows, _partitions, _rows
 from tests.pg.test_pg_roles import Layout, role_layout
 from tests.pg.test_pg_store import TTL, entry_for

@@ -17,9 +17,10 @@ import pytest
 from psycopg import errors, sql
 
 from mos_lease import AllowAllPolicy, ConnectorLeaseCoordinator, LeaseIdentity
-from mos_lease_pg import ConnectionSettings, PostgresLeaseStore, migrate, preflight
-from mos_lease_pg import archive as retention
-from mos_lease_pg import migrations as migrations_module
+from mos_lease_pg import ConnectionSettings, PostgresLeaseStore, preflight
+from mos_lease_pg.admin import archive as retention
+from mos_lease_pg.admin import migrate
+from mos_lease_pg.admin import migrations as migrations_module
 from tests.pg.test_pg_roles import Layout, role_layout
 from tests.pg_fixtures import PgSchema, StoreFactory, allow_test_clock
 

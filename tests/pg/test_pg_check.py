@@ -16,8 +16,8 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from mos_lease_pg import check, roles
-from mos_lease_pg.check import ClockReading, Facts, Item, Report, Status, evaluate, run_check
+from mos_lease_pg.admin import check, roles
+from mos_lease_pg.admin.check import ClockReading, Facts, Item, Report, Status, evaluate, run_check
 from mos_lease_pg.preflight import SchemaCheck, required_version
 from mos_lease_pg.translate import POOLER_SETTINGS
 from tests.pg.test_pg_cli import Fresh, fresh_database, gateway_works, run

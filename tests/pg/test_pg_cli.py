@@ -17,8 +17,9 @@ from psycopg import sql
 
 from mos_lease import AllowAllPolicy, ConnectorLeaseCoordinator, LeaseIdentity
 from mos_lease.errors import ConfigurationError
-from mos_lease_pg import ConnectionSettings, PostgresLeaseStore, available_migrations
-from mos_lease_pg.cli import register
+from mos_lease_pg import ConnectionSettings, PostgresLeaseStore
+from mos_lease_pg.admin import available_migrations
+from mos_lease_pg.admin.cli import register
 from tests.pg_fixtures import PgSchema, StoreFactory
 from tests.pg_support import PgServer, create_database, drop_database, unique_name, with_params
 

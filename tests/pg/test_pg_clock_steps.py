@@ -22,11 +22,11 @@ from mos_lease import (
     AsyncConnectorLeaseCoordinator,
     ConnectorLeaseCoordinator,
     LeaseIdentity,
-    LifecycleEvent,
     Outcome,
     Reason,
 )
-from mos_lease_pg.check import Status, run_check
+from mos_lease.vocabulary import LifecycleEvent
+from mos_lease_pg.admin.check import Status, run_check
 from tests.pg_clock import ShiftedAsyncPostgresLeaseStore
 from tests.pg_fixtures import StoreFactory
 

@@ -25,11 +25,11 @@ from mos_lease import (
     ConnectorExecutionContext,
     ConnectorLeaseCoordinator,
     LeaseIdentity,
-    LifecycleEvent,
     Reason,
 )
 from mos_lease.keeper import LeaseKeeper, LossCause
 from mos_lease.records import Snapshot
+from mos_lease.vocabulary import LifecycleEvent
 from mos_lease_pg import ConnectionSettings, PostgresLeaseStore
 from tests.pg_fixtures import StoreFactory
 from tests.pg_support import unique_name

@@ -24,17 +24,16 @@ from mos_lease import (
     AllowAllPolicy,
     AsyncConnectorLeaseCoordinator,
     ConnectorLeaseCoordinator,
-    HolderView,
     LeaseIdentity,
     LeaseLost,
     LeaseNotAcquired,
-    LeaseState,
-    LifecycleEvent,
     LossCause,
     Outcome,
     Reason,
     hold,
 )
+from mos_lease.results import HolderView
+from mos_lease.vocabulary import LeaseState, LifecycleEvent
 from mos_lease_pg import AsyncPostgresLeaseStore, PostgresLeaseStore
 from tests.pg_fixtures import StoreFactory
 

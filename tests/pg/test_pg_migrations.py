@@ -15,10 +15,9 @@ import pytest
 from psycopg import sql
 
 from mos_lease import AllowAllPolicy, ConnectorLeaseCoordinator, LeaseIdentity
-from mos_lease_pg import (
-    ConnectionSettings,
+from mos_lease_pg import ConnectionSettings, PostgresLeaseStore
+from mos_lease_pg.admin import (
     MigrationError,
-    PostgresLeaseStore,
     applied_versions,
     archive,
     available_migrations,

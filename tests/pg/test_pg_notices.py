@@ -30,10 +30,10 @@ from mos_lease import (
     LeaseNotAcquired,
     LossCause,
     Reason,
-    Renewed,
     hold,
 )
 from mos_lease.errors import ConfigurationError
+from mos_lease.events import Renewed
 from mos_lease.notice_confirmer import NoticeConfirmer
 from mos_lease.notice_gate import NoticeStats
 from mos_lease_pg import AsyncPostgresLeaseStore, LeaseNotices

@@ -10,8 +10,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from mos_lease_pg import roles
-from mos_lease_pg.check import Status, run_check
+from mos_lease_pg.admin import roles
+from mos_lease_pg.admin.check import Status, run_check
 from mos_lease_pg.translate import POOLER_SETTINGS
 from tests.pg.test_pg_check import items
 from tests.pg.test_pg_cli import Fresh, fresh_database, run

@@ -14,17 +14,10 @@ from uuid import UUID, uuid4
 import psycopg
 import pytest
 
-from mos_lease import (
-    AllowAllPolicy,
-    ConnectorLeaseCoordinator,
-    LeaseIdentity,
-    LeaseState,
-    LifecycleEvent,
-    Outcome,
-    Reason,
-)
+from mos_lease import AllowAllPolicy, ConnectorLeaseCoordinator, LeaseIdentity, Outcome, Reason
 from mos_lease.machine import Renew, Rotate, Write
 from mos_lease.records import AuditEntry, Snapshot, WriteOutcome
+from mos_lease.vocabulary import LeaseState, LifecycleEvent
 from mos_lease_pg import PostgresLeaseStore, statements
 from tests.pg_fixtures import StoreFactory
 

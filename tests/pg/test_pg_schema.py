@@ -27,18 +27,17 @@ from mos_lease_pg import (
     AsyncPostgresLeaseStore,
     ConnectionSettings,
     PostgresLeaseStore,
-    applied_versions,
     effects,
     fencing,
     make_pool,
-    migrate,
     preflight,
     reconcile,
     statements,
 )
-from mos_lease_pg.cli import register
+from mos_lease_pg.admin import applied_versions, migrate
+from mos_lease_pg.admin.cli import register
+from mos_lease_pg.admin.migrations import SecondCopyRefused
 from mos_lease_pg.fencing import PostgresResourceGuard
-from mos_lease_pg.migrations import SecondCopyRefused
 from mos_lease_pg.statements import (
     DEFAULT_SCHEMA,
     LIBRARY_TABLES,

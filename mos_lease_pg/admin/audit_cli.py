@@ -1,6 +1,6 @@
 """``mos-lease audit archive | verify | partitions``: audit retention for operators (the
-logic is in :mod:`mos_lease_pg.archive`). Without a subcommand ``mos-lease audit`` lists
-records (:mod:`mos_lease_pg.cli`). Archive and partitions run as the owner role.
+logic is in :mod:`mos_lease_pg.admin.archive`). Without a subcommand ``mos-lease audit`` lists
+records (:mod:`mos_lease_pg.admin.cli`). Archive and partitions run as the owner role.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from datetime import date
 from pathlib import Path
 
 from mos_lease.errors import MosLeaseError
-from mos_lease_pg import archive
+from mos_lease_pg.admin import archive
 
 
 def _date(value: str) -> date:

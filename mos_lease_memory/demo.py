@@ -8,9 +8,9 @@ from mos_lease.clock import ManualClock
 from mos_lease.context import ConnectorExecutionContext
 from mos_lease.coordinator import ConnectorLeaseCoordinator
 from mos_lease.identity import LeaseIdentity
-from mos_lease.memory import InMemoryLeaseStore
 from mos_lease.policy import StaticConnectorPolicy
 from mos_lease.results import GrantResult, InvocationResult, LeaseResult, ValidationResult
+from mos_lease_memory.store import InMemoryLeaseStore
 
 POLICY = {"rules": [
     {"tenant_id": "acme", "logical_agent_id": "*", "binding_id": "*", "connector_id": name,

@@ -18,55 +18,28 @@ holds them, unless ``allow_second_copy=True``. Run it as the owner role (see ``m
 
 from __future__ import annotations
 
-import re
-from importlib import resources
 from typing import Any
 
-import attrs
 import psycopg
 from psycopg import errors as pg_errors
 from psycopg import sql
 
-from mos_lease.errors import ConfigurationError, MosLeaseError
-from mos_lease_pg.archive import MONTHS_AHEAD
+from mos_lease.errors import ConfigurationError
+from mos_lease_pg.admin.archive import MONTHS_AHEAD
 from mos_lease_pg.statements import DEFAULT_SCHEMA, check_schema, schema_query
+from mos_lease_pg.versions import Migration, MigrationError, available_migrations
 
-_NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
 _CREATE_RACE_RETRIES = 5
 
-
-class MigrationError(MosLeaseError):
-    """The schema could not be brought up to date; nothing partial was committed for the
-    version that failed."""
+# The shipped versions (mos_lease_pg.versions, which a store's first-use check also reads)
+# are part of what this module offers beside applying them.
+__all__ = ["Migration", "MigrationError", "SecondCopyRefused", "applied_versions",
+           "available_migrations", "migrate", "other_copies"]
 
 
 class SecondCopyRefused(MigrationError, ConfigurationError):
     """The tables already exist in another schema of the database: building a second copy
     would let two gateways hold the same identity, one in each copy."""
-
-
-@attrs.frozen(slots=True)
-class Migration:
-    """One shipped migration: its ``version``, file ``name`` and ``sql``."""
-
-    version: int
-    name: str
-    sql: str
-
-
-def available_migrations() -> list[Migration]:
-    """Every migration shipped with this package, in version order."""
-    folder = resources.files("mos_lease_pg").joinpath("sql", "migrations")
-    found = []
-    for item in folder.iterdir():
-        match = _NAME.match(item.name)
-        if match:
-            found.append(Migration(int(match[1]), match[2], item.read_text("utf-8")))
-    found.sort(key=lambda m: m.version)
-    versions = [m.version for m in found]
-    if versions != list(range(1, len(found) + 1)):
-        raise MigrationError(f"migration versions must run 1..n without gaps: {versions}")
-    return found
 
 
 def _connect(conninfo: str) -> psycopg.Connection[Any]:

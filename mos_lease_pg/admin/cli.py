@@ -1,8 +1,8 @@
 """``mos-lease setup | roles | migrate | check | status | audit``: the operator commands for
 PostgreSQL.
 
-The main ``mos-lease`` command calls :func:`register` to add them; ``python -m
-mos_lease_pg`` runs them on their own. ``--dsn`` defaults to the ``MOS_LEASE_DSN``
+The main ``mos-lease`` command finds each through its entry point (``add_setup`` ...);
+``python -m mos_lease_pg`` runs them on their own. ``--dsn`` defaults to the ``MOS_LEASE_DSN``
 environment variable, so a password need not appear in the process list. ``--schema``
 (default ``$MOS_LEASE_SCHEMA``, else ``mos_lease``) names the schema every command uses: the
 connecting role's search_path is never consulted.
@@ -18,14 +18,16 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
+from mos_lease.cli import AddCommand, Commands
 from mos_lease.errors import ConfigurationError, MosLeaseError
 from mos_lease.ports import MAX_AUDIT_PAGE
 from mos_lease.records import AuditRecord, LeaseRow
-from mos_lease_pg import audit_cli, check, roles
+from mos_lease_pg.admin import audit_cli, check, roles
+from mos_lease_pg.admin.migrations import applied_versions, migrate
 from mos_lease_pg.connection import ConnectionSettings
-from mos_lease_pg.migrations import applied_versions, available_migrations, migrate
 from mos_lease_pg.statements import DEFAULT_SCHEMA, check_schema
 from mos_lease_pg.store import PostgresLeaseStore
+from mos_lease_pg.versions import available_migrations
 
 DSN_ENV = "MOS_LEASE_DSN"
 SCHEMA_ENV = "MOS_LEASE_SCHEMA"
@@ -91,14 +93,11 @@ def _store(args: argparse.Namespace) -> PostgresLeaseStore:
     return PostgresLeaseStore(args.dsn, settings=ConnectionSettings(schema=args.schema))
 
 
-# Every command this module adds, in the order ``--help`` lists them. The main command
-# stands in for each with an install hint when this package cannot be imported.
-COMMANDS = ("setup", "roles", "migrate", "check", "status", "audit")
-
-
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add the :data:`COMMANDS` to the ``mos-lease`` command."""
-    setup_parser = subparsers.add_parser(
+# Every command this module adds, in the order ``--help`` lists them; each is also an entry
+# point of the group ``mos_lease.cli`` (pyproject.toml), which the main command loads.
+def add_setup(commands: Commands) -> None:
+    """Add ``mos-lease setup``: a new database's roles, migrations and grants in one go."""
+    setup_parser = commands.add_parser(
         "setup", help="set up a new database: roles, migrate as the owner, roles (idempotent)",
         description="The whole first-time order, run as a superuser: create the owner and "
                     "gateway roles and the schema, apply the migrations as the owner role "
@@ -112,7 +111,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     _add_second_copy(setup_parser)
     setup_parser.set_defaults(func=run_setup)
 
-    roles_parser = subparsers.add_parser(
+
+def add_roles(commands: Commands) -> None:
+    """Add ``mos-lease roles``: the role layout applied or printed."""
+    roles_parser = commands.add_parser(
         "roles", help="create the roles and schema, grant on the tables that exist",
         description="Apply the least-privilege role layout shipped in the package "
                     "(mos_lease_pg/sql/roles.sql) as a superuser, or print it with --print. "
@@ -125,7 +127,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                                    "(for psql -f - or review)")
     roles_parser.set_defaults(func=run_roles)
 
-    migrate_parser = subparsers.add_parser(
+
+def add_migrate(commands: Commands) -> None:
+    """Add ``mos-lease migrate``: the schema created or upgraded."""
+    migrate_parser = commands.add_parser(
         "migrate", help="create or upgrade the mos-lease schema (idempotent)",
         description="Apply pending schema migrations. Safe to run from several hosts at "
                     "once; run it as the owner role (see `mos-lease roles`), then run "
@@ -136,7 +141,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     _add_second_copy(migrate_parser)
     migrate_parser.set_defaults(func=run_migrate)
 
-    check_parser = subparsers.add_parser(
+
+def add_check(commands: Commands) -> None:
+    """Add ``mos-lease check``: the database and the connecting role checked for gateway use."""
+    check_parser = commands.add_parser(
         "check", help="check the database and the connecting role for gateway use",
         description="Report the server version, the schema and its version, the role's "
                     "privileges, durability settings, whether the server is a standby, the "
@@ -154,7 +162,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
              "default timeouts are required")
     check_parser.set_defaults(func=run_check)
 
-    status_parser = subparsers.add_parser(
+
+def add_status(commands: Commands) -> None:
+    """Add ``mos-lease status``: the current lease of every binding."""
+    status_parser = commands.add_parser(
         "status", help="show the current lease of every binding",
         description="List lease rows with their state judged by the database clock.")
     _add_dsn(status_parser)
@@ -162,7 +173,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     status_parser.add_argument("--json", action="store_true", help="machine-readable output")
     status_parser.set_defaults(func=run_status)
 
-    audit_parser = subparsers.add_parser(
+
+def add_audit(commands: Commands) -> None:
+    """Add ``mos-lease audit``: the audit trail and its retention subcommands."""
+    audit_parser = commands.add_parser(
         "audit", help="show the lease audit trail",
         description="List audit records in sequence order, oldest first.")
     _add_dsn(audit_parser, required=False)  # the retention subcommands take their own
@@ -176,6 +190,17 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     audit_parser.add_argument("--json", action="store_true", help="machine-readable output")
     audit_parser.set_defaults(func=run_audit)
     audit_cli.register(audit_parser, _add_dsn)
+
+
+COMMANDS: dict[str, AddCommand] = {
+    "setup": add_setup, "roles": add_roles, "migrate": add_migrate, "check": add_check,
+    "status": add_status, "audit": add_audit}
+
+
+def register(commands: Commands) -> None:
+    """Add every command of :data:`COMMANDS` (``python -m mos_lease_pg``)."""
+    for add in COMMANDS.values():
+        add(commands)
 
 
 def _fail(error: Exception) -> int:
