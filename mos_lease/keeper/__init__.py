@@ -1,8 +1,9 @@
 """Lease keepers: heartbeat a lease in the background and know, locally, when it is gone.
 
 ``schedule`` holds the pure decisions (when to renew, retry, or count the lease lost),
-``flow`` the steps written once, ``drivers`` the thread and asyncio keepers that run them.
-Why the local deadline is safe is explained in ``docs/keeper.md``.
+``calls`` the coordinator calls a keeper makes and the loops that make them, ``steps`` the
+keeper's steps written once, ``drivers`` the thread and asyncio keepers that run them. Why
+the local deadline is safe is explained in ``docs/keeper.md``.
 """
 
 from mos_lease.keeper import schedule

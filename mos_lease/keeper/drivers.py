@@ -1,5 +1,8 @@
-"""The two keepers: :class:`LeaseKeeper` runs the flows of ``flow.py`` on a thread,
-:class:`AsyncLeaseKeeper` as an asyncio task. Each only performs the calls a flow yields.
+"""The two keepers: :class:`LeaseKeeper` runs the steps of ``steps.py`` on a thread,
+:class:`AsyncLeaseKeeper` as an asyncio task. Each only performs the steps: a coordinator
+call is made by the call itself (``call.on(coordinator)``, :mod:`mos_lease.keeper.calls`);
+what a driver adds is how it waits (a pause that a stop ends early, a heartbeat abandoned at
+the deadline), which is where threads and asyncio differ.
 """
 
 from __future__ import annotations
@@ -14,20 +17,27 @@ from datetime import timedelta
 from typing import Any, Generic, TypeVar
 
 from mos_lease.bounded import bounded
-from mos_lease.clock import (
-    default_clock,  # CLOCK_BOOTTIME: a resumed process finds its deadline passed
-)
+from mos_lease.clock import MonotonicClock
 from mos_lease.coordinator import (
     AsyncConnectorLeaseCoordinator,
     ConnectorLeaseCoordinator,
 )
 from mos_lease.errors import ConfigurationError, InvalidInput, MosLeaseError
 from mos_lease.events import EventHook
-from mos_lease.flowdrive import Drive, outcome_of, outcome_of_async
 from mos_lease.identity import LeaseIdentity
-from mos_lease.keeper import flow
-from mos_lease.keeper.flow import OVERDUE, Call, Flow, Heartbeat, KeeperCore, Sleep
+from mos_lease.keeper import steps
+from mos_lease.keeper.calls import (
+    AcquireCall,
+    HeartbeatCall,
+    Sleep,
+    Step,
+    Steps,
+    TakeoverCall,
+    drive,
+    drive_async,
+)
 from mos_lease.keeper.schedule import Action, KeeperTiming, LeaseLoss
+from mos_lease.keeper.steps import OVERDUE, KeeperCore
 from mos_lease.records import LeaseHandle
 from mos_lease.results import GrantResult, LeaseResult
 from mos_lease.vocabulary import Outcome
@@ -65,7 +75,7 @@ def _adopted(lease: object) -> LeaseResult:
 class _Keeper(Generic[C, S]):
     """What both keepers share: construction and the read-only view of the core. ``C`` is
     the coordinator class, ``S`` the type of ``sleep``; a shell adds ``_setup``, which makes
-    its own parts, and ``_perform``, which performs one call of a flow."""
+    its own parts, and ``_perform``, which performs one step."""
 
     _kind: type[C]  # the class heartbeat_coordinator must be
 
@@ -74,7 +84,7 @@ class _Keeper(Generic[C, S]):
                  safety_margin: float | None = None, min_backoff: float | None = None,
                  max_backoff: float | None = None, clock_step: float | None = None,
                  on_lost: Callable[[LeaseLoss], object] | None = None,
-                 clock: Callable[[], float] = default_clock,
+                 clock: MonotonicClock | None = None,
                  sleep: S | None = None,
                  random: Callable[[], float] = _random.random,
                  background: bool = True,
@@ -87,7 +97,11 @@ class _Keeper(Generic[C, S]):
         timing = _timing(ttl, renew_fraction=renew_fraction, jitter=jitter,
                          safety_margin=safety_margin, min_backoff=min_backoff,
                          max_backoff=max_backoff, clock_step=clock_step)
-        self._core = KeeperCore(timing, clock, random, on_lost, on_event, signal)
+        # The coordinator's clock unless told otherwise: deadlines and the coordinator's
+        # in-flight times are then measured on one clock (CLOCK_BOOTTIME by default, so a
+        # process resumed from suspend finds its deadline passed).
+        self._core = KeeperCore(timing, coordinator.monotonic if clock is None else clock,
+                                random, on_lost, on_event, signal)
         self.ttl = timing.ttl
         self._background = background
 
@@ -136,20 +150,20 @@ class _Keeper(Generic[C, S]):
         # handle's repr carries the lease UUID and the scopes.
         return f"mos-lease-keeper {self._core.require_state().lease.identity}"
 
-    # -- what a flow's calls are, and which flows the public methods run ----------------
+    # -- which steps the public methods run ---------------------------------------------
 
     def _acquire(self, identity: LeaseIdentity, connector_id: str, scopes: object,
-                 correlation_id: str | None) -> Flow:
-        return flow.start(self._core, flow.Acquire(identity, connector_id, scopes,
+                 correlation_id: str | None) -> Steps[Any]:
+        return steps.start(self._core, AcquireCall(identity, connector_id, scopes, self.ttl,
                                                    correlation_id))
 
     def _takeover(self, identity: LeaseIdentity, connector_id: str, scopes: object,
-                  expected_epoch: int, correlation_id: str | None) -> Flow:
-        return flow.start(self._core, flow.Takeover(identity, connector_id, scopes,
+                  expected_epoch: int, correlation_id: str | None) -> Steps[Any]:
+        return steps.start(self._core, TakeoverCall(identity, connector_id, scopes, self.ttl,
                                                     expected_epoch, correlation_id))
 
-    def _adopt(self, lease: LeaseHandle, obtained_at: float) -> Flow:
-        return flow.start(self._core, _adopted(lease), obtained_at)
+    def _adopt(self, lease: LeaseHandle, obtained_at: float) -> Steps[Any]:
+        return steps.start(self._core, _adopted(lease), obtained_at)
 
 
 class LeaseKeeper(_Keeper[ConnectorLeaseCoordinator, Callable[[float], object]]):
@@ -165,7 +179,10 @@ class LeaseKeeper(_Keeper[ConnectorLeaseCoordinator, Callable[[float], object]])
         keeper.stop()  # stops renewing and releases the lease
 
     A keeper keeps one lease: once lost or stopped it stays so; make a new one to try again.
-    ``clock`` (monotonic seconds), ``sleep`` and ``random`` are injectable for tests; with
+    ``clock`` is the monotonic clock the local deadline is kept on: by default the
+    coordinator's (:attr:`~mos_lease.ConnectorLeaseCoordinator.monotonic`), so one clock
+    serves the coordinator and its keepers. ``sleep`` and ``random`` are injectable for
+    tests; with
     ``background=False`` no thread is started and :meth:`step` drives the keeper by hand.
     Each heartbeat runs on its own short-lived daemon thread, so a store call that hangs
     (a half-open TCP connection) cannot delay the loss past the deadline; such a call is
@@ -196,32 +213,18 @@ class LeaseKeeper(_Keeper[ConnectorLeaseCoordinator, Callable[[float], object]])
         self.lost.set()
         self._wakeup.set()
 
-    def _drive(self, running: Flow, thrown: type[BaseException] = MosLeaseError) -> Any:
-        """Run ``running`` to its end, performing each call it yields."""
-        drive = Drive(running, thrown)
-        for call in drive:
-            drive.send(outcome_of(self._perform, call))
-        return drive.result
+    def _drive(self, running: Steps[Any], thrown: type[BaseException] = MosLeaseError) -> Any:
+        return drive(running, self._perform, thrown)
 
-    def _perform(self, call: Call) -> Any:
-        if isinstance(call, Sleep):
-            return self._sleep(call.seconds)
-        if isinstance(call, Heartbeat):
-            return bounded(lambda: self.heartbeat_coordinator.heartbeat(call.lease,
-                                                                        ttl=self.ttl),
-                           call.timeout, name="mos-lease-heartbeat")
-        if isinstance(call, flow.IssueGrant):
-            return self.coordinator.issue_grant(call.lease, scopes=call.scopes, ttl=call.ttl,
-                                                correlation_id=call.correlation_id)
-        if isinstance(call, flow.Acquire):
-            return self.coordinator.acquire(call.identity, call.connector_id,
-                                            scopes=call.scopes, ttl=self.ttl,
-                                            correlation_id=call.correlation_id)
-        if isinstance(call, flow.Takeover):
-            return self.coordinator.takeover(
-                call.identity, call.connector_id, scopes=call.scopes, ttl=self.ttl,
-                expected_epoch=call.expected_epoch, correlation_id=call.correlation_id)
-        return self.coordinator.release(call.lease)
+    def _perform(self, step: Step) -> Any:
+        if isinstance(step, Sleep):
+            return self._sleep(step.seconds)  # stop() sets the event: the pause ends at once
+        if isinstance(step, HeartbeatCall):
+            # On a thread of its own: a call hung on a half-open connection is abandoned
+            # at the deadline (OVERDUE) instead of holding the keeper past it.
+            return bounded(lambda: step.on(self.heartbeat_coordinator), step.timeout,
+                           name="mos-lease-heartbeat")
+        return step.on(self.coordinator)
 
     # -- getting a lease -----------------------------------------------------------------
 
@@ -244,7 +247,7 @@ class LeaseKeeper(_Keeper[ConnectorLeaseCoordinator, Callable[[float], object]])
         the keeper clock's reading taken *before* the call that produced ``lease``."""
         self._start(self._adopt(lease, obtained_at))
 
-    def _start(self, starting: Flow) -> LeaseResult:
+    def _start(self, starting: Steps[Any]) -> LeaseResult:
         result: LeaseResult
         result, holding = self._drive(starting, BaseException)
         if holding and self._background:
@@ -256,7 +259,7 @@ class LeaseKeeper(_Keeper[ConnectorLeaseCoordinator, Callable[[float], object]])
 
     def step(self) -> Action:
         """Run one decision: renew, wait, or report loss. Returns what was decided."""
-        action: Action = self._drive(flow.step(self._core))
+        action: Action = self._drive(steps.step(self._core))
         return action
 
     def _run(self) -> None:
@@ -264,7 +267,7 @@ class LeaseKeeper(_Keeper[ConnectorLeaseCoordinator, Callable[[float], object]])
             try:
                 self.step()
             except Exception as error:
-                flow.run_failed(self._core, error)
+                steps.run_failed(self._core, error)
 
     # -- using the lease -----------------------------------------------------------------
 
@@ -272,8 +275,8 @@ class LeaseKeeper(_Keeper[ConnectorLeaseCoordinator, Callable[[float], object]])
                     correlation_id: str | None = None) -> GrantResult:
         """Mint a grant for the kept lease, or refuse locally once it is lost (the deadline
         is checked before and after the store call)."""
-        result: GrantResult = self._drive(flow.issue_grant(self._core, scopes, ttl,
-                                                           correlation_id))
+        result: GrantResult = self._drive(steps.issue_grant(self._core, scopes, ttl,
+                                                            correlation_id))
         return result
 
     # -- stopping ------------------------------------------------------------------------
@@ -288,7 +291,7 @@ class LeaseKeeper(_Keeper[ConnectorLeaseCoordinator, Callable[[float], object]])
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
-        result: LeaseResult | None = self._drive(flow.stop(self._core, release))
+        result: LeaseResult | None = self._drive(steps.stop(self._core, release))
         return result
 
     def __enter__(self) -> LeaseKeeper:
@@ -322,36 +325,23 @@ class AsyncLeaseKeeper(_Keeper[AsyncConnectorLeaseCoordinator,
         self._abandoned: set[asyncio.Future[LeaseResult]] = set()
         return self.lost.set
 
-    async def _drive(self, running: Flow, thrown: type[BaseException] = MosLeaseError) -> Any:
-        drive = Drive(running, thrown)
-        for call in drive:
-            drive.send(await outcome_of_async(self._perform, call))
-        return drive.result
+    async def _drive(self, running: Steps[Any],
+                     thrown: type[BaseException] = MosLeaseError) -> Any:
+        return await drive_async(running, self._perform, thrown)
 
-    async def _perform(self, call: Call) -> Any:
-        if isinstance(call, Sleep):
-            return await self._sleep(call.seconds)
-        if isinstance(call, Heartbeat):
-            return await self._bounded_heartbeat(call)
-        if isinstance(call, flow.IssueGrant):
-            return await self.coordinator.issue_grant(
-                call.lease, scopes=call.scopes, ttl=call.ttl, correlation_id=call.correlation_id)
-        if isinstance(call, flow.Acquire):
-            return await self.coordinator.acquire(
-                call.identity, call.connector_id, scopes=call.scopes, ttl=self.ttl,
-                correlation_id=call.correlation_id)
-        if isinstance(call, flow.Takeover):
-            return await self.coordinator.takeover(
-                call.identity, call.connector_id, scopes=call.scopes, ttl=self.ttl,
-                expected_epoch=call.expected_epoch, correlation_id=call.correlation_id)
-        return await self.coordinator.release(call.lease)
-    async def _bounded_heartbeat(self, call: Heartbeat) -> object:
+    async def _perform(self, step: Step) -> Any:
+        if isinstance(step, Sleep):
+            return await self._sleep(step.seconds)  # stop() cancels the task: it ends at once
+        if isinstance(step, HeartbeatCall):
+            return await self._bounded_heartbeat(step)
+        return await step.on(self.coordinator)
+
+    async def _bounded_heartbeat(self, call: HeartbeatCall) -> object:
         # The heartbeat runs as a task of its own and is waited for, not awaited under a
         # timeout: cancelling a call only ends it once the call lets go, and a driver may
         # hold on to a cancelled call for as long as it waits for the server (psycopg sends
         # a cancel request and then waits for the reply).
-        running = asyncio.ensure_future(
-            self.heartbeat_coordinator.heartbeat(call.lease, ttl=self.ttl))
+        running = asyncio.ensure_future(call.on(self.heartbeat_coordinator))
         try:
             done, _ = await asyncio.wait((running,), timeout=max(call.timeout, 0.0))
         except asyncio.CancelledError:
@@ -399,7 +389,7 @@ class AsyncLeaseKeeper(_Keeper[AsyncConnectorLeaseCoordinator,
         the keeper clock's reading taken before the call that produced ``lease``."""
         await self._start(self._adopt(lease, obtained_at))
 
-    async def _start(self, starting: Flow) -> LeaseResult:
+    async def _start(self, starting: Steps[Any]) -> LeaseResult:
         result: LeaseResult
         result, holding = await self._drive(starting, BaseException)
         if holding and self._background:
@@ -408,7 +398,7 @@ class AsyncLeaseKeeper(_Keeper[AsyncConnectorLeaseCoordinator,
 
     async def step(self) -> Action:
         """Run one decision: renew, wait, or report loss. Returns what was decided."""
-        action: Action = await self._drive(flow.step(self._core))
+        action: Action = await self._drive(steps.step(self._core))
         return action
 
     async def _run(self) -> None:
@@ -416,14 +406,14 @@ class AsyncLeaseKeeper(_Keeper[AsyncConnectorLeaseCoordinator,
             try:
                 await self.step()
             except Exception as error:
-                flow.run_failed(self._core, error)
+                steps.run_failed(self._core, error)
 
     async def issue_grant(self, *, scopes: object, ttl: float | timedelta,
                           correlation_id: str | None = None) -> GrantResult:
         """Mint a grant for the kept lease, or refuse locally once it is lost (the deadline
         is checked before and after the store call)."""
-        result: GrantResult = await self._drive(flow.issue_grant(self._core, scopes, ttl,
-                                                                 correlation_id))
+        result: GrantResult = await self._drive(steps.issue_grant(self._core, scopes, ttl,
+                                                                  correlation_id))
         return result
 
     async def stop(self, *, release: bool = True) -> LeaseResult | None:
@@ -440,7 +430,7 @@ class AsyncLeaseKeeper(_Keeper[AsyncConnectorLeaseCoordinator,
             error = None if task.cancelled() else task.exception()
             if error is not None:
                 raise error  # as ``await task`` would
-        result: LeaseResult | None = await self._drive(flow.stop(self._core, release))
+        result: LeaseResult | None = await self._drive(steps.stop(self._core, release))
         return result
 
     async def __aenter__(self) -> AsyncLeaseKeeper:
