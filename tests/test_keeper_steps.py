@@ -10,15 +10,18 @@ monotonic clock unless told otherwise.
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import inspect
 import typing
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import attrs
 import pytest
 
+import mos_lease
 from mos_lease import (
     AllowAllPolicy,
     AsyncConnectorLeaseCoordinator,
@@ -135,6 +138,22 @@ def test_the_two_keepers_make_the_same_calls() -> None:
     assert [name for name, _, _ in sync.calls] == ["acquire", "heartbeat", "issue_grant",
                                                    "release"]
     assert sync.calls == asynchronous.calls
+
+
+COORDINATOR_METHODS = {"acquire", "takeover", "heartbeat", "heartbeat_many", "release",
+                       "issue_grant", "validate", "current_holder", "load"}
+
+
+@pytest.mark.parametrize("module", ["keeper/drivers.py", "holder/thread_shell.py",
+                                    "holder/asyncio_shell.py"])
+def test_the_drivers_make_no_coordinator_call_of_their_own(module: str) -> None:
+    """What the keeper and holder ask of the coordinator is in the steps (written once);
+    a thread or asyncio driver only performs them (``step.on(...)``)."""
+    source = (Path(mos_lease.__file__).parent / module).read_text()
+    direct = [node.attr for node in ast.walk(ast.parse(source))
+              if isinstance(node, ast.Attribute) and node.attr in COORDINATOR_METHODS
+              and "coordinator" in ast.unparse(node.value)]
+    assert direct == []
 
 
 def test_no_step_or_decision_is_named_like_a_machine_command() -> None:

@@ -43,7 +43,7 @@ from __future__ import annotations
 import random as _random
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
-from typing import Any, TypedDict, Unpack, overload
+from typing import Any, TypedDict, TypeVar, Unpack, overload
 
 from mos_lease.clock import MonotonicClock
 from mos_lease.coordinator import (
@@ -97,6 +97,17 @@ class _Shared(TypedDict, total=False):
     notices: NoticeSource | None
     clock: MonotonicClock | None
     random: Callable[[], float]
+
+
+C = TypeVar("C", ConnectorLeaseCoordinator, AsyncConnectorLeaseCoordinator)
+
+
+def _same_kind(heartbeat_coordinator: object, kind: type[C]) -> C | None:
+    """``heartbeat_coordinator``, refused unless it is of the coordinator's ``kind``."""
+    if heartbeat_coordinator is None or isinstance(heartbeat_coordinator, kind):
+        return heartbeat_coordinator
+    raise InvalidInput("heartbeat_coordinator", f"must be a {kind.__name__} like the "
+                       f"coordinator, not {type(heartbeat_coordinator).__name__}")
 
 
 # The two overloads differ only in the coordinator types, ``sleep`` and the holder returned.
@@ -179,20 +190,13 @@ def hold(coordinator: ConnectorLeaseCoordinator | AsyncConnectorLeaseCoordinator
     if not (sleep is None or callable(sleep)):
         raise InvalidInput("sleep", f"must be callable or None, not {type(sleep).__name__}")
     if isinstance(coordinator, ConnectorLeaseCoordinator):
-        if heartbeat_coordinator is not None \
-                and not isinstance(heartbeat_coordinator, ConnectorLeaseCoordinator):
-            raise InvalidInput("heartbeat_coordinator", "must be a ConnectorLeaseCoordinator")
         if cancel_on_loss:
             raise InvalidInput("cancel_on_loss", "only an asyncio holder can cancel its "
                                "block; use lost_event, wait_lost() or on_lost")
-        return Holder(coordinator, options, sleep=sleep,
-                      heartbeat_coordinator=heartbeat_coordinator)
+        return Holder(coordinator, options, sleep=sleep, heartbeat_coordinator=_same_kind(
+            heartbeat_coordinator, ConnectorLeaseCoordinator))
     if isinstance(coordinator, AsyncConnectorLeaseCoordinator):
-        if heartbeat_coordinator is not None \
-                and not isinstance(heartbeat_coordinator, AsyncConnectorLeaseCoordinator):
-            raise InvalidInput("heartbeat_coordinator",
-                               "must be an AsyncConnectorLeaseCoordinator")
-        return AsyncHolder(coordinator, options, sleep=sleep,
-                           heartbeat_coordinator=heartbeat_coordinator)
+        return AsyncHolder(coordinator, options, sleep=sleep, heartbeat_coordinator=_same_kind(
+            heartbeat_coordinator, AsyncConnectorLeaseCoordinator))
     raise InvalidInput("coordinator", "must be a ConnectorLeaseCoordinator or an "
                        f"AsyncConnectorLeaseCoordinator, not {type(coordinator).__name__}")

@@ -12,7 +12,6 @@ from types import TracebackType
 from typing import Any
 
 from mos_lease.coordinator import AsyncConnectorLeaseCoordinator
-from mos_lease.errors import MosLeaseError
 from mos_lease.holder.base import HolderStep, _HolderBase
 from mos_lease.holder.options import HoldOptions, LeaseLost
 from mos_lease.keeper import AsyncLeaseKeeper, LeaseLoss
@@ -117,10 +116,7 @@ class AsyncHolder(_HolderBase[AsyncLeaseKeeper]):
 
         async def confirm(held_epoch: int) -> None:
             try:
-                view = await self.coordinator.current_holder(self.options.identity)
-                self._lose_to(held_epoch, view)
-            except MosLeaseError:
-                pass  # unconfirmed: the keeper's next renewal decides
+                await drive_async(self._confirmation(held_epoch), self._perform)
             finally:
                 done()  # also when cancelled: the turn is over either way
 

@@ -13,12 +13,12 @@ from typing import Any, Generic, TypeVar
 import attrs
 
 from mos_lease.clock import MonotonicClock
-from mos_lease.errors import InvalidInput
+from mos_lease.errors import InvalidInput, MosLeaseError
 from mos_lease.holder.options import HoldOptions, LeaseLost, NoticeSource
 from mos_lease.holder.waiting import expiring_check, waiting
 from mos_lease.identity import LeaseIdentity
 from mos_lease.keeper import AsyncLeaseKeeper, LeaseKeeper, LeaseLoss, LossCause
-from mos_lease.keeper.calls import Step
+from mos_lease.keeper.calls import CurrentHolderCall, Step
 from mos_lease.notice_confirmer import Done, NoticeConfirmer, shared_confirmer
 from mos_lease.records import LeaseHandle
 from mos_lease.results import GrantResult, HolderView, LeaseResult
@@ -229,6 +229,16 @@ class _HolderBase(Generic[K]):
     def _held_lease(self) -> LeaseHandle | None:
         keeper = self._keeper
         return None if keeper is None else keeper.lease
+
+    def _confirmation(self, held_epoch: int) -> Generator[HolderStep, Any, None]:
+        """A confirming turn while holding, as steps: read the row and report loss if the
+        store's epoch supersedes ``held_epoch``. A read that fails confirms nothing: the
+        keeper's next renewal decides."""
+        try:
+            view: HolderView | None = yield CurrentHolderCall(self.options.identity)
+        except MosLeaseError:
+            return
+        self._lose_to(held_epoch, view)
 
     def _lose_to(self, held_epoch: int, view: HolderView | None) -> None:
         """Report loss if the store's current epoch ``view`` supersedes ``held_epoch``."""

@@ -10,7 +10,6 @@ from datetime import timedelta
 from types import TracebackType
 
 from mos_lease.coordinator import ConnectorLeaseCoordinator
-from mos_lease.errors import MosLeaseError
 from mos_lease.holder.base import HolderStep, _HolderBase
 from mos_lease.holder.options import HoldOptions
 from mos_lease.keeper import LeaseKeeper, LeaseLoss
@@ -73,11 +72,7 @@ class Holder(_HolderBase[LeaseKeeper]):
             if lease is None:
                 self._wake()
                 return
-            try:
-                view = self.coordinator.current_holder(self.options.identity)
-            except MosLeaseError:
-                return  # unconfirmed: the keeper's next renewal decides
-            self._lose_to(lease.epoch, view)
+            drive(self._confirmation(lease.epoch), self._perform)
         finally:
             done()
 
