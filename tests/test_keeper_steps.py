@@ -144,8 +144,9 @@ COORDINATOR_METHODS = {"acquire", "takeover", "heartbeat", "heartbeat_many", "re
                        "issue_grant", "validate", "current_holder", "load"}
 
 
-@pytest.mark.parametrize("module", ["keeper/drivers.py", "holder/thread_shell.py",
-                                    "holder/asyncio_shell.py"])
+@pytest.mark.parametrize("module", ["keeper/base.py", "keeper/thread_keeper.py",
+                                    "keeper/asyncio_keeper.py", "holder/base.py",
+                                    "holder/thread_shell.py", "holder/asyncio_shell.py"])
 def test_the_drivers_make_no_coordinator_call_of_their_own(module: str) -> None:
     """What the keeper and holder ask of the coordinator is in the steps (written once);
     a thread or asyncio driver only performs them (``step.on(...)``)."""

@@ -3,10 +3,10 @@
 Each is a generator of steps (:mod:`mos_lease.keeper.calls`): it yields the coordinator
 calls it needs (:class:`~mos_lease.keeper.calls.AcquireCall`, ``TakeoverCall``,
 ``HeartbeatCall``, ``IssueGrantCall``, ``ReleaseCall``) and :class:`~mos_lease.sleep.Sleep`,
-and is resumed with their outcomes. The thread keeper and the asyncio keeper in
-``drivers.py`` run them and only perform those steps, so the two cannot disagree: every
-decision (the schedule of ``schedule.py``, the deadline checks around a grant, loss
-reporting) is made here, once.
+and is resumed with their outcomes. The thread keeper (``thread_keeper.py``) and the
+asyncio keeper (``asyncio_keeper.py``) run them and only perform those steps, so the two
+cannot disagree: every decision (the schedule of ``schedule.py``, the deadline checks
+around a grant, loss reporting) is made here, once.
 """
 
 from __future__ import annotations
