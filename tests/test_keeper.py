@@ -727,14 +727,14 @@ def test_async_stop_cancels_the_renewal_task() -> None:
 
 
 
-def test_check_is_the_deprecated_name_of_enforce_deadline() -> None:
+def test_enforce_deadline_records_a_passed_deadline_as_loss() -> None:
     rig = make_rig()
     keeper = rig.keeper()
     assert keeper.acquire(IDENT, "conn-a", scopes=SCOPES).ok
-    with pytest.warns(DeprecationWarning, match="enforce_deadline"):
-        assert keeper.check() is None
+    assert keeper.enforce_deadline() is None
     rig.time.advance(20)
-    with pytest.warns(DeprecationWarning):
-        loss = keeper.check()
+    loss = keeper.enforce_deadline()
     assert loss is not None and loss.cause is LossCause.DEADLINE
     assert keeper.loss == loss  # recorded, not merely looked at
+    # No release ever exported ``check()``, its former name: no shim is kept for it.
+    assert not hasattr(keeper, "check")

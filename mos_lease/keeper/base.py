@@ -10,7 +10,6 @@ deadline), which is where threads and asyncio differ.
 from __future__ import annotations
 
 import random as _random
-import warnings
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, Generic, TypeVar
@@ -118,13 +117,6 @@ class _Keeper(Generic[C, S]):
         """Record the loss if the local deadline has passed by now (reported like any
         loss, once); return the loss, if the lease is lost."""
         return self._core.enforce_deadline()
-
-    def check(self) -> LeaseLoss | None:
-        """Deprecated name of :meth:`enforce_deadline` (it records a loss, so it is not a
-        mere check)."""
-        warnings.warn("LeaseKeeper.check() is deprecated: use enforce_deadline(), which "
-                      "records a passed deadline as loss", DeprecationWarning, stacklevel=2)
-        return self.enforce_deadline()
 
     def mark_lost(self, loss: LeaseLoss) -> None:
         """Record a loss learned elsewhere (say, news of a newer epoch) without waiting for
