@@ -37,8 +37,8 @@ class LeaseKeeper(_Keeper[ConnectorLeaseCoordinator, Callable[[float], object]])
     ``clock`` is the monotonic clock the local deadline is kept on: by default the
     coordinator's (:attr:`~mos_lease.ConnectorLeaseCoordinator.monotonic`), so one clock
     serves the coordinator and its keepers. ``sleep`` and ``random`` are injectable for
-    tests; with
-    ``background=False`` no thread is started and :meth:`step` drives the keeper by hand.
+    tests; with ``background=False`` no thread is started and :meth:`step` drives the
+    keeper by hand.
     Each heartbeat runs on its own short-lived daemon thread, so a store call that hangs
     (a half-open TCP connection) cannot delay the loss past the deadline; such a call is
     abandoned, and the coordinator's store must tolerate a call still running on it.
