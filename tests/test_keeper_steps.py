@@ -170,15 +170,30 @@ def test_no_step_or_decision_is_named_like_a_machine_command() -> None:
     assert {"Acquire", "Heartbeat", "Release"} <= classes(machine)
 
 
-def test_hold_declares_its_shared_keywords_once_for_both_overloads() -> None:
-    """The overloads take the kind-independent keywords from one TypedDict; it must say
-    exactly what the implementation's signature says (names and types)."""
-    shared = typing.get_type_hints(holder_module._Shared)
-    signature = typing.get_type_hints(holder_module.hold)
-    assert {name: signature[name] for name in shared} == shared
-    kind_dependent = {"coordinator", "identity", "connector_id", "scopes", "ttl",
-                      "heartbeat_coordinator", "sleep", "return"}
-    assert set(signature) - kind_dependent == set(shared)
+def test_hold_declares_its_keywords_once() -> None:
+    """The kind-independent keywords are declared once, in ``HoldKeywords``: hold() and
+    check_options() take them as ``**options``; hold() names only what depends on the
+    coordinator's kind (the overloads differ in nothing else)."""
+    for function in (holder_module.hold, holder_module.check_options):
+        parameters = inspect.signature(function).parameters
+        assert parameters["options"].kind is inspect.Parameter.VAR_KEYWORD
+        assert "HoldKeywords" in str(parameters["options"].annotation)
+    named = set(inspect.signature(holder_module.hold).parameters) - {"options"}
+    assert named == {"coordinator", "identity", "connector_id", "scopes", "ttl",
+                     "heartbeat_coordinator", "sleep"}
+    assert holder_module.HoldKeywords.__optional_keys__ == {
+        "wait", "takeover", "timing", "callbacks", "cancel_on_loss", "notices", "clock",
+        "random"}
+
+
+def test_hold_refuses_a_keyword_it_does_not_take() -> None:
+    """As Python refuses an unknown keyword of a signature: a flat option that moved into a
+    group (``clock_step`` is HoldTiming's now) is a TypeError naming it."""
+    coordinator = ConnectorLeaseCoordinator(policy=AllowAllPolicy())
+    with pytest.raises(TypeError, match="unexpected keyword argument 'clock_step'"):
+        hold(coordinator, IDENT, "conn-a", scopes=SCOPES, ttl=10,
+             clock_step=0)  # type: ignore[call-overload]
+    assert coordinator.current_holder(IDENT) is None  # nothing written
 
 
 # --- one clock: the coordinator's -----------------------------------------------------------

@@ -40,12 +40,10 @@ the process, so a flood of forged notices costs a bounded number of reads and no
 
 from __future__ import annotations
 
-import random as _random
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
-from typing import Any, TypedDict, TypeVar, Unpack, overload
+from typing import Any, TypeVar, Unpack, overload
 
-from mos_lease.clock import MonotonicClock
 from mos_lease.coordinator import (
     AsyncConnectorLeaseCoordinator,
     ConnectorLeaseCoordinator,
@@ -55,6 +53,7 @@ from mos_lease.holder.asyncio_shell import AsyncHolder
 from mos_lease.holder.options import (
     MAX_WAIT,
     HoldCallbacks,
+    HoldKeywords,
     HoldOptions,
     HoldTiming,
     LeaseLost,
@@ -77,26 +76,11 @@ from mos_lease.holder.waiting import (
 from mos_lease.identity import LeaseIdentity
 
 __all__ = [
-    "MAX_WAIT", "RETRY_REASONS", "Acquired", "AsyncHolder", "HoldCallbacks", "HoldOptions",
-    "HoldTiming", "Holder", "LeaseLost", "LeaseNotAcquired", "NoticeCallback", "NoticeSource",
-    "TakeoverPolicy", "check_options", "expiring_check", "hold", "latest_healthy_gap",
-    "pause_for", "plan_attempt", "waiting",
+    "MAX_WAIT", "RETRY_REASONS", "Acquired", "AsyncHolder", "HoldCallbacks", "HoldKeywords",
+    "HoldOptions", "HoldTiming", "Holder", "LeaseLost", "LeaseNotAcquired", "NoticeCallback",
+    "NoticeSource", "TakeoverPolicy", "check_options", "expiring_check", "hold",
+    "latest_healthy_gap", "pause_for", "plan_attempt", "waiting",
 ]
-
-
-class _Shared(TypedDict, total=False):
-    """For the type checker only: the keywords of :func:`hold` that do not depend on the
-    coordinator's kind, so that its two overloads need not repeat them
-    (``tests/test_holder.py`` checks that they match the signature of :func:`hold`)."""
-
-    wait: float | None
-    takeover: TakeoverPolicy | str
-    timing: HoldTiming | None
-    callbacks: HoldCallbacks | None
-    cancel_on_loss: bool
-    notices: NoticeSource | None
-    clock: MonotonicClock | None
-    random: Callable[[], float]
 
 
 C = TypeVar("C", ConnectorLeaseCoordinator, AsyncConnectorLeaseCoordinator)
@@ -116,7 +100,7 @@ def hold(coordinator: ConnectorLeaseCoordinator, identity: LeaseIdentity, connec
          *, scopes: object, ttl: float | timedelta,
          heartbeat_coordinator: ConnectorLeaseCoordinator | None = ...,
          sleep: Callable[[float], object] | None = ...,
-         **options: Unpack[_Shared]) -> Holder: ...
+         **options: Unpack[HoldKeywords]) -> Holder: ...
 
 
 @overload
@@ -124,23 +108,20 @@ def hold(coordinator: AsyncConnectorLeaseCoordinator, identity: LeaseIdentity,
          connector_id: str, *, scopes: object, ttl: float | timedelta,
          heartbeat_coordinator: AsyncConnectorLeaseCoordinator | None = ...,
          sleep: Callable[[float], Awaitable[object]] | None = ...,
-         **options: Unpack[_Shared]) -> AsyncHolder: ...
+         **options: Unpack[HoldKeywords]) -> AsyncHolder: ...
 
 
 def hold(coordinator: ConnectorLeaseCoordinator | AsyncConnectorLeaseCoordinator,
          identity: LeaseIdentity, connector_id: str, *, scopes: object,
-         ttl: float | timedelta, wait: float | None = None,
-         takeover: TakeoverPolicy | str = TakeoverPolicy.EXPIRED,
-         timing: HoldTiming | None = None, callbacks: HoldCallbacks | None = None,
-         cancel_on_loss: bool = False, notices: NoticeSource | None = None,
-         heartbeat_coordinator: Any = None, clock: MonotonicClock | None = None,
-         random: Callable[[], float] = _random.random, sleep: Any = None,
-         ) -> Holder | AsyncHolder:
+         ttl: float | timedelta, heartbeat_coordinator: Any = None, sleep: Any = None,
+         **options: Unpack[HoldKeywords]) -> Holder | AsyncHolder:
     """Hold ``identity``'s lease as ``connector_id`` for the length of a ``with`` block
     (``async with`` for an :class:`~mos_lease.AsyncConnectorLeaseCoordinator`).
 
     Entering waits for the lease; the block runs while a keeper renews it; leaving
     releases it (also when the block raised; a failed release is logged, not raised).
+    Besides ``scopes`` and ``ttl`` every keyword is optional; those that do not depend on the
+    coordinator's kind are declared once, in :class:`HoldKeywords`.
 
     * ``scopes``, ``ttl``: as for ``acquire``; the keeper renews with the same ``ttl``.
     * ``wait``: seconds to wait for the lease (``None``: without limit; ``0``: one try,
@@ -183,20 +164,17 @@ def hold(coordinator: ConnectorLeaseCoordinator | AsyncConnectorLeaseCoordinator
     :class:`~mos_lease.errors.InvalidInput` (:class:`~mos_lease.errors.ConfigurationError`
     for backoff bounds that contradict each other).
     """
-    options = check_options(identity, connector_id, scopes=scopes, ttl=ttl, wait=wait,
-                            takeover=takeover, timing=timing, callbacks=callbacks,
-                            cancel_on_loss=cancel_on_loss, notices=notices, clock=clock,
-                            random=random)
+    checked = check_options(identity, connector_id, scopes=scopes, ttl=ttl, **options)
     if not (sleep is None or callable(sleep)):
         raise InvalidInput("sleep", f"must be callable or None, not {type(sleep).__name__}")
     if isinstance(coordinator, ConnectorLeaseCoordinator):
-        if cancel_on_loss:
+        if checked.cancel_on_loss:
             raise InvalidInput("cancel_on_loss", "only an asyncio holder can cancel its "
                                "block; use lost_event, wait_lost() or on_lost")
-        return Holder(coordinator, options, sleep=sleep, heartbeat_coordinator=_same_kind(
+        return Holder(coordinator, checked, sleep=sleep, heartbeat_coordinator=_same_kind(
             heartbeat_coordinator, ConnectorLeaseCoordinator))
     if isinstance(coordinator, AsyncConnectorLeaseCoordinator):
-        return AsyncHolder(coordinator, options, sleep=sleep, heartbeat_coordinator=_same_kind(
+        return AsyncHolder(coordinator, checked, sleep=sleep, heartbeat_coordinator=_same_kind(
             heartbeat_coordinator, AsyncConnectorLeaseCoordinator))
     raise InvalidInput("coordinator", "must be a ConnectorLeaseCoordinator or an "
                        f"AsyncConnectorLeaseCoordinator, not {type(coordinator).__name__}")

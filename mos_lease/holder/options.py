@@ -11,7 +11,7 @@ import logging
 import math
 import random as _random
 from collections.abc import Callable
-from typing import Final, Protocol, TypeVar
+from typing import Final, Protocol, TypedDict, TypeVar, Unpack
 
 import attrs
 
@@ -259,19 +259,38 @@ def _group(field: str, value: object, kind: type[_G]) -> _G:
     return value
 
 
+class HoldKeywords(TypedDict, total=False):
+    """The keywords of :func:`~mos_lease.hold` that do not depend on the coordinator's kind,
+    declared here once: hold's two overloads, hold itself and :func:`check_options` take
+    them as ``**options``, and :func:`check_options` gives the defaults (in the comments)."""
+
+    wait: float | None  # None: wait without limit
+    takeover: TakeoverPolicy | str  # "expired"
+    timing: HoldTiming | None  # HoldTiming(): every pace at its default
+    callbacks: HoldCallbacks | None  # HoldCallbacks(): none
+    cancel_on_loss: bool  # False
+    notices: NoticeSource | None  # None: waiters poll, holders learn of loss by renewing
+    clock: MonotonicClock | None  # None: the coordinator's monotonic clock
+    random: Callable[[], float]  # random.random
+
+
 def check_options(identity: object, connector_id: object, *, scopes: object, ttl: object,
-                  wait: object = None, takeover: object = TakeoverPolicy.EXPIRED,
-                  timing: object = None, callbacks: object = None,
-                  cancel_on_loss: object = False, notices: object = None,
-                  clock: MonotonicClock | None = None,
-                  random: Callable[[], float] = _random.random) -> HoldOptions:
+                  **options: Unpack[HoldKeywords]) -> HoldOptions:
     """Check every argument of :func:`~mos_lease.hold` that does not depend on the
-    coordinator's kind, before anything is read or written."""
+    coordinator's kind, before anything is read or written, and apply the defaults."""
+    unknown = sorted(set(options) - HoldKeywords.__optional_keys__)
+    if unknown:  # as Python itself says it of a keyword that is not in a signature
+        raise TypeError(f"hold() got an unexpected keyword argument {unknown[0]!r}")
+    wait = options.get("wait")
+    takeover = options.get("takeover", TakeoverPolicy.EXPIRED)
+    cancel_on_loss = options.get("cancel_on_loss", False)
+    clock = options.get("clock")
+    random = options.get("random", _random.random)
     checked_identity = check_identity("identity", identity)
     checked_connector = check_id("connector_id", connector_id)
     norm_scopes = normalize_scopes("scopes", scopes)
     norm_ttl = normalize_ttl("ttl", ttl, LEASE_TTL_CAP).total_seconds()
-    paced = _group("timing", timing, HoldTiming)
+    paced = _group("timing", options.get("timing"), HoldTiming)
     bounds = {name: seconds for name, seconds in (
         ("min_backoff", _seconds_or_none("min_backoff", paced.min_backoff)),
         ("max_backoff", _seconds_or_none("max_backoff", paced.max_backoff)),
@@ -284,7 +303,7 @@ def check_options(identity: object, connector_id: object, *, scopes: object, ttl
     elif within >= gap:
         raise InvalidInput("expiring_within", f"must be less than {gap:g} s for ttl "
                            f"{norm_ttl:g} s (a healthy lease comes that close to its deadline)")
-    told = _group("callbacks", callbacks, HoldCallbacks)
+    told = _group("callbacks", options.get("callbacks"), HoldCallbacks)
     for field in attrs.fields(HoldCallbacks):
         _check_callable(field.name, getattr(told, field.name))
     _check_callable("clock", clock)
@@ -293,4 +312,5 @@ def check_options(identity: object, connector_id: object, *, scopes: object, ttl
         raise InvalidInput("cancel_on_loss", "must be a bool")
     return HoldOptions(checked_identity, checked_connector, norm_scopes, _check_wait(wait),
                        _check_takeover(takeover), keeper_timing, within, told,
-                       cancel_on_loss, _check_notices(notices), clock, random)
+                       cancel_on_loss, _check_notices(options.get("notices")), clock,
+                       random)
