@@ -22,6 +22,7 @@ import attrs
 from common import SCOPES, CorrectnessError, store_connection
 
 from mos_lease import AllowAllPolicy, ConnectorLeaseCoordinator, LeaseIdentity, Reason, hold
+from mos_lease.holder import HoldCallbacks, HoldTiming
 from mos_lease_pg import LeaseNotices, PostgresLeaseStore
 
 TTL = 3.0  # seconds
@@ -52,9 +53,8 @@ def _trial(holder: ConnectorLeaseCoordinator, rival: ConnectorLeaseCoordinator,
         lost_at.append(time.monotonic())
         lost.set()
 
-    with hold(holder, identity, "holder", scopes=SCOPES, ttl=TTL, clock_step=0,
-              notices=notices,
-              on_lost=on_lost) as held:
+    with hold(holder, identity, "holder", scopes=SCOPES, ttl=TTL, notices=notices,
+              timing=HoldTiming(clock_step=0), callbacks=HoldCallbacks(on_lost=on_lost)) as held:
         taken = rival.takeover(identity, "rival", scopes=SCOPES, ttl=TTL,
                                expected_epoch=held.lease.epoch)
         committed = time.monotonic()

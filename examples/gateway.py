@@ -64,6 +64,7 @@ from mos_lease import (
 )
 from mos_lease.adapter import run_adapter_async
 from mos_lease.fencing import FencedEffectRefused, GuardDecision
+from mos_lease.holder import HoldTiming
 from mos_lease.token import format_token, parse_token
 from mos_lease_pg import AsyncPostgresLeaseStore
 from mos_lease_pg.admin.roles import DEFAULT_GATEWAY_ROLE
@@ -207,10 +208,9 @@ async def hold_and_work(args: argparse.Namespace, coordinator: AsyncConnectorLea
         try:
             # Waits up to a ttl, taking over an expired or released lease (never an active
             # one); the keeper's heartbeats go through ``heartbeats``. Loss cancels the block.
-            async with hold(coordinator, identity, args.connector_id, scopes=SCOPES,
-                            ttl=args.ttl, wait=args.ttl, clock_step=args.clock_step,
-                            heartbeat_coordinator=heartbeats,
-                            cancel_on_loss=True) as held:
+            async with hold(coordinator, identity, args.connector_id, scopes=SCOPES, ttl=args.ttl,
+                            wait=args.ttl, heartbeat_coordinator=heartbeats, cancel_on_loss=True,
+                            timing=HoldTiming(clock_step=args.clock_step)) as held:
                 emit("holding", epoch=held.lease.epoch, lease_id=str(held.lease.lease_id))
                 await work(args, coordinator, adapter, identity, held, stop, numbers)
         except LeaseNotAcquired as waiting:

@@ -24,7 +24,9 @@ from mos_lease.fencing import FencedEffectRefused, ResourceGuard
 from mos_lease.grants import ExecutionGrant
 from mos_lease.holder import (
     AsyncHolder,
+    HoldCallbacks,
     Holder,
+    HoldTiming,
     LeaseLost,
     LeaseNotAcquired,
     TakeoverPolicy,
@@ -60,6 +62,8 @@ __all__ = [
     "FencedEffectRefused",
     "FencingToken",
     "GrantResult",
+    "HoldCallbacks",
+    "HoldTiming",
     "Holder",
     "InvalidInput",
     "InvocationResult",

@@ -11,14 +11,15 @@
                     cancel_on_loss=True) as held:
         ...  # cancelled if the lease is lost; the ``async with`` then raises LeaseLost
 
-Waiting is a generator of steps (:func:`waiting`, in :mod:`~mos_lease.holder.waiting`), like
-the coordinator's flows: it decides what to try, how long to pause and when to give up, and
-the two thin shells (:class:`Holder` in :mod:`~mos_lease.holder.thread_shell`,
-:class:`AsyncHolder` in :mod:`~mos_lease.holder.asyncio_shell`) only perform the steps.
-The options and exceptions are in :mod:`~mos_lease.holder.options`, what the shells share
-(entering and leaving the block, as steps too) in :mod:`~mos_lease.holder.base`. Holding is
-a keeper (:mod:`mos_lease.keeper`), which already owns the renewal schedule and the local
-deadline.
+Waiting is a generator of steps (:func:`waiting`, in :mod:`~mos_lease.holder.waiting`), as
+the keeper's are (:mod:`mos_lease.keeper.calls`): it decides what to try, how long to pause
+and when to give up, and the two thin shells (:class:`Holder` in
+:mod:`~mos_lease.holder.thread_shell`, :class:`AsyncHolder` in
+:mod:`~mos_lease.holder.asyncio_shell`) only perform the steps. The options (two groups,
+:class:`HoldTiming` and :class:`HoldCallbacks`) and exceptions are in
+:mod:`~mos_lease.holder.options`, what the shells share (entering and leaving the block, as
+steps too) in :mod:`~mos_lease.holder.base`. Holding is a keeper (:mod:`mos_lease.keeper`),
+which already owns the renewal schedule and the local deadline.
 
 While waiting, the lease is *read* (:meth:`~mos_lease.ConnectorLeaseCoordinator.
 current_holder`, no audit row), and a write is tried only when the read says it could
@@ -39,32 +40,27 @@ the process, so a flood of forged notices costs a bounded number of reads and no
 
 from __future__ import annotations
 
-import random as _random
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
-from typing import Any, TypedDict, Unpack, overload
+from typing import Any, TypeVar, Unpack, overload
 
-from mos_lease.clock import (
-    default_clock,  # CLOCK_BOOTTIME: a resumed process finds its deadline passed
-)
 from mos_lease.coordinator import (
     AsyncConnectorLeaseCoordinator,
     ConnectorLeaseCoordinator,
 )
 from mos_lease.errors import InvalidInput
-from mos_lease.events import EventHook
 from mos_lease.holder.asyncio_shell import AsyncHolder
-from mos_lease.holder.base import _Callbacks
 from mos_lease.holder.options import (
     MAX_WAIT,
+    HoldCallbacks,
+    HoldKeywords,
     HoldOptions,
+    HoldTiming,
     LeaseLost,
     LeaseNotAcquired,
     NoticeCallback,
     NoticeSource,
     TakeoverPolicy,
-    _check_callable,
-    _check_notices,
     check_options,
     latest_healthy_gap,
 )
@@ -72,56 +68,39 @@ from mos_lease.holder.thread_shell import Holder
 from mos_lease.holder.waiting import (
     RETRY_REASONS,
     Acquired,
-    Pause,
-    ReadHolder,
-    Step,
-    TryAcquire,
-    TryTakeover,
     expiring_check,
     pause_for,
     plan_attempt,
     waiting,
 )
 from mos_lease.identity import LeaseIdentity
-from mos_lease.keeper import LeaseLoss
-from mos_lease.records import LeaseHandle
 
 __all__ = [
-    "MAX_WAIT", "RETRY_REASONS", "Acquired", "AsyncHolder", "HoldOptions", "Holder",
-    "LeaseLost", "LeaseNotAcquired", "NoticeCallback", "NoticeSource", "Pause", "ReadHolder",
-    "Step", "TakeoverPolicy", "TryAcquire", "TryTakeover", "check_options", "expiring_check",
-    "hold", "latest_healthy_gap", "pause_for", "plan_attempt", "waiting",
+    "MAX_WAIT", "RETRY_REASONS", "Acquired", "AsyncHolder", "HoldCallbacks", "HoldKeywords",
+    "HoldOptions", "HoldTiming", "Holder", "LeaseLost", "LeaseNotAcquired", "NoticeCallback",
+    "NoticeSource", "TakeoverPolicy", "check_options", "expiring_check", "hold",
+    "latest_healthy_gap", "pause_for", "plan_attempt", "waiting",
 ]
 
 
-class _HoldKeywords(TypedDict, total=False):
-    """The keyword options of :func:`hold` that do not depend on the coordinator's kind."""
-
-    wait: float | None
-    takeover: TakeoverPolicy | str
-    on_started: Callable[[LeaseHandle], object] | None
-    on_stopped: Callable[[], object] | None
-    on_new_holder: Callable[[str, int], object] | None
-    on_lost: Callable[[LeaseLoss], object] | None
-    on_expiring: Callable[[float], object] | None
-    expiring_within: float | None
-    cancel_on_loss: bool
-    min_backoff: float | None
-    max_backoff: float | None
-    clock_step: float | None
-    clock: Callable[[], float]
-    random: Callable[[], float]
-    on_event: EventHook | None
-    notices: NoticeSource | None
+C = TypeVar("C", ConnectorLeaseCoordinator, AsyncConnectorLeaseCoordinator)
 
 
-# The two signatures differ in the coordinator types, ``sleep`` and the holder returned.
+def _same_kind(heartbeat_coordinator: object, kind: type[C]) -> C | None:
+    """``heartbeat_coordinator``, refused unless it is of the coordinator's ``kind``."""
+    if heartbeat_coordinator is None or isinstance(heartbeat_coordinator, kind):
+        return heartbeat_coordinator
+    raise InvalidInput("heartbeat_coordinator", f"must be a {kind.__name__} like the "
+                       f"coordinator, not {type(heartbeat_coordinator).__name__}")
+
+
+# The two overloads differ only in the coordinator types, ``sleep`` and the holder returned.
 @overload
 def hold(coordinator: ConnectorLeaseCoordinator, identity: LeaseIdentity, connector_id: str,
          *, scopes: object, ttl: float | timedelta,
          heartbeat_coordinator: ConnectorLeaseCoordinator | None = ...,
          sleep: Callable[[float], object] | None = ...,
-         **options: Unpack[_HoldKeywords]) -> Holder: ...
+         **options: Unpack[HoldKeywords]) -> Holder: ...
 
 
 @overload
@@ -129,30 +108,20 @@ def hold(coordinator: AsyncConnectorLeaseCoordinator, identity: LeaseIdentity,
          connector_id: str, *, scopes: object, ttl: float | timedelta,
          heartbeat_coordinator: AsyncConnectorLeaseCoordinator | None = ...,
          sleep: Callable[[float], Awaitable[object]] | None = ...,
-         **options: Unpack[_HoldKeywords]) -> AsyncHolder: ...
+         **options: Unpack[HoldKeywords]) -> AsyncHolder: ...
 
 
 def hold(coordinator: ConnectorLeaseCoordinator | AsyncConnectorLeaseCoordinator,
          identity: LeaseIdentity, connector_id: str, *, scopes: object,
-         ttl: float | timedelta, wait: float | None = None,
-         takeover: TakeoverPolicy | str = TakeoverPolicy.EXPIRED,
-         on_started: Callable[[LeaseHandle], object] | None = None,
-         on_stopped: Callable[[], object] | None = None,
-         on_new_holder: Callable[[str, int], object] | None = None,
-         on_lost: Callable[[LeaseLoss], object] | None = None,
-         on_expiring: Callable[[float], object] | None = None,
-         expiring_within: float | None = None, cancel_on_loss: bool = False,
-         min_backoff: float | None = None, max_backoff: float | None = None,
-         clock_step: float | None = None, heartbeat_coordinator: Any = None,
-         clock: Callable[[], float] = default_clock,
-         random: Callable[[], float] = _random.random, sleep: Any = None,
-         on_event: EventHook | None = None, notices: NoticeSource | None = None,
-         ) -> Holder | AsyncHolder:
+         ttl: float | timedelta, heartbeat_coordinator: Any = None, sleep: Any = None,
+         **options: Unpack[HoldKeywords]) -> Holder | AsyncHolder:
     """Hold ``identity``'s lease as ``connector_id`` for the length of a ``with`` block
     (``async with`` for an :class:`~mos_lease.AsyncConnectorLeaseCoordinator`).
 
     Entering waits for the lease; the block runs while a keeper renews it; leaving
     releases it (also when the block raised; a failed release is logged, not raised).
+    Besides ``scopes`` and ``ttl`` every keyword is optional; those that do not depend on the
+    coordinator's kind are declared once, in :class:`HoldKeywords`.
 
     * ``scopes``, ``ttl``: as for ``acquire``; the keeper renews with the same ``ttl``.
     * ``wait``: seconds to wait for the lease (``None``: without limit; ``0``: one try,
@@ -164,29 +133,12 @@ def hold(coordinator: ConnectorLeaseCoordinator | AsyncConnectorLeaseCoordinator
       ``"never"`` only acquires an identity that never had a lease, ``"preempt"`` also
       takes over an active one if the coordinator's policy allows it (if it refuses once,
       the holder waits like ``"expired"``).
-    * ``min_backoff``, ``max_backoff``: bounds of the pauses between reads while waiting
-      (exponential, with jitter; never past the expiry of the lease last seen, nor the end
-      of the wait) and of the keeper's retries. ``clock_step``: the step in database
-      time the keeper's safety margin covers (default 2 s, a failover to a host whose clock
-      differs; ``0`` for one database host and no failover), as for the keepers.
-    * ``on_started(lease)``, ``on_stopped()``: once the lease is held, and once the block
-      is left. ``on_new_holder(connector_id, epoch)``: whenever the waiter sees a holder
-      other than the last one it saw, its own acquisition included. ``on_lost(loss)``: the
-      lease was lost while held (never for the release on leaving).
-      ``on_expiring(seconds_left)``: once per stretch of failed renewals, when the keeper's
-      local deadline is within ``expiring_within`` seconds (default: half the closest a
-      healthy lease comes to it). Callbacks run on the keeper's thread or the loop (a
-      thread holder's ``on_lost`` after a notice: on the notice confirmer's thread, so keep
-      it short); one that raises is logged and ignored.
+    * ``timing``: a :class:`HoldTiming`: the backoff bounds, the ``clock_step`` the keeper's
+      safety margin covers and ``expiring_within``.
+    * ``callbacks``: a :class:`HoldCallbacks`: ``on_started``, ``on_stopped``,
+      ``on_new_holder``, ``on_lost``, ``on_expiring`` and the keeper's ``on_event``.
     * ``cancel_on_loss`` (asyncio only): cancel the block's task when the lease is lost;
       the ``async with`` then raises :class:`LeaseLost`.
-    * ``heartbeat_coordinator``: renew through another coordinator (a connection of its
-      own), as for the keepers.
-    * ``on_event``: the keeper's telemetry hook (``Renewed``, ``RenewalRetry``, ``Lost``;
-      see :mod:`mos_lease.events`); the coordinator's own operations report to the
-      coordinator's ``on_event``.
-    * ``clock``, ``random``, ``sleep``: monotonic seconds, uniform draws in [0, 1) and the
-      pause, injectable for tests. Without ``sleep`` a pause ends early on a notice.
     * ``notices``: a push source of takeovers and releases (``mos_lease_pg.notices.
       LeaseNotices``): a waiter looks again as soon as the lease is released or taken over,
       and a holder whose lease was taken over reports the loss at once instead of at its
@@ -197,6 +149,12 @@ def hold(coordinator: ConnectorLeaseCoordinator | AsyncConnectorLeaseCoordinator
       (10 + 20/s by default; :class:`~mos_lease.notice_confirmer.NoticeConfirmer`, the
       source's ``confirmer``), so any login's flood of forged notices neither ends a
       holding nor holds up renewals or validations.
+    * ``heartbeat_coordinator``: renew through another coordinator (a connection of its
+      own), as for the keepers.
+    * ``clock``: the monotonic clock the wait and the keeper's deadline are measured on;
+      by default the coordinator's (``coordinator.monotonic``).
+    * ``random``, ``sleep``: uniform draws in [0, 1) and the pause, injectable for tests.
+      Without ``sleep`` a pause ends early on a notice.
 
     Inside the block, ``.lease`` and ``.issue_grant(...)`` raise :class:`LeaseLost` once the
     lease is lost (nothing reaches the store); ``.lost`` is the loss or ``None``;
@@ -206,37 +164,17 @@ def hold(coordinator: ConnectorLeaseCoordinator | AsyncConnectorLeaseCoordinator
     :class:`~mos_lease.errors.InvalidInput` (:class:`~mos_lease.errors.ConfigurationError`
     for backoff bounds that contradict each other).
     """
-    options = check_options(identity, connector_id, scopes=scopes, ttl=ttl, wait=wait,
-                            takeover=takeover, min_backoff=min_backoff,
-                            max_backoff=max_backoff, expiring_within=expiring_within,
-                            clock_step=clock_step)
-    callbacks = _Callbacks(on_started=on_started, on_stopped=on_stopped,
-                           on_new_holder=on_new_holder, on_lost=on_lost,
-                           on_expiring=on_expiring)
-    for name, value in (("clock", clock), ("random", random), ("sleep", sleep),
-                        ("on_event", on_event)):
-        _check_callable(name, value)
-    if not isinstance(cancel_on_loss, bool):
-        raise InvalidInput("cancel_on_loss", "must be a bool")
-    source = _check_notices(notices)
+    checked = check_options(identity, connector_id, scopes=scopes, ttl=ttl, **options)
+    if not (sleep is None or callable(sleep)):
+        raise InvalidInput("sleep", f"must be callable or None, not {type(sleep).__name__}")
     if isinstance(coordinator, ConnectorLeaseCoordinator):
-        if heartbeat_coordinator is not None \
-                and not isinstance(heartbeat_coordinator, ConnectorLeaseCoordinator):
-            raise InvalidInput("heartbeat_coordinator", "must be a ConnectorLeaseCoordinator")
-        if cancel_on_loss:
+        if checked.cancel_on_loss:
             raise InvalidInput("cancel_on_loss", "only an asyncio holder can cancel its "
                                "block; use lost_event, wait_lost() or on_lost")
-        return Holder(coordinator, options, callbacks, clock=clock, random=random,
-                      sleep=sleep, heartbeat_coordinator=heartbeat_coordinator,
-                      on_event=on_event, notices=source)
+        return Holder(coordinator, checked, sleep=sleep, heartbeat_coordinator=_same_kind(
+            heartbeat_coordinator, ConnectorLeaseCoordinator))
     if isinstance(coordinator, AsyncConnectorLeaseCoordinator):
-        if heartbeat_coordinator is not None \
-                and not isinstance(heartbeat_coordinator, AsyncConnectorLeaseCoordinator):
-            raise InvalidInput("heartbeat_coordinator",
-                               "must be an AsyncConnectorLeaseCoordinator")
-        return AsyncHolder(coordinator, options, callbacks, clock=clock, random=random,
-                           sleep=sleep, heartbeat_coordinator=heartbeat_coordinator,
-                           cancel_on_loss=cancel_on_loss, on_event=on_event,
-                           notices=source)
+        return AsyncHolder(coordinator, checked, sleep=sleep, heartbeat_coordinator=_same_kind(
+            heartbeat_coordinator, AsyncConnectorLeaseCoordinator))
     raise InvalidInput("coordinator", "must be a ConnectorLeaseCoordinator or an "
                        f"AsyncConnectorLeaseCoordinator, not {type(coordinator).__name__}")

@@ -6,23 +6,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable, Generator
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any
 
 from mos_lease.coordinator import AsyncConnectorLeaseCoordinator
-from mos_lease.errors import MosLeaseError
-from mos_lease.events import EventHook
-from mos_lease.flowdrive import Drive, outcome_of_async
-from mos_lease.holder.base import Adopt, HolderStep, Stop, _Callbacks, _HolderBase
-from mos_lease.holder.options import HoldOptions, LeaseLost, NoticeSource
-from mos_lease.holder.waiting import ReadHolder, TryAcquire, TryTakeover
+from mos_lease.holder.base import HolderStep, _HolderBase
+from mos_lease.holder.options import HoldOptions, LeaseLost
 from mos_lease.keeper import AsyncLeaseKeeper, LeaseLoss
+from mos_lease.keeper.calls import Sleep, drive_async
 from mos_lease.notice_confirmer import Done
 from mos_lease.results import GrantResult
-
-T = TypeVar("T")
 
 
 class AsyncHolder(_HolderBase[AsyncLeaseKeeper]):
@@ -34,18 +29,14 @@ class AsyncHolder(_HolderBase[AsyncLeaseKeeper]):
     coordinator: AsyncConnectorLeaseCoordinator
     _sleep: Callable[[float], Awaitable[object]] | None
 
-    def __init__(self, coordinator: AsyncConnectorLeaseCoordinator, options: HoldOptions,
-                 callbacks: _Callbacks, *, clock: Callable[[], float],
-                 random: Callable[[], float], sleep: Callable[[float], Awaitable[object]] | None,
-                 heartbeat_coordinator: AsyncConnectorLeaseCoordinator | None,
-                 cancel_on_loss: bool, on_event: EventHook | None = None,
-                 notices: NoticeSource | None = None) -> None:
-        super().__init__(coordinator, options, callbacks, clock=clock, random=random,
-                         sleep=sleep, heartbeat_coordinator=heartbeat_coordinator,
-                         on_event=on_event, notices=notices)
+    def __init__(self, coordinator: AsyncConnectorLeaseCoordinator, options: HoldOptions, *,
+                 sleep: Callable[[float], Awaitable[object]] | None = None,
+                 heartbeat_coordinator: AsyncConnectorLeaseCoordinator | None = None) -> None:
+        super().__init__(coordinator, options, sleep=sleep,
+                         heartbeat_coordinator=heartbeat_coordinator)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._confirming: set[asyncio.Task[None]] = set()
-        self._cancel_on_loss = cancel_on_loss
+        self._cancel_on_loss = options.cancel_on_loss
         self._wakeup = asyncio.Event()
         self._watcher: asyncio.Task[None] | None = None
         self._task: asyncio.Task[Any] | None = None
@@ -55,29 +46,9 @@ class AsyncHolder(_HolderBase[AsyncLeaseKeeper]):
         self.lost_event = asyncio.Event()
         """Set once the lease is lost while held (``await lost_event.wait()``)."""
 
-    async def _run(self, steps: Generator[HolderStep, Any, T],
-                   thrown: type[BaseException]) -> T:
-        drive = Drive(steps, thrown)
-        for step in drive:
-            drive.send(await outcome_of_async(self._perform, step))
-        return drive.result
-
     async def _perform(self, step: HolderStep) -> object:
-        o = self.options
-        if isinstance(step, TryAcquire):
-            return await self.coordinator.acquire(o.identity, o.connector_id, scopes=o.scopes,
-                                                  ttl=o.ttl)
-        if isinstance(step, TryTakeover):
-            return await self.coordinator.takeover(
-                o.identity, o.connector_id, scopes=o.scopes, ttl=o.ttl,
-                expected_epoch=step.expected_epoch)
-        if isinstance(step, ReadHolder):
-            return await self.coordinator.current_holder(o.identity)
-        if isinstance(step, Adopt):
-            await self._require_keeper().adopt(step.lease, obtained_at=step.started)
-            return None
-        if isinstance(step, Stop):
-            return await self._require_keeper().stop(release=True)
+        if not isinstance(step, Sleep):
+            return await step.on(self._target(step))
         if self._sleep is not None:
             await self._sleep(step.seconds)
         else:
@@ -96,12 +67,13 @@ class AsyncHolder(_HolderBase[AsyncLeaseKeeper]):
         return None
 
     async def __aenter__(self) -> AsyncHolder:
-        lease = await self._run(self._entering(AsyncLeaseKeeper), BaseException)
+        lease = await drive_async(self._entering(AsyncLeaseKeeper), self._perform,
+                                  BaseException)
         self._task = asyncio.current_task()
         if self._task is not None:
             self._base_cancelling = self._task.cancelling()
         self._inside = True
-        self._callbacks("on_started", lease)
+        self._callbacks.call("on_started", lease)
         if self._callbacks.has("on_expiring"):
             self._watcher = asyncio.get_running_loop().create_task(
                 self._watch(), name=self._watcher_name(lease))
@@ -144,10 +116,7 @@ class AsyncHolder(_HolderBase[AsyncLeaseKeeper]):
 
         async def confirm(held_epoch: int) -> None:
             try:
-                view = await self.coordinator.current_holder(self.options.identity)
-                self._lose_to(held_epoch, view)
-            except MosLeaseError:
-                pass  # unconfirmed: the keeper's next renewal decides
+                await drive_async(self._confirmation(held_epoch), self._perform)
             finally:
                 done()  # also when cancelled: the turn is over either way
 
@@ -180,13 +149,13 @@ class AsyncHolder(_HolderBase[AsyncLeaseKeeper]):
         if self._watcher is not None:
             self._watcher.cancel()
         try:
-            await self._run(self._leaving(), Exception)
+            await drive_async(self._leaving(), self._perform, Exception)
         except asyncio.CancelledError:
             if not self._cancel_sent:
                 raise
             # Our own cancellation, reaching the task here rather than in the block (which
             # ended first); counted and taken back below.
-        self._callbacks("on_stopped")
+        self._callbacks.call("on_stopped")
         if not self._cancel_sent:
             return
         task = self._task

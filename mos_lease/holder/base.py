@@ -1,23 +1,24 @@
-"""What the thread and asyncio holders share: the user's callbacks, entering and leaving
-the block (generators of steps, like :func:`~mos_lease.holder.waiting.waiting`, which the
-shells drive with :class:`~mos_lease.flowdrive.Drive`), the held lease, loss and
-``on_expiring`` reports, and the handling of notices (each a request for a coalesced,
-rate-bounded confirming turn: :mod:`mos_lease.notice_confirmer`)."""
+"""What the thread and asyncio holders share: entering and leaving the block (generators of
+steps, like :func:`~mos_lease.holder.waiting.waiting`, which the shells run with
+:func:`~mos_lease.keeper.calls.drive` or ``drive_async``), what a step is made on, the held
+lease, loss and ``on_expiring`` reports, and the handling of notices (each a request for a
+coalesced, rate-bounded confirming turn: :mod:`mos_lease.notice_confirmer`)."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Generator
+from collections.abc import Generator
 from typing import Any, Generic, TypeVar
 
 import attrs
 
-from mos_lease.errors import InvalidInput
-from mos_lease.events import EventHook
-from mos_lease.holder.options import HoldOptions, LeaseLost, NoticeSource, _check_callable
-from mos_lease.holder.waiting import Step, expiring_check, waiting
+from mos_lease.clock import MonotonicClock
+from mos_lease.errors import InvalidInput, MosLeaseError
+from mos_lease.holder.options import HoldOptions, LeaseLost, NoticeSource
+from mos_lease.holder.waiting import expiring_check, waiting
 from mos_lease.identity import LeaseIdentity
 from mos_lease.keeper import AsyncLeaseKeeper, LeaseKeeper, LeaseLoss, LossCause
+from mos_lease.keeper.calls import CurrentHolderCall, Step
 from mos_lease.notice_confirmer import Done, NoticeConfirmer, shared_confirmer
 from mos_lease.records import LeaseHandle
 from mos_lease.results import GrantResult, HolderView, LeaseResult
@@ -29,40 +30,26 @@ K = TypeVar("K", LeaseKeeper, AsyncLeaseKeeper)
 
 
 @attrs.frozen(slots=True)
-class Adopt:
-    """Hand the lease just won to the new keeper (``keeper.adopt``)."""
+class KeeperAdopt:
+    """Hand the lease just won to the new keeper (``keeper.adopt``). Made on the keeper,
+    as the coordinator calls of :mod:`mos_lease.keeper.calls` are made on the coordinator."""
 
     lease: LeaseHandle
     started: float
 
+    def on(self, keeper: LeaseKeeper | AsyncLeaseKeeper) -> Any:
+        return keeper.adopt(self.lease, obtained_at=self.started)
+
 
 @attrs.frozen(slots=True)
-class Stop:
+class KeeperStop:
     """Stop the keeper and release the lease (``keeper.stop(release=True)``)."""
 
+    def on(self, keeper: LeaseKeeper | AsyncLeaseKeeper) -> Any:
+        return keeper.stop(release=True)
 
-HolderStep = Step | Adopt | Stop
 
-
-class _Callbacks:
-    """The user's callbacks; one that raises is logged and never breaks holding."""
-
-    def __init__(self, **callbacks: Callable[..., object] | None) -> None:
-        for name, callback in callbacks.items():
-            _check_callable(name, callback)
-        self._callbacks = callbacks
-
-    def has(self, name: str) -> bool:
-        return self._callbacks.get(name) is not None
-
-    def __call__(self, name: str, *args: object) -> None:
-        callback = self._callbacks.get(name)
-        if callback is None:
-            return
-        try:
-            callback(*args)
-        except Exception:
-            log.exception("mos_lease: %s callback failed", name)
+HolderStep = Step | KeeperAdopt | KeeperStop
 
 
 def _confirmer_of(notices: NoticeSource | None) -> NoticeConfirmer:
@@ -78,20 +65,19 @@ class _HolderBase(Generic[K]):
 
     _keeper: K | None
 
-    def __init__(self, coordinator: Any, options: HoldOptions, callbacks: _Callbacks, *,
-                 clock: Callable[[], float], random: Callable[[], float], sleep: Any,
-                 heartbeat_coordinator: Any, on_event: EventHook | None,
-                 notices: NoticeSource | None) -> None:
+    def __init__(self, coordinator: Any, options: HoldOptions, *, sleep: Any,
+                 heartbeat_coordinator: Any) -> None:
         self.coordinator = coordinator
         self.options = options
         self._heartbeat_coordinator = heartbeat_coordinator
-        self._on_event = on_event
         self._sleep = sleep
-        self._notices = notices
-        self._confirmer = _confirmer_of(notices)
-        self._callbacks = callbacks
-        self._clock = clock
-        self._random = random
+        self._notices: NoticeSource | None = options.notices
+        self._confirmer = _confirmer_of(options.notices)
+        self._callbacks = options.callbacks
+        # The coordinator's clock unless told otherwise, for the wait and the keeper alike.
+        self._clock: MonotonicClock = (coordinator.monotonic if options.clock is None
+                                       else options.clock)
+        self._random = options.random
         self._keeper = None
         self._loss: LeaseLoss | None = None
         self._expiring_fired_for: float | None = None
@@ -120,8 +106,8 @@ class _HolderBase(Generic[K]):
                             max_backoff=timing.max_backoff, clock_step=timing.clock_step,
                             on_lost=self._keeper_lost, clock=self._clock, random=self._random,
                             heartbeat_coordinator=self._heartbeat_coordinator,
-                            on_event=self._on_event)
-        yield Adopt(lease, acquired.started)
+                            on_event=self._callbacks.on_event)
+        yield KeeperAdopt(lease, acquired.started)
         return lease
 
     def _leaving(self) -> Generator[HolderStep, Any, None]:
@@ -130,13 +116,19 @@ class _HolderBase(Generic[K]):
         clean exit: the lease expires on its own at the store's time, and nobody can act on
         it meanwhile)."""
         try:
-            result: LeaseResult | None = yield Stop()
+            result: LeaseResult | None = yield KeeperStop()
         except Exception:
             log.exception("mos_lease: release of %s failed", self.options.identity)
             return
         if result is not None and not result.ok:
             log.info("mos_lease: release of %s refused: %s", self.options.identity,
                      result.reason)
+
+    def _target(self, step: HolderStep) -> Any:
+        """What ``step`` is made on: the keeper for a keeper step, else the coordinator."""
+        if isinstance(step, KeeperAdopt | KeeperStop):
+            return self._require_keeper()
+        return self.coordinator
 
     @staticmethod
     def _watcher_name(lease: LeaseHandle) -> str:
@@ -193,14 +185,14 @@ class _HolderBase(Generic[K]):
     # -- events --------------------------------------------------------------------------
 
     def _new_holder(self, connector_id: str, epoch: int) -> None:
-        self._callbacks("on_new_holder", connector_id, epoch)
+        self._callbacks.call("on_new_holder", connector_id, epoch)
 
     def _keeper_lost(self, loss: LeaseLoss) -> None:
         """The keeper's ``on_lost``: runs once, on the keeper's thread or the loop."""
         if loss.cause is LossCause.STOPPED:
             return  # our own exit giving the lease back: not a loss
         self._loss = loss
-        self._callbacks("on_lost", loss)
+        self._callbacks.call("on_lost", loss)
         self._after_loss(loss)
 
     def _after_loss(self, loss: LeaseLoss) -> None:
@@ -217,7 +209,7 @@ class _HolderBase(Generic[K]):
         if left is not None and self._expiring_fired_for != deadline:
             # Once per deadline: a renewal that succeeds moves it and re-arms the report.
             self._expiring_fired_for = deadline
-            self._callbacks("on_expiring", left)
+            self._callbacks.call("on_expiring", left)
         return again
 
     def _notice(self, identity: LeaseIdentity, epoch: int) -> None:
@@ -237,6 +229,16 @@ class _HolderBase(Generic[K]):
     def _held_lease(self) -> LeaseHandle | None:
         keeper = self._keeper
         return None if keeper is None else keeper.lease
+
+    def _confirmation(self, held_epoch: int) -> Generator[HolderStep, Any, None]:
+        """A confirming turn while holding, as steps: read the row and report loss if the
+        store's epoch supersedes ``held_epoch``. A read that fails confirms nothing: the
+        keeper's next renewal decides."""
+        try:
+            view: HolderView | None = yield CurrentHolderCall(self.options.identity)
+        except MosLeaseError:
+            return
+        self._lose_to(held_epoch, view)
 
     def _lose_to(self, held_epoch: int, view: HolderView | None) -> None:
         """Report loss if the store's current epoch ``view`` supersedes ``held_epoch``."""

@@ -1,18 +1,23 @@
-"""What :func:`~mos_lease.hold` is asked for and how it says no: the options, checked and
-normalized before anything is read or written (:func:`check_options`), the push source of
-lease changes it may be given (:class:`NoticeSource`), and its two exceptions."""
+"""What :func:`~mos_lease.hold` is asked for and how it says no: its two groups of options
+(:class:`HoldTiming`, :class:`HoldCallbacks`), all its options checked and normalized before
+anything is read or written (:func:`check_options`, into :class:`HoldOptions`), the push
+source of lease changes it may be given (:class:`NoticeSource`), and its two exceptions."""
 
 from __future__ import annotations
 
 import contextlib
 import enum
+import logging
 import math
+import random as _random
 from collections.abc import Callable
-from typing import Final, Protocol
+from typing import Final, Protocol, TypedDict, TypeVar, Unpack
 
 import attrs
 
+from mos_lease.clock import MonotonicClock
 from mos_lease.errors import InvalidInput, MosLeaseError
+from mos_lease.events import EventHook
 from mos_lease.identity import (
     LEASE_TTL_CAP,
     LeaseIdentity,
@@ -23,8 +28,14 @@ from mos_lease.identity import (
     normalize_ttl,
 )
 from mos_lease.keeper import KeeperTiming, LeaseLoss
+from mos_lease.keeper.calls import AcquireCall, TakeoverCall
+from mos_lease.records import LeaseHandle
 from mos_lease.results import HolderView
 from mos_lease.vocabulary import Reason
+
+log = logging.getLogger("mos_lease.holder")  # the name docs/telemetry.md gives operators
+
+_G = TypeVar("_G", "HoldTiming", "HoldCallbacks")
 
 MAX_WAIT: Final = 7 * 24 * 3600.0
 """The longest finite ``wait`` (seconds); ``None`` waits without limit."""
@@ -71,9 +82,73 @@ class LeaseLost(MosLeaseError):
         self.loss = loss
 
 
+@attrs.frozen(slots=True, kw_only=True)
+class HoldTiming:
+    """How :func:`~mos_lease.hold` paces itself, besides ``ttl`` and ``wait`` (``timing=``).
+    Seconds; ``None`` takes the default.
+
+    * ``min_backoff``, ``max_backoff``: bounds of the pauses between reads while waiting
+      (exponential, with jitter; never past the expiry of the lease last seen, nor the end
+      of the wait) and of the keeper's retries (defaults 0.05 and 2).
+    * ``clock_step``: the step in database time the keeper's safety margin covers (default
+      2 s, a failover to a host whose clock differs; ``0`` for one database host and no
+      failover), as for the keepers.
+    * ``expiring_within``: ``on_expiring`` is called when the keeper's local deadline is
+      this close (default: half the closest a healthy lease comes to it).
+    """
+
+    min_backoff: float | None = None
+    max_backoff: float | None = None
+    clock_step: float | None = None
+    expiring_within: float | None = None
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class HoldCallbacks:
+    """What :func:`~mos_lease.hold` tells you, as it happens (``callbacks=``).
+
+    * ``on_started(lease)``, ``on_stopped()``: once the lease is held, and once the block
+      is left.
+    * ``on_new_holder(connector_id, epoch)``: whenever the waiter sees a holder other than
+      the last one it saw, its own acquisition included.
+    * ``on_lost(loss)``: the lease was lost while held (never for the release on leaving).
+    * ``on_expiring(seconds_left)``: once per stretch of failed renewals, when the keeper's
+      local deadline is within ``expiring_within`` seconds.
+    * ``on_event(event)``: the keeper's telemetry (``Renewed``, ``RenewalRetry``, ``Lost``;
+      see :mod:`mos_lease.events`); the coordinator's own operations report to the
+      coordinator's ``on_event``.
+
+    Callbacks run on the keeper's thread or the loop (a thread holder's ``on_lost`` after a
+    notice: on the notice confirmer's thread, so keep it short); one that raises is logged
+    and ignored (``on_event`` as the keeper's hook is).
+    """
+
+    on_started: Callable[[LeaseHandle], object] | None = None
+    on_stopped: Callable[[], object] | None = None
+    on_new_holder: Callable[[str, int], object] | None = None
+    on_lost: Callable[[LeaseLoss], object] | None = None
+    on_expiring: Callable[[float], object] | None = None
+    on_event: EventHook | None = None
+
+    def has(self, name: str) -> bool:
+        return getattr(self, name) is not None
+
+    def call(self, name: str, *args: object) -> None:
+        """Call the callback ``name`` if there is one; one that raises is logged and never
+        breaks holding."""
+        callback = getattr(self, name)
+        if callback is None:
+            return
+        try:
+            callback(*args)
+        except Exception:
+            log.exception("mos_lease: %s callback failed", name)
+
+
 @attrs.frozen(slots=True)
 class HoldOptions:
-    """Everything :func:`hold` was asked for, checked and normalized."""
+    """Everything :func:`hold` was asked for that does not depend on the coordinator's
+    kind, checked and normalized."""
 
     identity: LeaseIdentity
     connector_id: str
@@ -82,10 +157,22 @@ class HoldOptions:
     takeover: TakeoverPolicy
     timing: KeeperTiming  # the ttl and the backoff bounds, shared with the keeper
     expiring_within: float
+    callbacks: HoldCallbacks = HoldCallbacks()
+    cancel_on_loss: bool = False
+    notices: NoticeSource | None = None
+    clock: MonotonicClock | None = None  # None: the coordinator's
+    random: Callable[[], float] = _random.random
 
     @property
     def ttl(self) -> float:
         return self.timing.ttl
+
+    def acquire_call(self) -> AcquireCall:
+        return AcquireCall(self.identity, self.connector_id, self.scopes, self.ttl)
+
+    def takeover_call(self, expected_epoch: int) -> TakeoverCall:
+        return TakeoverCall(self.identity, self.connector_id, self.scopes, self.ttl,
+                            expected_epoch)
 
 
 def _check_wait(value: object) -> float | None:
@@ -163,25 +250,67 @@ def _clock_step(value: object) -> float | None:
     return float(value)
 
 
+def _group(field: str, value: object, kind: type[_G]) -> _G:
+    if value is None:
+        return kind()
+    if not isinstance(value, kind):
+        raise InvalidInput(field, f"must be a {kind.__name__} or None, not "
+                           f"{type(value).__name__}")
+    return value
+
+
+class HoldKeywords(TypedDict, total=False):
+    """The keywords of :func:`~mos_lease.hold` that do not depend on the coordinator's kind,
+    declared here once: hold's two overloads, hold itself and :func:`check_options` take
+    them as ``**options``, and :func:`check_options` gives the defaults (in the comments)."""
+
+    wait: float | None  # None: wait without limit
+    takeover: TakeoverPolicy | str  # "expired"
+    timing: HoldTiming | None  # HoldTiming(): every pace at its default
+    callbacks: HoldCallbacks | None  # HoldCallbacks(): none
+    cancel_on_loss: bool  # False
+    notices: NoticeSource | None  # None: waiters poll, holders learn of loss by renewing
+    clock: MonotonicClock | None  # None: the coordinator's monotonic clock
+    random: Callable[[], float]  # random.random
+
+
 def check_options(identity: object, connector_id: object, *, scopes: object, ttl: object,
-                  wait: object, takeover: object, min_backoff: object, max_backoff: object,
-                  expiring_within: object, clock_step: object = None) -> HoldOptions:
-    """Check every argument before anything is read or written."""
+                  **options: Unpack[HoldKeywords]) -> HoldOptions:
+    """Check every argument of :func:`~mos_lease.hold` that does not depend on the
+    coordinator's kind, before anything is read or written, and apply the defaults."""
+    unknown = sorted(set(options) - HoldKeywords.__optional_keys__)
+    if unknown:  # as Python itself says it of a keyword that is not in a signature
+        raise TypeError(f"hold() got an unexpected keyword argument {unknown[0]!r}")
+    wait = options.get("wait")
+    takeover = options.get("takeover", TakeoverPolicy.EXPIRED)
+    cancel_on_loss = options.get("cancel_on_loss", False)
+    clock = options.get("clock")
+    random = options.get("random", _random.random)
     checked_identity = check_identity("identity", identity)
     checked_connector = check_id("connector_id", connector_id)
     norm_scopes = normalize_scopes("scopes", scopes)
     norm_ttl = normalize_ttl("ttl", ttl, LEASE_TTL_CAP).total_seconds()
+    paced = _group("timing", options.get("timing"), HoldTiming)
     bounds = {name: seconds for name, seconds in (
-        ("min_backoff", _seconds_or_none("min_backoff", min_backoff)),
-        ("max_backoff", _seconds_or_none("max_backoff", max_backoff)),
-        ("clock_step", _clock_step(clock_step))) if seconds is not None}
-    timing = KeeperTiming(norm_ttl, **bounds)  # refuses min_backoff > max_backoff
-    gap = latest_healthy_gap(timing)
-    within = _seconds_or_none("expiring_within", expiring_within)
+        ("min_backoff", _seconds_or_none("min_backoff", paced.min_backoff)),
+        ("max_backoff", _seconds_or_none("max_backoff", paced.max_backoff)),
+        ("clock_step", _clock_step(paced.clock_step))) if seconds is not None}
+    keeper_timing = KeeperTiming(norm_ttl, **bounds)  # refuses min_backoff > max_backoff
+    gap = latest_healthy_gap(keeper_timing)
+    within = _seconds_or_none("expiring_within", paced.expiring_within)
     if within is None:
         within = gap / 2
     elif within >= gap:
         raise InvalidInput("expiring_within", f"must be less than {gap:g} s for ttl "
                            f"{norm_ttl:g} s (a healthy lease comes that close to its deadline)")
+    told = _group("callbacks", options.get("callbacks"), HoldCallbacks)
+    for field in attrs.fields(HoldCallbacks):
+        _check_callable(field.name, getattr(told, field.name))
+    _check_callable("clock", clock)
+    _check_callable("random", random)
+    if not isinstance(cancel_on_loss, bool):
+        raise InvalidInput("cancel_on_loss", "must be a bool")
     return HoldOptions(checked_identity, checked_connector, norm_scopes, _check_wait(wait),
-                       _check_takeover(takeover), timing, within)
+                       _check_takeover(takeover), keeper_timing, within, told,
+                       cancel_on_loss, _check_notices(options.get("notices")), clock,
+                       random)

@@ -5,23 +5,17 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Generator
+from collections.abc import Callable
 from datetime import timedelta
 from types import TracebackType
-from typing import Any, TypeVar
 
 from mos_lease.coordinator import ConnectorLeaseCoordinator
-from mos_lease.errors import MosLeaseError
-from mos_lease.events import EventHook
-from mos_lease.flowdrive import Drive, outcome_of
-from mos_lease.holder.base import Adopt, HolderStep, Stop, _Callbacks, _HolderBase
-from mos_lease.holder.options import HoldOptions, NoticeSource
-from mos_lease.holder.waiting import ReadHolder, TryAcquire, TryTakeover
+from mos_lease.holder.base import HolderStep, _HolderBase
+from mos_lease.holder.options import HoldOptions
 from mos_lease.keeper import LeaseKeeper, LeaseLoss
+from mos_lease.keeper.calls import Sleep, drive
 from mos_lease.notice_confirmer import Done
 from mos_lease.results import GrantResult
-
-T = TypeVar("T")
 
 
 class Holder(_HolderBase[LeaseKeeper]):
@@ -30,42 +24,20 @@ class Holder(_HolderBase[LeaseKeeper]):
     coordinator: ConnectorLeaseCoordinator
     _sleep: Callable[[float], object] | None
 
-    def __init__(self, coordinator: ConnectorLeaseCoordinator, options: HoldOptions,
-                 callbacks: _Callbacks, *, clock: Callable[[], float],
-                 random: Callable[[], float], sleep: Callable[[float], object] | None,
-                 heartbeat_coordinator: ConnectorLeaseCoordinator | None,
-                 on_event: EventHook | None = None,
-                 notices: NoticeSource | None = None) -> None:
-        super().__init__(coordinator, options, callbacks, clock=clock, random=random,
-                         sleep=sleep, heartbeat_coordinator=heartbeat_coordinator,
-                         on_event=on_event, notices=notices)
+    def __init__(self, coordinator: ConnectorLeaseCoordinator, options: HoldOptions, *,
+                 sleep: Callable[[float], object] | None = None,
+                 heartbeat_coordinator: ConnectorLeaseCoordinator | None = None) -> None:
+        super().__init__(coordinator, options, sleep=sleep,
+                         heartbeat_coordinator=heartbeat_coordinator)
         self._wakeup = threading.Event()
         self._closing = threading.Event()
         self._watcher: threading.Thread | None = None
         self.lost_event = threading.Event()
         """Set once the lease is lost while held (``lost_event.wait(timeout)``)."""
 
-    def _run(self, steps: Generator[HolderStep, Any, T], thrown: type[BaseException]) -> T:
-        drive = Drive(steps, thrown)
-        for step in drive:
-            drive.send(outcome_of(self._perform, step))
-        return drive.result
-
     def _perform(self, step: HolderStep) -> object:
-        o = self.options
-        if isinstance(step, TryAcquire):
-            return self.coordinator.acquire(o.identity, o.connector_id, scopes=o.scopes,
-                                            ttl=o.ttl)
-        if isinstance(step, TryTakeover):
-            return self.coordinator.takeover(o.identity, o.connector_id, scopes=o.scopes,
-                                             ttl=o.ttl, expected_epoch=step.expected_epoch)
-        if isinstance(step, ReadHolder):
-            return self.coordinator.current_holder(o.identity)
-        if isinstance(step, Adopt):
-            self._require_keeper().adopt(step.lease, obtained_at=step.started)
-            return None
-        if isinstance(step, Stop):
-            return self._require_keeper().stop(release=True)
+        if not isinstance(step, Sleep):
+            return step.on(self._target(step))
         if self._sleep is not None:
             self._sleep(step.seconds)
         else:
@@ -74,8 +46,8 @@ class Holder(_HolderBase[LeaseKeeper]):
         return None
 
     def __enter__(self) -> Holder:
-        lease = self._run(self._entering(LeaseKeeper), BaseException)
-        self._callbacks("on_started", lease)
+        lease = drive(self._entering(LeaseKeeper), self._perform, BaseException)
+        self._callbacks.call("on_started", lease)
         if self._callbacks.has("on_expiring"):
             self._watcher = threading.Thread(target=self._watch, daemon=True,
                                              name=self._watcher_name(lease))
@@ -100,11 +72,7 @@ class Holder(_HolderBase[LeaseKeeper]):
             if lease is None:
                 self._wake()
                 return
-            try:
-                view = self.coordinator.current_holder(self.options.identity)
-            except MosLeaseError:
-                return  # unconfirmed: the keeper's next renewal decides
-            self._lose_to(lease.epoch, view)
+            drive(self._confirmation(lease.epoch), self._perform)
         finally:
             done()
 
@@ -129,7 +97,7 @@ class Holder(_HolderBase[LeaseKeeper]):
             return
         self._unsubscribe()
         self._closing.set()
-        self._run(self._leaving(), Exception)
+        drive(self._leaving(), self._perform, Exception)
         if self._watcher is not None:
             self._watcher.join(1.0)
-        self._callbacks("on_stopped")
+        self._callbacks.call("on_stopped")

@@ -1,19 +1,22 @@
 """The pure part of :func:`~mos_lease.hold`: what to try while waiting for a lease.
 
-:func:`waiting` is a generator of steps, like the coordinator's flows: it decides what to
-try, how long to pause and when to give up; the shells only perform the steps.
+:func:`waiting` is a generator of steps, as the keeper's are (:mod:`mos_lease.keeper.calls`):
+it decides what to try (an ``AcquireCall``, a ``TakeoverCall`` at the epoch just read, a
+``CurrentHolderCall``), how long to pause (:class:`~mos_lease.sleep.Sleep`) and when to give
+up; the shells only perform the steps.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Generator
-from typing import Any, Final
+from collections.abc import Callable
+from typing import Final
 
 import attrs
 
 from mos_lease.holder.options import HoldOptions, LeaseNotAcquired, TakeoverPolicy
 from mos_lease.keeper import TRANSIENT_ERRORS, KeeperTiming
+from mos_lease.keeper.calls import AcquireCall, CurrentHolderCall, Sleep, Steps, TakeoverCall
 from mos_lease.results import HolderView, LeaseResult
 from mos_lease.vocabulary import LeaseState, Reason
 
@@ -25,43 +28,20 @@ RETRY_REASONS: Final = frozenset({
 })
 
 
-@attrs.frozen(slots=True)
-class TryAcquire:
-    """Acquire (insert-only): wins exactly when the identity never had a lease."""
-
-
-@attrs.frozen(slots=True)
-class TryTakeover:
-    """Take over the lease at ``expected_epoch``, the epoch just observed."""
-
-    expected_epoch: int
-
-
-@attrs.frozen(slots=True)
-class ReadHolder:
-    """Read who holds the lease (no audit row)."""
-
-
-@attrs.frozen(slots=True)
-class Pause:
-    seconds: float
-
-
-Step = TryAcquire | TryTakeover | ReadHolder | Pause
-
-
-def plan_attempt(view: HolderView | None, policy: TakeoverPolicy,
-                 preempt_refused: bool) -> TryAcquire | TryTakeover | Reason:
-    """What to try after reading ``view``, or the reason to go on waiting instead."""
+def plan_attempt(view: HolderView | None, options: HoldOptions,
+                 preempt_refused: bool) -> AcquireCall | TakeoverCall | Reason:
+    """What to try after reading ``view``, or the reason to go on waiting instead. An
+    acquire wins exactly when the identity never had a lease; a takeover names the epoch
+    just read, so of several waiters exactly one wins."""
     if view is None:
-        return TryAcquire()
+        return options.acquire_call()
     if view.state is LeaseState.ACTIVE:
-        if policy is TakeoverPolicy.PREEMPT and not preempt_refused:
-            return TryTakeover(view.epoch)
+        if options.takeover is TakeoverPolicy.PREEMPT and not preempt_refused:
+            return options.takeover_call(view.epoch)
         return Reason.LEASE_HELD
-    if policy is TakeoverPolicy.NEVER:
+    if options.takeover is TakeoverPolicy.NEVER:
         return Reason.TAKEOVER_REQUIRED
-    return TryTakeover(view.epoch)
+    return options.takeover_call(view.epoch)
 
 
 def pause_for(timing: KeeperTiming, failures: int, draw: float, remaining: float | None,
@@ -81,14 +61,14 @@ class Acquired:
 
 
 def waiting(options: HoldOptions, clock: Callable[[], float], draw: Callable[[], float],
-            new_holder: Callable[[str, int], None]) -> Generator[Step, Any, Acquired]:
-    """The whole wait, as steps: a :class:`TryAcquire` or :class:`TryTakeover` is sent its
-    :class:`LeaseResult`, :class:`ReadHolder` its :class:`HolderView` or ``None``,
-    :class:`Pause` nothing. A transient store error may be thrown in at any step. Returns
+            new_holder: Callable[[str, int], None]) -> Steps[Acquired]:
+    """The whole wait, as steps: an ``AcquireCall`` or ``TakeoverCall`` is sent its
+    :class:`LeaseResult`, a ``CurrentHolderCall`` its :class:`HolderView` or ``None``,
+    :class:`Sleep` nothing. A transient store error may be thrown in at any step. Returns
     once a lease is held; raises :class:`LeaseNotAcquired` when the wait is over or waiting
     cannot help."""
     ends = None if options.wait is None else clock() + options.wait
-    attempt: TryAcquire | TryTakeover | None = TryAcquire()
+    attempt: AcquireCall | TakeoverCall | None = options.acquire_call()
     probing = True  # a refused first acquire is how the state is learnt: no pause after it
     failures = 0
     reason = Reason.LEASE_HELD
@@ -120,10 +100,10 @@ def waiting(options: HoldOptions, clock: Callable[[], float], draw: Callable[[],
             remaining = None if ends is None else ends - clock()
             if remaining is not None and remaining <= 0:
                 raise LeaseNotAcquired(options.identity, reason, view, error)
-            yield Pause(pause_for(options.timing, failures + 1, draw(), remaining, view))
+            yield Sleep(pause_for(options.timing, failures + 1, draw(), remaining, view))
             failures += 1
         try:
-            view = yield ReadHolder()
+            view = yield CurrentHolderCall(options.identity)
         except TRANSIENT_ERRORS as down:
             reason, error = Reason.STORE_UNAVAILABLE, f"{type(down).__name__}: {down}"
             attempt = None
@@ -131,7 +111,7 @@ def waiting(options: HoldOptions, clock: Callable[[], float], draw: Callable[[],
         if view is not None and seen != (view.connector_id, view.epoch):
             seen = (view.connector_id, view.epoch)
             new_holder(*seen)
-        planned = plan_attempt(view, options.takeover, preempt_refused)
+        planned = plan_attempt(view, options, preempt_refused)
         if isinstance(planned, Reason):
             reason, error, attempt = planned, None, None
         else:

@@ -19,8 +19,8 @@ from mos_lease.vocabulary import Outcome, Reason
 
 __all__ = [  # re-exported by mos_lease.keeper
     "DEFAULT_CLOCK_STEP", "LEASE_GONE_REASONS", "TRANSIENT_ERRORS", "Action", "HeartbeatDue",
-    "KeeperState", "KeeperTiming", "LeaseLoss", "LossCause", "Lost", "Wait", "after_renewal",
-    "grant_loss", "held", "local_refusal", "lose", "next_action",
+    "KeeperState", "KeeperTiming", "LeaseLoss", "LossCause", "ReportLoss", "Wait",
+    "after_renewal", "grant_loss", "held", "local_refusal", "lose", "next_action",
 ]
 
 DEFAULT_CLOCK_STEP: Final = 2.0
@@ -157,15 +157,19 @@ class HeartbeatDue:
 
 @attrs.frozen(slots=True)
 class Wait:
+    """Nothing to do before ``until`` (the keeper's driver sleeps until then)."""
+
     until: float
 
 
 @attrs.frozen(slots=True)
-class Lost:
+class ReportLoss:
+    """The lease is lost (``loss`` says why): report it, once, and stop renewing."""
+
     loss: LeaseLoss
 
 
-Action = HeartbeatDue | Wait | Lost
+Action = HeartbeatDue | Wait | ReportLoss
 
 
 def held(timing: KeeperTiming, lease: LeaseHandle, started: float, draw: float) -> KeeperState:
@@ -176,9 +180,10 @@ def held(timing: KeeperTiming, lease: LeaseHandle, started: float, draw: float) 
 def next_action(state: KeeperState, now: float) -> Action:
     """What to do at monotonic time ``now``: the whole heartbeat schedule."""
     if state.loss is not None:
-        return Lost(state.loss)
+        return ReportLoss(state.loss)
     if now >= state.deadline:
-        return Lost(LeaseLoss(LossCause.DEADLINE, Reason.LEASE_EXPIRED, now, state.last_error))
+        return ReportLoss(LeaseLoss(LossCause.DEADLINE, Reason.LEASE_EXPIRED, now,
+                                    state.last_error))
     if now >= state.renew_at:
         return HeartbeatDue(state.deadline)
     return Wait(min(state.renew_at, state.deadline))

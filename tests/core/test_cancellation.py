@@ -20,6 +20,7 @@ from mos_lease import (
     LeaseIdentity,
     hold,
 )
+from mos_lease.holder import HoldTiming
 from mos_lease.keeper import AsyncLeaseKeeper
 from mos_lease_memory import AsyncInMemoryLeaseStore
 
@@ -32,7 +33,7 @@ def test_a_waiting_holder_cancelled_as_it_is_woken_ends_cancelled() -> None:
                                                      policy=AllowAllPolicy())
         assert (await coordinator.acquire(IDENTITY, "rival", scopes=["x"], ttl=60)).ok
         holder = hold(coordinator, IDENTITY, "me", scopes=["x"], ttl=10, wait=30,
-                      min_backoff=5.0, max_backoff=5.0)
+                      timing=HoldTiming(min_backoff=5.0, max_backoff=5.0))
 
         async def body() -> None:
             async with holder:

@@ -33,6 +33,7 @@ from mos_lease.events import (
     StoreCall,
     store_system,
 )
+from mos_lease.holder import HoldCallbacks, HoldTiming
 from mos_lease.vocabulary import LifecycleEvent
 from mos_lease_memory import AsyncInMemoryLeaseStore, InMemoryLeaseStore
 from tests.core.test_keeper import TTL, _async_rig, make_rig
@@ -240,8 +241,8 @@ def test_on_event_must_be_callable() -> None:
     with pytest.raises(ConfigurationError, match="on_event"):
         rig.keeper(on_event=[])
     with pytest.raises(InvalidInput, match="on_event"):
-        hold(rig.coordinator, IDENT, "a", scopes=SCOPES, clock_step=0, ttl=9,
-             on_event="x")  # type: ignore[call-overload]
+        hold(rig.coordinator, IDENT, "a", scopes=SCOPES, ttl=9, timing=HoldTiming(clock_step=0),
+             callbacks=HoldCallbacks(on_event="x"))  # type: ignore[arg-type]
 
 
 def test_without_a_hook_the_plain_driver_runs(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -349,8 +350,9 @@ def test_async_keeper_reports_the_same_events() -> None:
 def test_hold_passes_on_event_to_its_keeper() -> None:
     rig = make_rig()
     events: list[Event] = []
-    with hold(rig.coordinator, IDENT, "conn-a", scopes=SCOPES, clock_step=0, ttl=TTL, wait=0,
-              clock=rig.time.clock, on_event=events.append) as held:
+    with hold(rig.coordinator, IDENT, "conn-a", scopes=SCOPES, ttl=TTL, wait=0,
+              clock=rig.time.clock, timing=HoldTiming(clock_step=0),
+              callbacks=HoldCallbacks(on_event=events.append)) as held:
         assert held.lease is not None
         assert events == []
     assert events == [Lost("acme", "agent-1", "binding-1", "conn-a", 1, "stopped",

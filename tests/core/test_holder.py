@@ -39,10 +39,9 @@ from mos_lease import (
     hold,
 )
 from mos_lease.holder import (
-    Pause,
-    ReadHolder,
-    TryAcquire,
-    TryTakeover,
+    HoldCallbacks,
+    HoldOptions,
+    HoldTiming,
     check_options,
     expiring_check,
     pause_for,
@@ -50,8 +49,10 @@ from mos_lease.holder import (
     waiting,
 )
 from mos_lease.keeper import KeeperTiming
+from mos_lease.keeper.calls import AcquireCall, CurrentHolderCall, TakeoverCall
 from mos_lease.records import AuditRecord
 from mos_lease.results import HolderView
+from mos_lease.sleep import Sleep
 from mos_lease.vocabulary import LeaseState, LifecycleEvent
 from mos_lease_memory import AsyncInMemoryLeaseStore, InMemoryLeaseStore
 from tests.core.test_keeper import AsyncFaulty, FakeTime, Faulty
@@ -102,8 +103,12 @@ class Sim:
             self.after_pause()
 
     def hold(self, **options: Any) -> Any:
+        # One database host and no failover: clock_step 0 unless the test says otherwise.
+        timing = options.pop("timing", HoldTiming())
+        if timing.clock_step is None:
+            timing = attrs.evolve(timing, clock_step=0)
         kw: dict[str, Any] = {"scopes": SCOPES, "ttl": 10, "clock": self.time.clock,
-                              "sleep": self.sleep, "random": lambda: 0.5, "clock_step": 0}
+                              "sleep": self.sleep, "random": lambda: 0.5, "timing": timing}
         kw.update(options)
         return hold(self.waiter, IDENT, kw.pop("connector_id", "conn-b"), **kw)
 
@@ -168,21 +173,30 @@ def view(state: LeaseState, epoch: int = 4, left: float = 3.0) -> HolderView:
     return HolderView("conn-a", epoch, state, now + timedelta(seconds=left), now)
 
 
+def waiting_options(takeover: TakeoverPolicy = TakeoverPolicy.EXPIRED) -> HoldOptions:
+    return check_options(IDENT, "conn-b", scopes=SCOPES, ttl=10, takeover=takeover)
+
+
+ACQUIRE = AcquireCall(IDENT, "conn-b", SCOPES, 10.0)
+TAKEOVER_4 = TakeoverCall(IDENT, "conn-b", SCOPES, 10.0, expected_epoch=4)
+READ = CurrentHolderCall(IDENT)
+
+
 @pytest.mark.parametrize(("seen", "policy", "refused", "expected"), [
-    (None, TakeoverPolicy.NEVER, False, TryAcquire()),
+    (None, TakeoverPolicy.NEVER, False, ACQUIRE),
     (view(LeaseState.ACTIVE), TakeoverPolicy.EXPIRED, False, Reason.LEASE_HELD),
     (view(LeaseState.ACTIVE), TakeoverPolicy.NEVER, False, Reason.LEASE_HELD),
-    (view(LeaseState.ACTIVE), TakeoverPolicy.PREEMPT, False, TryTakeover(4)),
+    (view(LeaseState.ACTIVE), TakeoverPolicy.PREEMPT, False, TAKEOVER_4),
     (view(LeaseState.ACTIVE), TakeoverPolicy.PREEMPT, True, Reason.LEASE_HELD),
     (view(LeaseState.EXPIRED), TakeoverPolicy.NEVER, False, Reason.TAKEOVER_REQUIRED),
     (view(LeaseState.RELEASED), TakeoverPolicy.NEVER, False, Reason.TAKEOVER_REQUIRED),
-    (view(LeaseState.EXPIRED), TakeoverPolicy.EXPIRED, False, TryTakeover(4)),
-    (view(LeaseState.RELEASED), TakeoverPolicy.EXPIRED, False, TryTakeover(4)),
-    (view(LeaseState.RELEASED), TakeoverPolicy.PREEMPT, True, TryTakeover(4)),
+    (view(LeaseState.EXPIRED), TakeoverPolicy.EXPIRED, False, TAKEOVER_4),
+    (view(LeaseState.RELEASED), TakeoverPolicy.EXPIRED, False, TAKEOVER_4),
+    (view(LeaseState.RELEASED), TakeoverPolicy.PREEMPT, True, TAKEOVER_4),
 ])
 def test_plan_attempt(seen: HolderView | None, policy: TakeoverPolicy, refused: bool,
                       expected: object) -> None:
-    assert plan_attempt(seen, policy, refused) == expected
+    assert plan_attempt(seen, waiting_options(policy), refused) == expected
 
 
 def test_pause_backs_off_and_wakes_at_the_observed_expiry() -> None:
@@ -205,27 +219,26 @@ def test_expiring_check() -> None:
 
 def test_waiting_flow_by_hand() -> None:
     """The generator alone: refused probe, read, takeover at the epoch read, success."""
-    options = check_options(IDENT, "conn-b", scopes=SCOPES, ttl=10, wait=None,
-                            takeover="expired", min_backoff=None, max_backoff=None,
-                            expiring_within=None)
+    options = waiting_options()
     seen: list[tuple[str, int]] = []
     now = [100.0]
     flow = waiting(options, lambda: now[0], lambda: 0.5, lambda c, e: seen.append((c, e)))
-    assert next(flow) == TryAcquire()
+    assert next(flow) == ACQUIRE
     from mos_lease.results import LeaseResult
     refused = LeaseResult(Outcome.DENIED, Reason.TAKEOVER_REQUIRED, "c", current_epoch=3)
-    assert flow.send(refused) == ReadHolder()  # no pause after the probe
-    assert flow.send(view(LeaseState.EXPIRED, epoch=3)) == TryTakeover(3)
+    assert flow.send(refused) == READ  # no pause after the probe
+    assert flow.send(view(LeaseState.EXPIRED, epoch=3)) == attrs.evolve(TAKEOVER_4,
+                                                                         expected_epoch=3)
     assert seen == [("conn-a", 3)]
     lost_race = LeaseResult(Outcome.DENIED, Reason.EPOCH_MISMATCH, "c", current_epoch=4)
     step = flow.send(lost_race)
-    assert isinstance(step, Pause)  # a refused takeover is followed by a pause
-    assert flow.send(None) == ReadHolder()
-    assert isinstance(flow.send(view(LeaseState.ACTIVE, epoch=4)), Pause)
+    assert isinstance(step, Sleep)  # a refused takeover is followed by a pause
+    assert flow.send(None) == READ
+    assert isinstance(flow.send(view(LeaseState.ACTIVE, epoch=4)), Sleep)
     assert seen == [("conn-a", 3), ("conn-a", 4)]
     # A store error while reading is retried after a pause.
-    assert flow.send(None) == ReadHolder()
-    assert isinstance(flow.throw(StoreUnavailable("down")), Pause)
+    assert flow.send(None) == READ
+    assert isinstance(flow.throw(StoreUnavailable("down")), Sleep)
 
 
 # --- waiting, on fake time --------------------------------------------------------------------
@@ -238,8 +251,9 @@ def test_free_identity_is_one_acquire_and_released_on_exit() -> None:
     def note(name: str) -> Callable[..., None]:
         return lambda *args: calls.append((name, args))
 
-    with sim.hold(on_started=note("started"), on_stopped=note("stopped"),
-                  on_new_holder=note("new_holder"), on_lost=note("lost")) as held:
+    told = HoldCallbacks(on_started=note("started"), on_stopped=note("stopped"),
+                         on_new_holder=note("new_holder"), on_lost=note("lost"))
+    with sim.hold(callbacks=told) as held:
         assert held.lease.epoch == 1 and held.lost is None
         assert held.issue_grant(scopes=SCOPES, ttl=5).ok
     assert [(r.entry.event, r.entry.outcome) for r in audit_of(sim.store)] == [
@@ -260,7 +274,8 @@ def test_waiter_takes_over_an_expired_lease_at_the_epoch_it_saw() -> None:
     first = sim.rival.acquire(IDENT, "conn-a", scopes=SCOPES, ttl=30).lease
     assert first is not None
     holders: list[tuple[str, int]] = []
-    with sim.hold(on_new_holder=lambda c, e: holders.append((c, e))) as held:
+    told = HoldCallbacks(on_new_holder=lambda c, e: holders.append((c, e)))
+    with sim.hold(callbacks=told) as held:
         assert held.lease.epoch == 2
         taken_at = sim.time.store_clock.now()
     # Not before the lease had expired, and not long after (the waiter wakes at expiry).
@@ -346,8 +361,9 @@ def test_backoff_grows_with_jitter_and_stays_within_the_wait() -> None:
     sim = make_sim()
     sim.rival.acquire(IDENT, "conn-a", scopes=SCOPES, ttl=300)
     draws = iter([0.0, 1 - 1e-9] * 100)
-    with pytest.raises(LeaseNotAcquired), sim.hold(wait=3.0, min_backoff=0.1, max_backoff=0.8,
-                                                   random=lambda: next(draws)):
+    with pytest.raises(LeaseNotAcquired), sim.hold(
+            wait=3.0, random=lambda: next(draws),
+            timing=HoldTiming(min_backoff=0.1, max_backoff=0.8)):
         pass
     pauses = sim.pauses
     assert pauses[:4] == pytest.approx([0.05, 0.2, 0.2, 0.8])  # base 0.1, 0.2, 0.4, 0.8
@@ -402,7 +418,7 @@ def test_a_holder_holds_once_and_async_holders_need_async_with() -> None:
     with pytest.raises(InvalidInput), holder:
         pass
     async_holder = hold(AsyncConnectorLeaseCoordinator(AsyncInMemoryLeaseStore(), policy=ALLOW),
-                        IDENT, "conn-b", scopes=SCOPES, clock_step=0, ttl=5)
+                        IDENT, "conn-b", scopes=SCOPES, ttl=5, timing=HoldTiming(clock_step=0))
     with pytest.raises(TypeError, match="async with"), async_holder:
         pass
 
@@ -426,8 +442,8 @@ def test_a_wait_that_fails_or_is_cancelled_stops_listening_for_notices() -> None
     notices = RecordingNotices()
     refusing = ConnectorLeaseCoordinator(InMemoryLeaseStore(),
                                          policy=rules(False, connector_id="conn-z"))
-    with pytest.raises(LeaseNotAcquired), hold(refusing, IDENT, "conn-b", scopes=SCOPES,
-                                               clock_step=0, ttl=5, notices=notices):
+    with pytest.raises(LeaseNotAcquired), hold(refusing, IDENT, "conn-b", scopes=SCOPES, ttl=5,
+                                               notices=notices, timing=HoldTiming(clock_step=0)):
         pass
     assert notices.listening == []
 
@@ -438,7 +454,7 @@ def test_a_wait_that_fails_or_is_cancelled_stops_listening_for_notices() -> None
 
         async def enter() -> None:
             async with hold(AsyncConnectorLeaseCoordinator(store, ALLOW), IDENT, "conn-b",
-                            scopes=SCOPES, clock_step=0, ttl=5, notices=notices):
+                            scopes=SCOPES, ttl=5, notices=notices, timing=HoldTiming(clock_step=0)):
                 pass
 
         waiting_task = asyncio.ensure_future(enter())
@@ -487,12 +503,17 @@ BAD: list[tuple[str, dict[str, Any]]] = [
     ("takeover", {"takeover": "EXPIRED"}),
     ("takeover", {"takeover": 1}),
     ("takeover", {"takeover": None}),
-    ("on_lost", {"on_lost": "print"}),
-    ("on_expiring", {"on_expiring": 3}),
-    ("expiring_within", {"expiring_within": 5.0}),  # a healthy 10 s lease comes that close
-    ("expiring_within", {"expiring_within": -1}),
-    ("min_backoff", {"min_backoff": 0}),
-    ("max_backoff", {"max_backoff": float("nan")}),
+    ("on_lost", {"callbacks": HoldCallbacks(on_lost="print")}),  # type: ignore[arg-type]
+    ("on_expiring", {"callbacks": HoldCallbacks(on_expiring=3)}),  # type: ignore[arg-type]
+    ("on_event", {"callbacks": HoldCallbacks(on_event=[])}),  # type: ignore[arg-type]
+    ("callbacks", {"callbacks": {"on_lost": print}}),
+    # A healthy 10 s lease comes that close:
+    ("expiring_within", {"timing": HoldTiming(expiring_within=5.0)}),
+    ("expiring_within", {"timing": HoldTiming(expiring_within=-1)}),
+    ("min_backoff", {"timing": HoldTiming(min_backoff=0)}),
+    ("max_backoff", {"timing": HoldTiming(max_backoff=float("nan"))}),
+    ("clock_step", {"timing": HoldTiming(clock_step=-1)}),
+    ("timing", {"timing": 5}),
     ("cancel_on_loss", {"cancel_on_loss": True}),  # a thread cannot be cancelled
     ("cancel_on_loss", {"cancel_on_loss": "yes"}),
     ("heartbeat_coordinator", {"heartbeat_coordinator": object()}),
@@ -521,7 +542,7 @@ def test_bad_input_is_refused_before_anything_is_written(field: str,
 
 def test_backoff_bounds_the_keeper_refuses_are_a_configuration_error() -> None:
     with pytest.raises(ConfigurationError, match="min_backoff <= max_backoff"):
-        make_sim().hold(min_backoff=2, max_backoff=1)
+        make_sim().hold(timing=HoldTiming(min_backoff=2, max_backoff=1))
 
 
 def test_a_ttl_above_the_coordinators_cap_writes_nothing() -> None:
@@ -546,8 +567,9 @@ class Live:
     events: list[tuple[str, object]] = attrs.Factory(list)
 
     def callbacks(self) -> dict[str, Any]:
-        return {name: (lambda *a, n=name: self.events.append((n, a[0] if a else None)))
-                for name in ("on_started", "on_stopped", "on_lost", "on_expiring")}
+        return {"callbacks": HoldCallbacks(**{
+            name: (lambda *a, n=name: self.events.append((n, a[0] if a else None)))
+            for name in ("on_started", "on_stopped", "on_lost", "on_expiring")})}
 
     def names(self) -> list[str]:
         return [name for name, _ in self.events]
@@ -563,8 +585,8 @@ def live() -> Iterator[Live]:
 
 
 def test_loss_while_holding_is_reported_every_way(live: Live) -> None:
-    with hold(live.coordinator, IDENT, "conn-b", scopes=SCOPES, clock_step=0, ttl=TTL,
-              **live.callbacks()) as held:
+    with hold(live.coordinator, IDENT, "conn-b", scopes=SCOPES, ttl=TTL, **live.callbacks(),
+              timing=HoldTiming(clock_step=0)) as held:
         epoch = held.lease.epoch
         started = time.monotonic()
         taken = live.rival.takeover(IDENT, "conn-a", scopes=SCOPES, ttl=30,
@@ -589,8 +611,8 @@ def test_loss_while_holding_is_reported_every_way(live: Live) -> None:
 
 
 def test_expiring_is_reported_once_before_loss_when_renewals_fail(live: Live) -> None:
-    with hold(live.coordinator, IDENT, "conn-b", scopes=SCOPES, clock_step=0, ttl=TTL,
-              expiring_within=0.2, **live.callbacks()) as held:
+    with hold(live.coordinator, IDENT, "conn-b", scopes=SCOPES, ttl=TTL, **live.callbacks(),
+              timing=HoldTiming(clock_step=0, expiring_within=0.2)) as held:
         live.faulty.mode = "down"
         loss = held.wait_lost(2.0)
     assert loss is not None and loss.cause is LossCause.DEADLINE
@@ -602,7 +624,8 @@ def test_expiring_is_reported_once_before_loss_when_renewals_fail(live: Live) ->
 def test_expiring_is_reported_once_per_deadline_on_fake_time() -> None:
     sim = make_sim()
     reports: list[float] = []
-    with sim.hold(ttl=10, expiring_within=2, on_expiring=reports.append) as held:
+    with sim.hold(ttl=10, timing=HoldTiming(expiring_within=2),
+                  callbacks=HoldCallbacks(on_expiring=reports.append)) as held:
         # Deadline 9 s after the acquire began; nothing to say until 2 s before it.
         assert held._check_expiring() == pytest.approx(7.0)
         sim.time.advance(7.5)
@@ -621,8 +644,8 @@ def test_expiring_is_reported_once_per_deadline_on_fake_time() -> None:
 
 
 def test_expiring_is_silent_while_renewals_succeed(live: Live) -> None:
-    with hold(live.coordinator, IDENT, "conn-b", scopes=SCOPES, clock_step=0, ttl=TTL,
-              expiring_within=0.1, **live.callbacks()) as held:
+    with hold(live.coordinator, IDENT, "conn-b", scopes=SCOPES, ttl=TTL, **live.callbacks(),
+              timing=HoldTiming(clock_step=0, expiring_within=0.1)) as held:
         assert held.wait_lost(1.5) is None
     assert live.names() == ["on_started", "on_stopped"]
     assert rows(live.store) == [("conn-b", 1, True)]
@@ -634,9 +657,10 @@ def test_callbacks_that_raise_are_logged_and_holding_goes_on(
         raise RuntimeError("callback bug")
 
     caplog.set_level(logging.ERROR, "mos_lease.holder")
-    with hold(live.coordinator, IDENT, "conn-b", scopes=SCOPES, clock_step=0, ttl=TTL,
-              on_started=explode, on_new_holder=explode, on_stopped=explode,
-              on_lost=explode) as held:
+    with hold(live.coordinator, IDENT, "conn-b", scopes=SCOPES, ttl=TTL,
+              timing=HoldTiming(clock_step=0),
+              callbacks=HoldCallbacks(on_started=explode, on_new_holder=explode,
+                                      on_stopped=explode, on_lost=explode)) as held:
         time.sleep(0.3)  # past a renewal
         assert held.lost is None and held.issue_grant(scopes=SCOPES, ttl=1).ok
     assert rows(live.store) == [("conn-b", 1, True)]
@@ -648,8 +672,9 @@ def test_callbacks_that_raise_are_logged_and_holding_goes_on(
 def test_a_notice_wakes_a_waiter_and_ends_a_superseded_holder(live: Live) -> None:
     first = live.rival.acquire(IDENT, "conn-a", scopes=SCOPES, ttl=30).lease
     assert first is not None
-    holder = hold(live.coordinator, IDENT, "conn-b", scopes=SCOPES, clock_step=0, ttl=TTL, wait=10,
-                  min_backoff=3, max_backoff=3)  # pauses of at least 1.5 s
+    holder = hold(live.coordinator, IDENT, "conn-b", scopes=SCOPES, ttl=TTL, wait=10,
+                  # pauses of at least 1.5 s
+                  timing=HoldTiming(clock_step=0, min_backoff=3, max_backoff=3))
     outcome: list[object] = []
 
     def enter() -> None:
@@ -706,8 +731,8 @@ def test_async_cancel_on_loss_raises_lease_lost_at_the_async_with() -> None:
         reached: list[str] = []
         started = time.monotonic()
         with pytest.raises(LeaseLost) as raised:
-            async with hold(coordinator, IDENT, "conn-b", scopes=SCOPES, clock_step=0, ttl=TTL,
-                            cancel_on_loss=True) as held:
+            async with hold(coordinator, IDENT, "conn-b", scopes=SCOPES, ttl=TTL,
+                            cancel_on_loss=True, timing=HoldTiming(clock_step=0)) as held:
                 await rival.takeover(IDENT, "conn-a", scopes=SCOPES, ttl=30,
                                      expected_epoch=held.lease.epoch)
                 await asyncio.sleep(5)
@@ -728,8 +753,8 @@ def test_async_loss_in_a_block_that_never_awaits_leaves_no_stray_cancellation() 
     async def scenario() -> None:
         _, _, coordinator, _ = async_live()
         with pytest.raises(LeaseLost):
-            async with hold(coordinator, IDENT, "conn-b", scopes=SCOPES, clock_step=0, ttl=TTL,
-                            cancel_on_loss=True) as held:
+            async with hold(coordinator, IDENT, "conn-b", scopes=SCOPES, ttl=TTL,
+                            cancel_on_loss=True, timing=HoldTiming(clock_step=0)) as held:
                 # A newer epoch confirmed by a read: loss, and the cancel, now.
                 held._lose_to(held.lease.epoch,
                               view(LeaseState.ACTIVE, epoch=held.lease.epoch + 1))
@@ -744,8 +769,8 @@ def test_async_cancellation_from_elsewhere_still_propagates() -> None:
         entered = asyncio.Event()
 
         async def body() -> None:
-            async with hold(coordinator, IDENT, "conn-b", scopes=SCOPES, clock_step=0, ttl=TTL,
-                            cancel_on_loss=True):
+            async with hold(coordinator, IDENT, "conn-b", scopes=SCOPES, ttl=TTL,
+                            cancel_on_loss=True, timing=HoldTiming(clock_step=0)):
                 entered.set()
                 await asyncio.sleep(5)
 
@@ -763,8 +788,9 @@ def test_async_without_cancel_reports_loss_on_next_use() -> None:
     async def scenario() -> None:
         _, faulty, coordinator, _ = async_live()
         lost: list[LeaseLoss] = []
-        async with hold(coordinator, IDENT, "conn-b", scopes=SCOPES, clock_step=0, ttl=TTL,
-                        on_lost=lost.append) as held:
+        async with hold(coordinator, IDENT, "conn-b", scopes=SCOPES, ttl=TTL,
+                        timing=HoldTiming(clock_step=0),
+                        callbacks=HoldCallbacks(on_lost=lost.append)) as held:
             faulty.mode = "down"
             loss = await asyncio.wait_for(held.wait_lost(), 2.0)
             assert loss.cause is LossCause.DEADLINE and lost == [loss]
@@ -784,16 +810,18 @@ def test_async_waiting_and_release() -> None:
         rival = ConnectorLeaseCoordinator(store, ALLOW)
         rival.acquire(IDENT, "conn-a", scopes=SCOPES, ttl=20)
         holders: list[tuple[str, int]] = []
-        async with hold(coordinator, IDENT, "conn-b", scopes=SCOPES, clock_step=0, ttl=10,
-                        clock=fake.clock, sleep=fake.async_sleep, random=lambda: 0.5,
-                        on_new_holder=lambda c, e: holders.append((c, e))) as held:
+        async with hold(coordinator, IDENT, "conn-b", scopes=SCOPES, ttl=10, clock=fake.clock,
+                        sleep=fake.async_sleep, random=lambda: 0.5,
+                        timing=HoldTiming(clock_step=0),
+                        callbacks=HoldCallbacks(
+                            on_new_holder=lambda c, e: holders.append((c, e)))) as held:
             assert held.lease.epoch == 2
             assert (await held.issue_grant(scopes=SCOPES, ttl=5)).ok
         assert holders == [("conn-a", 1), ("conn-b", 2)]
         assert rows(store) == [("conn-b", 2, True)]
         with pytest.raises(LeaseNotAcquired) as refused:
-            async with hold(coordinator, IDENT, "conn-c", scopes=SCOPES, clock_step=0, ttl=10,
-                            wait=0, takeover="never"):
+            async with hold(coordinator, IDENT, "conn-c", scopes=SCOPES, ttl=10, wait=0,
+                            takeover="never", timing=HoldTiming(clock_step=0)):
                 pass
         assert (refused.value.reason, refused.value.epoch) == (Reason.TAKEOVER_REQUIRED, 2)
 

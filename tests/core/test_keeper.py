@@ -38,7 +38,7 @@ from mos_lease.keeper import (
     LeaseKeeper,
     LeaseLoss,
     LossCause,
-    Lost,
+    ReportLoss,
     Wait,
     after_renewal,
     grant_loss,
@@ -102,7 +102,7 @@ def test_schedule_wait_renew_lose() -> None:
     assert next_action(state, 100.0) == Wait(103.0)
     assert next_action(state, 103.0) == HeartbeatDue(state.deadline)
     lost = next_action(state, 108.1)
-    assert isinstance(lost, Lost)
+    assert isinstance(lost, ReportLoss)
     assert lost.loss.cause is LossCause.DEADLINE
     assert lost.loss.reason is Reason.LEASE_EXPIRED
 
@@ -161,7 +161,7 @@ def test_loss_is_final() -> None:
     ok = LeaseResult(Outcome.RENEWED, None, "c", lease=HANDLE)
     assert after_renewal(state, TIMING, 101.0, 101.1, ok, 0.5) is state
     assert lose(state, LeaseLoss(LossCause.STOPPED, Reason.LEASE_RELEASED, 102.0)) is state
-    assert next_action(state, 101.5) == Lost(state.loss)  # type: ignore[arg-type]
+    assert next_action(state, 101.5) == ReportLoss(state.loss)  # type: ignore[arg-type]
 
 
 @given(st.lists(st.tuples(st.floats(0, 1), st.floats(0, 1)), min_size=1, max_size=60))
@@ -174,7 +174,7 @@ def test_transient_errors_retry_until_exactly_the_deadline(
     for call_time, draw in draws:
         action = next_action(state, now)
         if now >= state.deadline:
-            assert isinstance(action, Lost)
+            assert isinstance(action, ReportLoss)
             return
         assert isinstance(action, HeartbeatDue | Wait)
         if isinstance(action, Wait):
@@ -728,14 +728,14 @@ def test_async_stop_cancels_the_renewal_task() -> None:
 
 
 
-def test_check_is_the_deprecated_name_of_enforce_deadline() -> None:
+def test_enforce_deadline_records_a_passed_deadline_as_loss() -> None:
     rig = make_rig()
     keeper = rig.keeper()
     assert keeper.acquire(IDENT, "conn-a", scopes=SCOPES).ok
-    with pytest.warns(DeprecationWarning, match="enforce_deadline"):
-        assert keeper.check() is None
+    assert keeper.enforce_deadline() is None
     rig.time.advance(20)
-    with pytest.warns(DeprecationWarning):
-        loss = keeper.check()
+    loss = keeper.enforce_deadline()
     assert loss is not None and loss.cause is LossCause.DEADLINE
     assert keeper.loss == loss  # recorded, not merely looked at
+    # No release ever exported ``check()``, its former name: no shim is kept for it.
+    assert not hasattr(keeper, "check")

@@ -33,6 +33,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import attrs
 import psycopg
 import pytest
 
@@ -46,6 +47,7 @@ from mos_lease import (
     hold,
 )
 from mos_lease.events import RenewalRetry, Renewed
+from mos_lease.holder import HoldCallbacks, HoldTiming
 from mos_lease.keeper import KeeperTiming
 from mos_lease.notice_confirmer import NoticeConfirmer
 from mos_lease.notice_gate import NoticeStats
@@ -122,14 +124,16 @@ class Gateway:
         return [s for s in self.subjects if s.role == role]
 
     def _options(self, subject: Subject) -> dict[str, Any]:
-        options: dict[str, Any] = {"scopes": SCOPES, "clock_step": 0, "notices": self.notices,
-                                   "on_event": subject.on_event,
-                                   "on_lost": lambda loss: setattr(subject, "lost", loss),
-                                   "on_started": subject.acquired}
+        told = HoldCallbacks(on_event=subject.on_event,
+                             on_lost=lambda loss: setattr(subject, "lost", loss),
+                             on_started=subject.acquired)
+        options: dict[str, Any] = {"scopes": SCOPES, "notices": self.notices}
         if subject.role == "holder":
-            return {**options, "ttl": TTL}
-        return {**options, "ttl": 30, "min_backoff": 10, "max_backoff": 10, "wait": RIVAL_TTL,
-                "on_new_holder": lambda *_: subject.ready.set()}
+            return {**options, "ttl": TTL, "timing": HoldTiming(clock_step=0),
+                    "callbacks": told}
+        return {**options, "ttl": 30, "wait": RIVAL_TTL,
+                "timing": HoldTiming(clock_step=0, min_backoff=10, max_backoff=10),
+                "callbacks": attrs.evolve(told, on_new_holder=lambda *_: subject.ready.set())}
 
     # -- thread subjects ---------------------------------------------------------------------
 

@@ -50,6 +50,7 @@ from mos_lease import (
     LeaseNotAcquired,
     hold,
 )
+from mos_lease.holder import HoldCallbacks, HoldTiming
 from mos_lease.keeper import AsyncLeaseKeeper
 from mos_lease_pg import AsyncPostgresLeaseStore, ConnectionSettings, open_async_pool
 from tests.faults.history import check_history
@@ -201,7 +202,7 @@ async def _trial(bench: Bench, entry: str, identity: LeaseIdentity,
     if entry == "hold_wait":
         assert (await bench.rival.acquire(identity, "rival", scopes=SCOPES, ttl=30)).ok
         waiter = hold(c, identity, "me", scopes=SCOPES, ttl=10, wait=0.2, takeover="never",
-                      min_backoff=0.01, max_backoff=0.02)
+                      timing=HoldTiming(min_backoff=0.01, max_backoff=0.02))
 
         async def waiting() -> object:
             async with waiter:
@@ -376,8 +377,8 @@ async def _loss(bench: Bench, tally: Tally, rng: random.Random) -> None:
     identity = bench.identity()
     lost_at: list[float] = []
     calls: list[float] = []
-    holder = hold(bench.coordinator, identity, "me", scopes=SCOPES, ttl=10,
-                  cancel_on_loss=True, on_lost=lambda _loss: lost_at.append(time.monotonic()))
+    holder = hold(bench.coordinator, identity, "me", scopes=SCOPES, ttl=10, cancel_on_loss=True,
+                  callbacks=HoldCallbacks(on_lost=lambda _loss: lost_at.append(time.monotonic())))
 
     entered = asyncio.Event()
     over = [False]

@@ -32,6 +32,7 @@ from mos_lease import (
     Reason,
     hold,
 )
+from mos_lease.holder import HoldCallbacks, HoldTiming
 from mos_lease.results import HolderView
 from mos_lease.vocabulary import LeaseState, LifecycleEvent
 from mos_lease_pg import AsyncPostgresLeaseStore, PostgresLeaseStore
@@ -94,8 +95,8 @@ def _race_worker(dsn: str, tenant: str, name: str, inside: Any, overlaps: Any,
         identity = LeaseIdentity(tenant, "agent", "raced")
         epochs = []
         for _ in range(HOLDS_EACH):
-            with hold(gateway, identity, name, scopes=SCOPES, clock_step=0, ttl=5, wait=60,
-                      max_backoff=0.1) as held:
+            with hold(gateway, identity, name, scopes=SCOPES, ttl=5, wait=60,
+                      timing=HoldTiming(clock_step=0, max_backoff=0.1)) as held:
                 with inside.get_lock():
                     inside.value += 1
                     if inside.value > 1:
@@ -147,11 +148,12 @@ def test_racing_holders_hold_one_at_a_time(pg_dsn: str, pg_tenant: str,
 KILLED_HOLDER = textwrap.dedent("""
     import sys, time
     from mos_lease import AllowAllPolicy, ConnectorLeaseCoordinator, LeaseIdentity, hold
+    from mos_lease.holder import HoldTiming
     from mos_lease_pg import PostgresLeaseStore
     dsn, tenant = sys.argv[1:3]
     gateway = ConnectorLeaseCoordinator(PostgresLeaseStore(dsn), AllowAllPolicy())
     with hold(gateway, LeaseIdentity(tenant, "agent", "killed"), "doomed",
-              scopes=["tool:run"], clock_step=0, ttl=2) as held:
+              scopes=["tool:run"], ttl=2, timing=HoldTiming(clock_step=0)) as held:
         print(held.lease.epoch, flush=True)
         time.sleep(60)
 """)
@@ -172,8 +174,9 @@ def test_waiter_takes_over_once_a_killed_holders_lease_expires(
         last = gateway.current_holder(identity)
         assert last is not None and last.state is LeaseState.ACTIVE
         seen: list[tuple[str, int]] = []
-        with hold(gateway, identity, "survivor", scopes=SCOPES, clock_step=0, ttl=2, wait=10,
-                  on_new_holder=lambda c, e: seen.append((c, e))) as held:
+        with hold(gateway, identity, "survivor", scopes=SCOPES, ttl=2, wait=10,
+                  timing=HoldTiming(clock_step=0),
+                  callbacks=HoldCallbacks(on_new_holder=lambda c, e: seen.append((c, e)))) as held:
             assert held.lease.epoch == 2
     finally:
         if doomed.poll() is None:
@@ -199,9 +202,9 @@ def test_loss_is_reported_within_the_keeper_bound_when_heartbeats_hang(
     ttl = 1.5
     gateway = ConnectorLeaseCoordinator(pg_stores(), AllowAllPolicy())
     heartbeats = ConnectorLeaseCoordinator(pg_stores(), AllowAllPolicy())
-    with psycopg.connect(pg_dsn) as blocker, hold(
-            gateway, identity, "c1", scopes=SCOPES, clock_step=0, ttl=ttl,
-            heartbeat_coordinator=heartbeats) as held:
+    with psycopg.connect(pg_dsn) as blocker, hold(gateway, identity, "c1", scopes=SCOPES, ttl=ttl,
+                                                  heartbeat_coordinator=heartbeats,
+                                                  timing=HoldTiming(clock_step=0)) as held:
         # Hold the lease row: every heartbeat waits behind the lock.
         blocked_at = time.monotonic()
         blocker.execute("SELECT 1 FROM mos_lease.logical_agent_connector_leases "
@@ -222,19 +225,19 @@ def test_release_on_exit_and_a_second_holder_then_takes_over(
     store = pg_stores()
     gateway = ConnectorLeaseCoordinator(store, AllowAllPolicy())
     identity = LeaseIdentity(pg_tenant, "agent", "released")
-    with pytest.raises(RuntimeError, match="body"), hold(gateway, identity, "c1",
-                                                         scopes=SCOPES, clock_step=0, ttl=30):
+    with pytest.raises(RuntimeError, match="body"), hold(gateway, identity, "c1", scopes=SCOPES,
+                                                         ttl=30, timing=HoldTiming(clock_step=0)):
         raise RuntimeError("body")
     [row] = store.leases(pg_tenant)
     assert row.released_at is not None and row.epoch == 1
-    with pytest.raises(LeaseNotAcquired) as refused, hold(gateway, identity, "c2",
-                                                          scopes=SCOPES, clock_step=0,
-ttl=30, wait=0,
-                                                          takeover="never"):
+    with pytest.raises(LeaseNotAcquired) as refused, hold(gateway, identity, "c2", scopes=SCOPES,
+                                                          ttl=30, wait=0, takeover="never",
+                                                          timing=HoldTiming(clock_step=0)):
         pass
     assert (refused.value.reason, refused.value.connector_id) == (Reason.TAKEOVER_REQUIRED,
                                                                   "c1")
-    with hold(gateway, identity, "c2", scopes=SCOPES, clock_step=0, ttl=30, wait=0) as held:
+    with hold(gateway, identity, "c2", scopes=SCOPES, ttl=30, wait=0,
+              timing=HoldTiming(clock_step=0)) as held:
         assert held.lease.epoch == 2
 
 
@@ -248,8 +251,8 @@ def test_async_block_is_cancelled_on_loss(pg_dsn: str, pg_tenant: str) -> None:
             gateway = AsyncConnectorLeaseCoordinator(store, AllowAllPolicy())
             rival = AsyncConnectorLeaseCoordinator(rival_store, AllowAllPolicy())
             with pytest.raises(LeaseLost) as raised:
-                async with hold(gateway, identity, "c1", scopes=SCOPES, clock_step=0, ttl=1.5,
-                                cancel_on_loss=True) as held:
+                async with hold(gateway, identity, "c1", scopes=SCOPES, ttl=1.5,
+                                cancel_on_loss=True, timing=HoldTiming(clock_step=0)) as held:
                     taken = await rival.takeover(identity, "rival", scopes=SCOPES, ttl=30,
                                                  expected_epoch=held.lease.epoch)
                     assert taken.ok

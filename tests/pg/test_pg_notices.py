@@ -34,6 +34,7 @@ from mos_lease import (
 )
 from mos_lease.errors import ConfigurationError
 from mos_lease.events import Renewed
+from mos_lease.holder import HoldCallbacks, HoldTiming
 from mos_lease.notice_confirmer import NoticeConfirmer
 from mos_lease.notice_gate import NoticeStats
 from mos_lease_pg import AsyncPostgresLeaseStore, LeaseNotices
@@ -159,8 +160,9 @@ def test_holder_learns_of_a_takeover_at_once(pg_stores: StoreFactory, pg_tenant:
     identity = LeaseIdentity(pg_tenant, "agent", "b1")
     lost: list[float] = []
     with hold(ConnectorLeaseCoordinator(pg_stores(), AllowAllPolicy()), identity, "c1",
-              scopes=SCOPES, clock_step=0, ttl=30, notices=notices if pushed else None,
-              on_lost=lambda _loss: lost.append(time.monotonic())) as held:
+              scopes=SCOPES, ttl=30, notices=notices if pushed else None,
+              timing=HoldTiming(clock_step=0),
+              callbacks=HoldCallbacks(on_lost=lambda _loss: lost.append(time.monotonic()))) as held:
         taken = rival.takeover(identity, "c2", scopes=SCOPES, ttl=30,
                                expected_epoch=held.lease.epoch)
         committed = time.monotonic()
@@ -174,7 +176,7 @@ def test_holder_learns_of_a_takeover_at_once(pg_stores: StoreFactory, pg_tenant:
         assert lost and lost[0] - committed < FAST
     assert identity not in notices._subscribers  # unsubscribed on leaving
     late = hold(ConnectorLeaseCoordinator(pg_stores(), AllowAllPolicy()), identity, "c3",
-                scopes=SCOPES, clock_step=0, ttl=30, wait=0, notices=notices)
+                scopes=SCOPES, ttl=30, wait=0, notices=notices, timing=HoldTiming(clock_step=0))
     with pytest.raises(LeaseNotAcquired):
         late.__enter__()
     assert identity not in notices._subscribers  # and when the wait gave up
@@ -187,7 +189,7 @@ def test_a_forged_takeover_notice_does_not_end_a_holding(
     # confirm (one read) must leave the holder holding.
     identity = LeaseIdentity(pg_tenant, "agent", "b1")
     with hold(ConnectorLeaseCoordinator(pg_stores(), AllowAllPolicy()), identity, "c1",
-              scopes=SCOPES, clock_step=0, ttl=30, notices=notices) as held:
+              scopes=SCOPES, ttl=30, notices=notices, timing=HoldTiming(clock_step=0)) as held:
         forged = json.dumps({"t": identity.tenant_id, "a": identity.logical_agent_id,
                              "b": identity.binding_id, "e": held.lease.epoch + 1,
                              "k": "takeover"}, separators=(",", ":"))
@@ -213,10 +215,11 @@ def test_waiter_wakes_on_release_at_once(pg_stores: StoreFactory, pg_tenant: str
     def wait_for_it() -> None:
         # Pauses of 10 s; wait=1.5 bounds the polling waiter, which has no notice to end it.
         with hold(ConnectorLeaseCoordinator(pg_stores(), AllowAllPolicy()), identity, "c2",
-                  scopes=SCOPES, clock_step=0, ttl=30, min_backoff=10, max_backoff=10,
-                  wait=20 if pushed else 1.5, notices=notices if pushed else None,
-                  on_new_holder=lambda *_: seen.set(),
-                  on_started=on_started):
+                  scopes=SCOPES, ttl=30, wait=20 if pushed else 1.5,
+                  notices=notices if pushed else None,
+                  timing=HoldTiming(clock_step=0, min_backoff=10, max_backoff=10),
+                  callbacks=HoldCallbacks(on_new_holder=lambda *_: seen.set(),
+                                          on_started=on_started)):
             pass
 
     waiter = threading.Thread(target=wait_for_it)
@@ -247,8 +250,8 @@ def test_async_holder_learns_of_a_takeover_at_once(pg_dsn: str, pg_stores: Store
         store = AsyncPostgresLeaseStore(pg_dsn)
         try:
             gateway = AsyncConnectorLeaseCoordinator(store, AllowAllPolicy())
-            async with hold(gateway, identity, "c1", scopes=SCOPES, clock_step=0, ttl=30,
-                            notices=notices) as held:
+            async with hold(gateway, identity, "c1", scopes=SCOPES, ttl=30, notices=notices,
+                            timing=HoldTiming(clock_step=0)) as held:
                 committed: list[float] = []
 
                 def take_over(epoch: int = held.lease.epoch) -> None:
@@ -316,10 +319,11 @@ def test_refused_listen_warns_once_and_holding_still_works(
 
     identity = LeaseIdentity(pg_tenant, "agent", "b1")
     gateway = ConnectorLeaseCoordinator(pg_stores(), AllowAllPolicy())
-    with hold(gateway, identity, "c1", scopes=SCOPES, clock_step=0, ttl=30, notices=source) as held:
+    with hold(gateway, identity, "c1", scopes=SCOPES, ttl=30, notices=source,
+              timing=HoldTiming(clock_step=0)) as held:
         assert held.issue_grant(scopes=SCOPES, ttl=10).ok
-    with hold(gateway, identity, "c2", scopes=SCOPES, clock_step=0,
-              ttl=30, wait=5, notices=source) as held:
+    with hold(gateway, identity, "c2", scopes=SCOPES, ttl=30, wait=5, notices=source,
+              timing=HoldTiming(clock_step=0)) as held:
         assert held.lease.epoch == 2  # the next holder took the released lease over
     source.close()
 
@@ -380,8 +384,8 @@ def test_bad_input_is_refused(pg_dsn: str, pg_stores: StoreFactory, pg_tenant: s
     store = pg_stores()
     gateway = ConnectorLeaseCoordinator(store, AllowAllPolicy())
     with pytest.raises(InvalidInput, match="notices"):
-        hold(gateway, identity, "c1", scopes=SCOPES, clock_step=0, ttl=30,
-             notices=object())  # type: ignore[call-overload]
+        hold(gateway, identity, "c1", scopes=SCOPES, ttl=30, notices=object(),
+             timing=HoldTiming(clock_step=0))  # type: ignore[call-overload]
     assert gateway.current_holder(identity) is None  # nothing was written
 
 
@@ -437,8 +441,8 @@ def test_a_flood_of_forged_notices_ends_no_holding_and_reads_within_the_bound(
             store = pg_stores()
             counted = count_loads(store)
             with hold(ConnectorLeaseCoordinator(store, AllowAllPolicy()), identity, "c1",
-                      scopes=SCOPES, clock_step=0, ttl=5, notices=own_notices,
-                      on_event=on_event) as held:
+                      scopes=SCOPES, ttl=5, notices=own_notices, timing=HoldTiming(clock_step=0),
+                      callbacks=HoldCallbacks(on_event=on_event)) as held:
                 began = time.monotonic()
                 send_flood(forger, own_notices.channel, [identity], FLOOD, held.lease.epoch)
                 flood_heard()
@@ -452,8 +456,9 @@ def test_a_flood_of_forged_notices_ends_no_holding_and_reads_within_the_bound(
                 try:
                     counted = count_loads(store)
                     gateway = AsyncConnectorLeaseCoordinator(store, AllowAllPolicy())
-                    async with hold(gateway, identity, "c1", scopes=SCOPES, clock_step=0,
-                                    ttl=5, notices=own_notices, on_event=on_event) as held:
+                    async with hold(gateway, identity, "c1", scopes=SCOPES, ttl=5,
+                                    notices=own_notices, timing=HoldTiming(clock_step=0),
+                                    callbacks=HoldCallbacks(on_event=on_event)) as held:
                         began = time.monotonic()
                         await asyncio.to_thread(send_flood, forger, own_notices.channel,
                                                 [identity], FLOOD, held.lease.epoch)
@@ -511,9 +516,10 @@ def test_a_flood_of_forged_notices_keeps_a_waiter_polling_and_a_real_release_sti
     def wait_for_it() -> None:
         # Pauses of 10 s: any read beyond the first few is a notice's doing.
         with hold(ConnectorLeaseCoordinator(store, AllowAllPolicy()), identity, "c2",
-                  scopes=SCOPES, clock_step=0, ttl=30, min_backoff=10, max_backoff=10,
-                  wait=30, notices=own_notices, on_new_holder=lambda *_: seen.set(),
-                  on_started=on_started):
+                  scopes=SCOPES, ttl=30, wait=30, notices=own_notices,
+                  timing=HoldTiming(clock_step=0, min_backoff=10, max_backoff=10),
+                  callbacks=HoldCallbacks(on_new_holder=lambda *_: seen.set(),
+                                          on_started=on_started)):
             pass
 
     waiter = threading.Thread(target=wait_for_it)

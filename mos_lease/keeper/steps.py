@@ -1,11 +1,12 @@
-"""The keeper's flow: start, one heartbeat step, grant issue and stop, written once.
+"""The keeper's steps: start, one heartbeat step, grant issue and stop, written once.
 
-Each flow is a generator that yields the calls it needs (:class:`Acquire`,
-:class:`Takeover`, :class:`Heartbeat`, :class:`Sleep`, :class:`IssueGrant`,
-:class:`Release`) and is resumed with their results, as the coordinator's flows are; the
-thread keeper and the asyncio keeper in ``drivers.py`` drive them with
-:class:`~mos_lease.flowdrive.Drive` and only perform those calls, so the two cannot
-disagree.
+Each is a generator of steps (:mod:`mos_lease.keeper.calls`): it yields the coordinator
+calls it needs (:class:`~mos_lease.keeper.calls.AcquireCall`, ``TakeoverCall``,
+``HeartbeatCall``, ``IssueGrantCall``, ``ReleaseCall``) and :class:`~mos_lease.sleep.Sleep`,
+and is resumed with their outcomes. The thread keeper (``thread_keeper.py``) and the
+asyncio keeper (``asyncio_keeper.py``) run them and only perform those steps, so the two
+cannot disagree: every decision (the schedule of ``schedule.py``, the deadline checks
+around a grant, loss reporting) is made here, once.
 """
 
 from __future__ import annotations
@@ -13,17 +14,24 @@ from __future__ import annotations
 import logging
 import threading
 import uuid
-from collections.abc import Callable, Generator
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
-
-import attrs
 
 from mos_lease.bounded import OVERDUE as _OVERDUE
 from mos_lease.errors import InvalidInput
 from mos_lease.events import Emitter, EventHook, RenewalRetry, Renewed, emitter
 from mos_lease.events import Lost as LostEvent
-from mos_lease.identity import LeaseIdentity, check_correlation_id
+from mos_lease.identity import check_correlation_id
+from mos_lease.keeper.calls import (
+    AcquireCall,
+    HeartbeatCall,
+    IssueGrantCall,
+    ReleaseCall,
+    Sleep,
+    Steps,
+    TakeoverCall,
+)
 from mos_lease.keeper.schedule import (
     Action,
     HeartbeatDue,
@@ -31,7 +39,7 @@ from mos_lease.keeper.schedule import (
     KeeperTiming,
     LeaseLoss,
     LossCause,
-    Lost,
+    ReportLoss,
     Wait,
     after_renewal,
     grant_loss,
@@ -46,64 +54,7 @@ from mos_lease.vocabulary import Reason
 
 log = logging.getLogger("mos_lease.keeper")
 
-# --- the calls a flow asks its driver to make ---------------------------------------------
-
-
-@attrs.frozen(slots=True)
-class Acquire:
-    """Acquire with the keeper's ttl."""
-
-    identity: LeaseIdentity
-    connector_id: str
-    scopes: object
-    correlation_id: str | None
-
-
-@attrs.frozen(slots=True)
-class Takeover:
-    """Take over at ``expected_epoch`` with the keeper's ttl."""
-
-    identity: LeaseIdentity
-    connector_id: str
-    scopes: object
-    expected_epoch: int
-    correlation_id: str | None
-
-
-@attrs.frozen(slots=True)
-class Heartbeat:
-    """Heartbeat ``lease``; the driver gives up waiting after ``timeout`` seconds and then
-    answers :data:`OVERDUE` (the call itself is abandoned, never trusted later)."""
-
-    lease: LeaseHandle
-    timeout: float
-
-
-@attrs.frozen(slots=True)
-class Sleep:
-    """Wait ``seconds``, or less if the keeper is woken (stopped)."""
-
-    seconds: float
-
-
-@attrs.frozen(slots=True)
-class IssueGrant:
-    lease: LeaseHandle
-    scopes: object
-    ttl: float | timedelta
-    correlation_id: str
-
-
-@attrs.frozen(slots=True)
-class Release:
-    lease: LeaseHandle
-
-
-Call = Acquire | Takeover | Heartbeat | Sleep | IssueGrant | Release
-Flow = Generator[Call, Any, Any]
-
-# The answer to a :class:`Heartbeat` that did not return before its timeout (the async
-# driver gives it too).
+# The answer to a :class:`HeartbeatCall` that did not return before its timeout.
 OVERDUE: Any = _OVERDUE
 
 
@@ -206,7 +157,7 @@ class KeeperCore:
 
         def judge(state: KeeperState) -> KeeperState:
             action = next_action(state, now)
-            return lose(state, action.loss) if isinstance(action, Lost) else state
+            return lose(state, action.loss) if isinstance(action, ReportLoss) else state
 
         return self.update(judge).loss
 
@@ -255,11 +206,11 @@ class KeeperCore:
                 log.exception("mos_lease: on_lost callback failed")
 
 
-# --- the flows ----------------------------------------------------------------------------
+# --- the steps ------------------------------------------------------------------------------
 
 
-def start(core: KeeperCore, begin: Acquire | Takeover | LeaseResult,
-          started: float | None = None) -> Flow:
+def start(core: KeeperCore, begin: AcquireCall | TakeoverCall | LeaseResult,
+          started: float | None = None) -> Steps[tuple[LeaseResult | None, bool]]:
     """Get the lease the keeper keeps: by the call ``begin``, or adopt ``begin``, a result
     in hand obtained at ``started``. Returns ``(result, holding)``; when ``holding``, the
     driver starts renewing. Drive it with every failure thrown in, so a failed or
@@ -274,10 +225,10 @@ def start(core: KeeperCore, begin: Acquire | Takeover | LeaseResult,
     return result, holding
 
 
-def step(core: KeeperCore) -> Flow:
+def step(core: KeeperCore) -> Steps[Action]:
     """One decision of the heartbeat schedule: renew, wait, or report loss."""
     action: Action = next_action(core.require_state(), core.clock())
-    if isinstance(action, Lost):
+    if isinstance(action, ReportLoss):
         core.lose(action.loss)
         return action
     if isinstance(action, Wait):
@@ -285,7 +236,8 @@ def step(core: KeeperCore) -> Flow:
         return action
     assert isinstance(action, HeartbeatDue)
     started = core.clock()
-    outcome = yield Heartbeat(core.require_state().lease, action.deadline - started)
+    outcome = yield HeartbeatCall(core.require_state().lease, core.timing.ttl,
+                                  action.deadline - started)
     if outcome is OVERDUE:
         # Abandoned: whatever the call returns later cannot undo a reported loss.
         core.lose(LeaseLoss(LossCause.DEADLINE, Reason.LEASE_EXPIRED, core.clock(),
@@ -306,7 +258,7 @@ def run_failed(core: KeeperCore, error: Exception) -> None:
 
 
 def issue_grant(core: KeeperCore, scopes: object, ttl: float | timedelta,
-                correlation_id: str | None) -> Flow:
+                correlation_id: str | None) -> Steps[GrantResult]:
     """Mint a grant for the kept lease, or refuse locally once it is lost.
 
     The deadline is checked before and after the store call, so no grant is handed out
@@ -315,8 +267,8 @@ def issue_grant(core: KeeperCore, scopes: object, ttl: float | timedelta,
     correlation_id = correlation(correlation_id)
     loss = core.enforce_deadline()
     if loss is None:
-        result: GrantResult = yield IssueGrant(core.require_state().lease, scopes, ttl,
-                                               correlation_id)
+        result: GrantResult = yield IssueGrantCall(core.require_state().lease, scopes, ttl,
+                                                   correlation_id)
         revealed = grant_loss(result, core.clock())
         if revealed is not None:
             core.lose(revealed)
@@ -328,7 +280,7 @@ def issue_grant(core: KeeperCore, scopes: object, ttl: float | timedelta,
     return local_refusal(loss, correlation_id)
 
 
-def stop(core: KeeperCore, release: bool) -> Flow:
+def stop(core: KeeperCore, release: bool) -> Steps[LeaseResult | None]:
     """Mark the keeper stopped (unless already lost) and release a lease still held, if
     asked. The driver has already stopped its heartbeat loop."""
     with core.lock:
@@ -339,4 +291,5 @@ def stop(core: KeeperCore, release: bool) -> Flow:
     core.lose(LeaseLoss(LossCause.STOPPED, Reason.LEASE_RELEASED, core.clock()))
     if held_lease is None or not release:
         return None
-    return (yield Release(held_lease))
+    result: LeaseResult = yield ReleaseCall(held_lease)
+    return result
