@@ -131,6 +131,7 @@ class HoldCallbacks:
     on_event: EventHook | None = None
 
     def has(self, name: str) -> bool:
+        """Whether the callback ``name`` (``"on_lost"``, ...) was given."""
         return getattr(self, name) is not None
 
     def call(self, name: str, *args: object) -> None:
