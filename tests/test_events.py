@@ -10,7 +10,7 @@ from typing import Any
 import attrs
 import pytest
 
-import mos_lease.coordinator as coordinator_module
+import mos_lease.observed as observed_module
 from mos_lease import (
     AllowAllPolicy,
     AsyncConnectorLeaseCoordinator,
@@ -247,7 +247,7 @@ def test_without_a_hook_the_plain_driver_runs(monkeypatch: pytest.MonkeyPatch) -
     def forbidden(*_args: object) -> object:
         raise AssertionError("observed driver used without a hook")
 
-    monkeypatch.setattr(coordinator_module._ObservedDrive, "__init__", forbidden)
+    monkeypatch.setattr(observed_module.Observation, "__init__", forbidden)
     env = make_env()
     lease = env.acquire()
     assert env.coordinator.heartbeat(lease, ttl=10).ok

@@ -25,12 +25,10 @@ from mos_lease.machine import (
     Renew,
     Rotate,
     Takeover,
-    Validate,
     decide,
-    validation_refusal,
-    validation_refusal_unread,
 )
 from mos_lease.records import LeaseRow
+from mos_lease.validation import Validate, validation_refusal, validation_refusal_unread
 from mos_lease.vocabulary import Outcome, Reason
 
 SPEC = Path(__file__).resolve().parent.parent / "specs" / "transitions.md"
