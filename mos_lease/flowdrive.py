@@ -61,10 +61,7 @@ class Drive(Generic[C, T]):
         self._flow = flow
         self._thrown = thrown
         self._done = False
-        try:
-            self._call = flow.send(None)
-        except StopIteration as done:
-            self._end(done.value)
+        self.send(None)  # start the flow: it runs up to its first call
 
     def __iter__(self) -> Drive[C, T]:
         return self
@@ -76,18 +73,11 @@ class Drive(Generic[C, T]):
 
     def send(self, outcome: object) -> None:
         """Hand the flow the outcome of the call it last yielded."""
-        # Written out rather than shared with __init__: it runs once per store call.
-        if outcome.__class__ is Failed:
-            error = outcome.error
-            if not isinstance(error, self._thrown):
-                raise error
-            try:
-                self._call = self._flow.throw(error)
-            except StopIteration as done:
-                self._end(done.value)
-            return
+        if type(outcome) is Failed and not isinstance(outcome.error, self._thrown):
+            raise outcome.error  # raised on, outside the flow's reach
         try:
-            self._call = self._flow.send(outcome)
+            self._call = (self._flow.throw(outcome.error) if type(outcome) is Failed
+                          else self._flow.send(outcome))
         except StopIteration as done:
             self._end(done.value)
 
