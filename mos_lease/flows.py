@@ -237,7 +237,7 @@ class Flows(GrantFlows):
             command = attempts[i][0]
             renew = plan(command)
             assert isinstance(renew, Renew)
-            writes.append((renew, audit_entry(command, None, command.epoch)))
+            writes.append((renew, audit_entry(command, None, success_epoch(command))))
         outcomes: list[WriteOutcome] | None = None
         if writes:
             try:
