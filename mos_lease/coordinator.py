@@ -292,16 +292,16 @@ class ConnectorLeaseCoordinator(_Coordinator[LeaseStore]):
                     seen.called(op, started, None)
 
     def acquire(self, identity: LeaseIdentity, connector_id: str, *, scopes: object,
-                      ttl: timedelta | float, correlation_id: str | None = None) -> LeaseResult:
+                ttl: timedelta | float, correlation_id: str | None = None) -> LeaseResult:
         """Insert-only first acquisition (epoch 1). Never recovers an expired or released
         lease: that needs :meth:`takeover`."""
         return self._run(
             self._flows.acquire(identity, connector_id, scopes, ttl, correlation_id))
 
     def takeover(self, identity: LeaseIdentity, connector_id: str, *, scopes: object,
-                       ttl: timedelta | float, expected_epoch: int,
-                       correlation_id: str | None = None,
-                       observed: HolderView | None = None) -> LeaseResult:
+                 ttl: timedelta | float, expected_epoch: int,
+                 correlation_id: str | None = None,
+                 observed: HolderView | None = None) -> LeaseResult:
         """Compare-and-set on ``expected_epoch``: rotates the lease id, epoch + 1.
 
         The policy is told the lease's current state and holder, which costs a read before
@@ -312,28 +312,28 @@ class ConnectorLeaseCoordinator(_Coordinator[LeaseStore]):
             identity, connector_id, scopes, ttl, expected_epoch, correlation_id, observed))
 
     def heartbeat(self, lease: LeaseHandle, *, ttl: timedelta | float,
-                        correlation_id: str | None = None) -> LeaseResult:
+                  correlation_id: str | None = None) -> LeaseResult:
         """Extend an active lease to store time + ``ttl``; full match on every field."""
         return self._run(self._flows.heartbeat(lease, ttl, correlation_id))
 
     def heartbeat_many(self, leases: Sequence[LeaseHandle], *, ttl: timedelta | float,
-                             correlation_id: str | None = None) -> list[LeaseResult]:
+                       correlation_id: str | None = None) -> list[LeaseResult]:
         """Renew many leases in one store round trip; results are in the order given, and
         each lease is matched, refused and audited on its own."""
         return self._run(self._flows.heartbeat_many(leases, ttl, correlation_id))
 
     def release(self, lease: LeaseHandle, *,
-                      correlation_id: str | None = None) -> LeaseResult:
+                correlation_id: str | None = None) -> LeaseResult:
         """Release an active lease, keeping its epoch; only a takeover follows it."""
         return self._run(self._flows.release(lease, correlation_id))
 
     def issue_grant(self, lease: LeaseHandle, *, scopes: object, ttl: timedelta | float,
-                          correlation_id: str | None = None) -> GrantResult:
+                    correlation_id: str | None = None) -> GrantResult:
         """Mint a short-lived, process-local grant after rereading the current lease."""
         return self._run(self._flows.issue_grant(lease, scopes, ttl, correlation_id))
 
     def validate(self, grant: ExecutionGrant, *, identity: LeaseIdentity, scopes: object,
-                       correlation_id: str | None = None) -> ValidationResult:
+                 correlation_id: str | None = None) -> ValidationResult:
         """Check ``grant`` against the store right now, for work on ``identity`` needing
         ``scopes``. Prefer :meth:`invoke`, which leaves no gap before the adapter runs."""
         if self._foreign_process():
@@ -350,15 +350,15 @@ class ConnectorLeaseCoordinator(_Coordinator[LeaseStore]):
             SHARED_START.reset(started)
 
     def invoke(self, grant: ExecutionGrant,
-                     adapter: Callable[[ConnectorExecutionContext], T], *,
-                     identity: LeaseIdentity, scopes: object,
-                     correlation_id: str | None = None) -> InvocationResult[T]:
+               adapter: Callable[[ConnectorExecutionContext], T], *,
+               identity: LeaseIdentity, scopes: object,
+               correlation_id: str | None = None) -> InvocationResult[T]:
         """Validate ``grant`` for ``identity`` and ``scopes``, then call ``adapter`` with the
         context and nothing else; a refusal returns an ``InvocationResult`` with its reason
         and never calls the adapter."""
         check_adapter(adapter)
         checked = self.validate(grant, identity=identity, scopes=scopes,
-                                      correlation_id=correlation_id)
+                                correlation_id=correlation_id)
         if checked.context is None:
             return InvocationResult(checked.reason)
         return InvocationResult(None, checked.context, adapter(checked.context))

@@ -5,8 +5,7 @@
 
 The asyncio class is the source. Its synchronous twin is the same text with ``async`` and
 ``await`` dropped and each asyncio name replaced by its synchronous one (:data:`NAMES`), so
-the source must be written to survive that: an ``await`` never starts a continuation line
-that other lines are aligned under.
+continuation lines aligned under a bracket of a changed line move with it.
 """
 
 from __future__ import annotations
@@ -31,11 +30,26 @@ NAMES: Final = (
 
 def to_sync(source: str) -> str:
     """The synchronous version of the asyncio ``source``."""
-    text = re.sub(r"\basync def ", "def ", source)
-    text = re.sub(r"\bawait ", "", text)
+    lines, shift, depth = [], 0, 0
+    for given in source.split("\n"):
+        line = given
+        if depth > 0 and line.startswith(" " * shift):
+            line = line[shift:]  # a continuation stays aligned under its opening bracket
+        else:
+            shift = 0
+        synchronous = re.sub(r"\bawait ", "", re.sub(r"\basync def ", "def ", line))
+        if len(synchronous) < len(line) and not synchronous.rstrip().endswith(("(", "[", "{")):
+            shift = len(line) - len(synchronous)  # (a hanging indent does not move)
+        depth = max(0, depth + _opened(synchronous))
+        lines.append(synchronous)
+    text = "\n".join(lines)
     for asynchronous, synchronous in NAMES:
         text = text.replace(asynchronous, synchronous)
     return text
+
+
+def _opened(line: str) -> int:
+    return sum(line.count(c) for c in "([{") - sum(line.count(c) for c in ")]}")
 
 
 def generated(module: str) -> str:
