@@ -10,8 +10,8 @@ flow's value comes out, is written here once.
 
 The coordinator drives its flows with a loop of its own (``_run`` in
 :mod:`mos_lease.coordinator`, one loop for both facades): a validation is its hottest call,
-and the loop without a ``Drive`` object and a ``Failed`` per call costs about a third less
-of an in-memory validate.
+and the loop without a ``Drive`` object per call (and a ``Failed`` per failure) saves some
+7% of an in-memory validate (0.7 of 9.5 µs, best of four alternating runs).
 """
 
 from __future__ import annotations
