@@ -23,9 +23,10 @@ from measure import Case, Series, interleave, throughput_ratio
 
 from mos_lease import AllowAllPolicy, ConnectorLeaseCoordinator, LeaseIdentity
 from mos_lease.clock import ManualClock
-from mos_lease.coordinator import Flow, _call
 from mos_lease.errors import MosLeaseError
 from mos_lease.flowdrive import Drive, outcome_of
+from mos_lease.store_ops import Flow
+from mos_lease.store_ops import perform as _call
 from mos_lease_memory import InMemoryLeaseStore
 
 T = TypeVar("T")

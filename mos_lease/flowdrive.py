@@ -1,11 +1,17 @@
 """Driving a flow: a generator that yields the calls it needs, is sent their results and is
-thrown their failures. The synchronous and asyncio shells only perform each call; how an
-outcome goes back into the flow, and how the flow's value comes out, is written here once.
+thrown their failures. The synchronous and asyncio shells of the keeper, the holder and the
+PostgreSQL store only perform each call; how an outcome goes back into the flow, and how the
+flow's value comes out, is written here once.
 
     drive = Drive(flow)
     for call in drive:
         drive.send(outcome_of(perform, call))         # or: await outcome_of_async(...)
     return drive.result
+
+The coordinator drives its flows with a loop of its own (``_run`` in
+:mod:`mos_lease.coordinator`, one loop for both facades): a validation is its hottest call,
+and the loop without a ``Drive`` object per call (and a ``Failed`` per failure) saves some
+7% of an in-memory validate (0.7 of 9.5 µs, best of four alternating runs).
 """
 
 from __future__ import annotations
@@ -61,10 +67,7 @@ class Drive(Generic[C, T]):
         self._flow = flow
         self._thrown = thrown
         self._done = False
-        try:
-            self._call = flow.send(None)
-        except StopIteration as done:
-            self._end(done.value)
+        self.send(None)  # start the flow: it runs up to its first call
 
     def __iter__(self) -> Drive[C, T]:
         return self
@@ -76,18 +79,11 @@ class Drive(Generic[C, T]):
 
     def send(self, outcome: object) -> None:
         """Hand the flow the outcome of the call it last yielded."""
-        # Written out rather than shared with __init__: it runs once per store call.
-        if outcome.__class__ is Failed:
-            error = outcome.error
-            if not isinstance(error, self._thrown):
-                raise error
-            try:
-                self._call = self._flow.throw(error)
-            except StopIteration as done:
-                self._end(done.value)
-            return
+        if type(outcome) is Failed and not isinstance(outcome.error, self._thrown):
+            raise outcome.error  # raised on, outside the flow's reach
         try:
-            self._call = self._flow.send(outcome)
+            self._call = (self._flow.throw(outcome.error) if type(outcome) is Failed
+                          else self._flow.send(outcome))
         except StopIteration as done:
             self._end(done.value)
 

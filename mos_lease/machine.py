@@ -12,8 +12,10 @@ store calls these functions directly and the PostgreSQL store expresses the same
 SQL. Because a write is re-checked at the store, the coordinator may attempt it before
 reading (one round trip on the success path) and call ``decide`` only to name a refusal.
 
-Validation of a grant is a command too (``Validate``): its checks, their order and its
-audit entry are here, split only where the lease row is read.
+The rules a grant is judged by (``identity_refusal``, ``grant_refusal``) are here too, since a
+resource guard applies them as well; how a validation orders them around its read is in
+:mod:`mos_lease.validation`, and how a write whose reply was lost is settled in
+:mod:`mos_lease.reconciliation`.
 
 The tables in ``specs/transitions.md`` are checked against this module by a test.
 """
@@ -95,28 +97,6 @@ class IssueGrant:
 
 
 Command = Acquire | Takeover | Heartbeat | Release | IssueGrant
-
-
-@attrs.frozen(slots=True)
-class Validate:
-    """Use of a recognized grant: act for ``identity`` with the ``requested`` scopes.
-
-    The grant's facts arrive as fields (``granted_identity`` ... ``grant_expires_at``): the
-    machine does not know the grant registry, only what it said about the grant object
-    (``registry_reason``, e.g. an expired grant it already dropped). A validation has no
-    write; only a refusal is audited, under an event id made when it is refused.
-    """
-
-    identity: LeaseIdentity
-    requested: Scopes
-    granted_identity: LeaseIdentity
-    connector_id: str
-    lease_id: UUID
-    epoch: int
-    granted_scopes: Scopes
-    grant_expires_at: datetime
-    registry_reason: Reason | None
-    correlation_id: str
 
 # --- writes -------------------------------------------------------------------------------
 
@@ -299,10 +279,9 @@ def presented_epoch(command: Command) -> int | None:
 def audit_entry(command: Command, reason: Reason | None, epoch: int | None) -> AuditEntry:
     event, success = _SUCCESS[type(command)]
     outcome = Outcome.DENIED if reason is not None else success
-    # Positional, in field order: with keywords, core_decisions_per_s fell by 11% (measured
-    # interleaved, 6 runs each). The one place such a shortcut is kept.
-    return AuditEntry(command.event_id, event, outcome, reason, command.identity,
-                      command.connector_id, epoch, command.correlation_id)
+    return AuditEntry(event_id=command.event_id, event=event, outcome=outcome, reason=reason,
+                      identity=command.identity, connector_id=command.connector_id,
+                      epoch=epoch, correlation_id=command.correlation_id)
 
 
 def plan(command: Command) -> Write | None:
@@ -404,62 +383,9 @@ def identity_refusal(granted: LeaseIdentity, target: LeaseIdentity) -> Reason | 
     return None
 
 
-def validation_refusal_unread(command: Validate) -> Reason | None:
-    """The checks of a validation that need no lease row, first in order: the grant is for
-    this identity, then the registry accepts it. Only if both pass is the row read."""
-    return identity_refusal(command.granted_identity, command.identity) or (
-        command.registry_reason)
-
-
-def validation_refusal(command: Validate, row: LeaseRow | None, now: datetime,
-                       in_flight: float) -> Reason | None:
-    """The rest of a validation against the row read at store time ``now``: the grant's and
-    the lease's state (:func:`grant_refusal`), then time in flight.
-
-    The reply says the context is valid for ``context_expiry - now`` from the instant the
-    store read its clock, which lies somewhere between sending the read and receiving the
-    reply. If at least that long (``in_flight`` seconds, measured by the caller) passed
-    between the two, the validity may have run out before the caller could act on it:
-    refuse, naming whichever expiry it was.
-    """
-    reason = grant_refusal(
-        row, now, connector_id=command.connector_id, lease_id=command.lease_id,
-        epoch=command.epoch, granted_scopes=command.granted_scopes,
-        grant_expires_at=command.grant_expires_at, requested=command.requested)
-    if reason is not None:
-        return reason
-    assert row is not None
-    if in_flight < (context_expiry(command, row) - now).total_seconds():
-        return None
-    return (Reason.GRANT_EXPIRED if command.grant_expires_at <= row.expires_at
-            else Reason.LEASE_EXPIRED)
-
-
-def context_expiry(command: Validate, row: LeaseRow) -> datetime:
-    """A context is valid until the earlier of its grant's and its lease's expiry."""
-    return min(command.grant_expires_at, row.expires_at)
-
-
-def validation_audit(event_id: UUID, reason: Reason, identity: LeaseIdentity,
-                     connector_id: str, epoch: int | None,
-                     correlation_id: str) -> AuditEntry:
-    """The audit entry of a refused validation (a successful one is not audited)."""
-    return AuditEntry(event_id=event_id, event=LifecycleEvent.GRANT_VALIDATE,
-                      outcome=Outcome.DENIED, reason=reason, identity=identity,
-                      connector_id=connector_id, epoch=epoch, correlation_id=correlation_id)
-
-
-def grant_refusal(
-    row: LeaseRow | None,
-    now: datetime,
-    *,
-    connector_id: str,
-    lease_id: UUID,
-    epoch: int,
-    granted_scopes: Scopes,
-    grant_expires_at: datetime,
-    requested: Scopes,
-) -> Reason | None:
+def grant_refusal(row: LeaseRow | None, now: datetime, *, connector_id: str, lease_id: UUID,
+                  epoch: int, granted_scopes: Scopes, grant_expires_at: datetime,
+                  requested: Scopes) -> Reason | None:
     """Why a (recognized, same-identity) grant may not be used now against ``row``."""
     if grant_expires_at <= now:
         return Reason.GRANT_EXPIRED

@@ -9,7 +9,7 @@ import attrs
 
 from mos_lease.context import ConnectorExecutionContext
 from mos_lease.grants import ExecutionGrant
-from mos_lease.records import LeaseHandle
+from mos_lease.records import LeaseHandle, LeaseRow
 from mos_lease.vocabulary import LeaseState, Outcome, Reason
 
 T = TypeVar("T")
@@ -102,3 +102,9 @@ class HolderView:
     state: LeaseState
     expires_at: datetime
     now: datetime
+
+    @classmethod
+    def of(cls, row: LeaseRow, now: datetime) -> HolderView:
+        """What may be shown of ``row`` read at store time ``now``."""
+        return cls(connector_id=row.connector_id, epoch=row.epoch, state=row.state(now),
+                   expires_at=row.expires_at, now=now)

@@ -10,6 +10,7 @@ import itertools
 import threading
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
+from typing import Any
 from uuid import UUID
 
 import attrs
@@ -76,7 +77,7 @@ class Env:
     ids: CountingIds
 
     def restart(self, policy: ConnectorLeaseService = ALLOW_ALL,
-                **options: object) -> ConnectorLeaseCoordinator:
+                **options: Any) -> ConnectorLeaseCoordinator:
         """A new gateway process on the same durable store (fresh ids, fresh registry)."""
         return ConnectorLeaseCoordinator(self.store, policy, id_source=CountingIds(),
                                          **options)
@@ -106,7 +107,7 @@ class Env:
 
 
 def make_env(policy: ConnectorLeaseService | None = ALLOW_ALL, start: datetime = START,
-             **options: object) -> Env:
+             **options: Any) -> Env:
     """A coordinator on ``InMemoryLeaseStore(ManualClock(start))`` with counter ids.
 
     ``policy=None`` gives the coordinator's own default (deny-all).

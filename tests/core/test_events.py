@@ -10,7 +10,7 @@ from typing import Any
 import attrs
 import pytest
 
-import mos_lease.coordinator as coordinator_module
+import mos_lease.observed as observed_module
 from mos_lease import (
     AllowAllPolicy,
     AsyncConnectorLeaseCoordinator,
@@ -234,9 +234,9 @@ def test_a_failing_hook_is_logged_once_per_kind_and_never_breaks_an_operation(
 
 def test_on_event_must_be_callable() -> None:
     with pytest.raises(ConfigurationError, match="on_event"):
-        ConnectorLeaseCoordinator(InMemoryLeaseStore(), on_event="print")
+        ConnectorLeaseCoordinator(InMemoryLeaseStore(), on_event="print")  # type: ignore[arg-type]
     with pytest.raises(ConfigurationError, match="on_event"):
-        AsyncConnectorLeaseCoordinator(AsyncInMemoryLeaseStore(), on_event=42)
+        AsyncConnectorLeaseCoordinator(AsyncInMemoryLeaseStore(), on_event=42)  # type: ignore[arg-type]
     rig = make_rig()
     with pytest.raises(ConfigurationError, match="on_event"):
         rig.keeper(on_event=[])
@@ -249,7 +249,7 @@ def test_without_a_hook_the_plain_driver_runs(monkeypatch: pytest.MonkeyPatch) -
     def forbidden(*_args: object) -> object:
         raise AssertionError("observed driver used without a hook")
 
-    monkeypatch.setattr(coordinator_module._ObservedDrive, "__init__", forbidden)
+    monkeypatch.setattr(observed_module.Observation, "__init__", forbidden)
     env = make_env()
     lease = env.acquire()
     assert env.coordinator.heartbeat(lease, ttl=10).ok

@@ -24,7 +24,7 @@ from mos_lease import (
     PolicyVerdict,
     Reason,
 )
-from mos_lease.coordinator import _check_handle
+from mos_lease.checks import check_handle
 from mos_lease.identity import LEASE_TTL_CAP, MAX_SCOPES, normalize_scopes, normalize_ttl
 from mos_lease.machine import ALLOW
 from mos_lease_memory import InMemoryLeaseStore
@@ -147,7 +147,7 @@ def test_a_handle_holding_a_subclass_is_rebuilt_from_plain_values(field: str) ->
         "scopes": list(lease.scopes),
     }[field]
     odd = _with(lease, field, value)
-    checked = _check_handle(odd)
+    checked = check_handle(odd)
     assert checked is not odd and checked == lease
     assert type(checked.identity) is LeaseIdentity and type(checked.connector_id) is str
     assert type(checked.lease_id) is UUID and type(checked.epoch) is int
@@ -161,7 +161,7 @@ def test_a_handle_subclass_is_rebuilt() -> None:
     _, lease = _held()
     odd = HandleSub(lease.identity, lease.connector_id, lease.lease_id, lease.epoch,
                     lease.scopes, lease.expires_at)
-    checked = _check_handle(odd)
+    checked = check_handle(odd)
     assert type(checked) is LeaseHandle and checked == lease
 
 

@@ -171,4 +171,4 @@ def test_the_coordinator_forgets_views_nobody_holds() -> None:
     for _ in range(1000):
         assert env.coordinator.current_holder(IDENT) is not None
     gc.collect()
-    assert len(env.coordinator._flows._views) <= 1
+    assert len(env.coordinator._flows.views) <= 1

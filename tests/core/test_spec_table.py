@@ -25,13 +25,19 @@ from mos_lease.machine import (
     Renew,
     Rotate,
     Takeover,
-    Validate,
     decide,
+    plan,
+)
+from mos_lease.reconciliation import is_own_write, reconciled_row
+from mos_lease.records import LeaseRow, Snapshot
+from mos_lease.validation import (
+    Validate,
+    read_refusal,
+    slow_reply,
     validation_refusal,
     validation_refusal_unread,
 )
-from mos_lease.records import LeaseRow
-from mos_lease.vocabulary import Outcome, Reason
+from mos_lease.vocabulary import LeaseState, Outcome, Reason
 
 SPEC = Path(__file__).resolve().parents[2] / "specs" / "transitions.md"
 NOW = datetime(2030, 1, 1, tzinfo=UTC)
@@ -202,3 +208,61 @@ def test_validation_table_matches_the_pure_checks() -> None:
     covered = set(table.values())
     assert covered >= {Reason.GRANT_UNKNOWN, Reason.STORE_UNAVAILABLE}
     assert re.search(r"\| - \| otherwise \| validated \|", SPEC.read_text())
+
+
+def test_validation_order_around_the_read_and_the_slow_reply() -> None:
+    table = {(r[0], r[1]): r[2] for r in _table("Validation")}
+    held = _command("heartbeat", "match")
+    assert isinstance(held, Heartbeat)
+    command = Validate(IDENTITY, ("a",), IDENTITY, held.connector_id, held.lease_id,
+                       held.epoch, ("a", "b"), NOW + timedelta(10), None, "spec")
+    assert read_refusal(command, None, 0.0) is Reason(table[("store", "store cannot be read")])
+    read = Snapshot(_row("active", "match"), NOW)
+    assert read_refusal(command, read, 0.0) is None
+    day = 86400.0
+    slow = read_refusal(command, read, 10 * day)
+    assert slow is Reason.GRANT_EXPIRED and slow_reply(command, read, slow)
+    # Expired at the store's instant: an expiry, not a slow reply.
+    stale = attrs.evolve(command, grant_expires_at=NOW)
+    assert not slow_reply(stale, read, read_refusal(stale, read, 0.0))
+    assert not slow_reply(command, None, Reason.STORE_UNAVAILABLE)
+    assert not slow_reply(command, read, Reason.LEASE_REPLACED)
+    assert "slow reply" in SPEC.read_text()
+
+
+def test_lost_replies_table_matches_is_own_write() -> None:
+    rows = _table("Lost replies")[:8]
+    assert {r[0] for r in rows} == {"acquire", "takeover", "heartbeat", "release"}
+    for name, read, ours in rows:
+        command = _command(name, "match")
+        new_id: UUID = getattr(command, "new_lease_id", uuid4())
+        if read == "no row":
+            row = None
+        else:
+            row = _row("active", "match")
+            assert row is not None
+            if read == "carries the command's new lease id":
+                row = attrs.evolve(row, lease_id=new_id)
+        assert is_own_write(command, row) is (ours == "yes"), (name, read)
+
+
+@pytest.mark.parametrize(("name", "epoch"), [("acquire", 1), ("takeover", 6),
+                                             ("heartbeat", 5), ("release", 5)])
+def test_reconciled_row_table(name: str, epoch: int) -> None:
+    current, superseded = _table("Lost replies")[-2:]
+    assert current[0].startswith("carries the write's lease id")
+    assert superseded[0].startswith("carries another lease id or epoch")
+    command = _command(name, "preempt" if name == "takeover" else "match")
+    write = plan(command)
+    assert write is not None
+    lease_id = write.new_lease_id if isinstance(write, Rotate) else write.lease_id
+    row = _row("active", "match")
+    assert row is not None
+    ours = attrs.evolve(row, lease_id=lease_id, epoch=epoch)
+    assert reconciled_row(command, write, ours, NOW) is ours
+    later = NOW + timedelta(seconds=3)
+    other = attrs.evolve(row, lease_id=uuid4(), epoch=epoch + 1, connector_id="c7")
+    reported = reconciled_row(command, write, other, later)
+    assert (reported.lease_id, reported.epoch, reported.connector_id, reported.expires_at) == (
+        lease_id, epoch, command.connector_id, later)
+    assert reported.state(later) is LeaseState.EXPIRED

@@ -159,4 +159,4 @@ def test_the_monotonic_clock_must_be_callable() -> None:
     from mos_lease import ConfigurationError
 
     with pytest.raises(ConfigurationError, match="monotonic_clock"):
-        ConnectorLeaseCoordinator(InMemoryLeaseStore(), AllowAllPolicy(), monotonic_clock=5)
+        ConnectorLeaseCoordinator(InMemoryLeaseStore(), AllowAllPolicy(), monotonic_clock=5)  # type: ignore[arg-type]

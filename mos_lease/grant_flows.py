@@ -1,0 +1,118 @@
+"""The flows of grants: minting one after rereading the lease, and validating one.
+
+Written as flows, like the lease operations (:mod:`mos_lease.flows` explains the pattern);
+the rules they apply, and their order, are :mod:`mos_lease.validation`'s.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+
+from mos_lease.context import ConnectorExecutionContext
+from mos_lease.errors import CommitOutcomeUnknown, StoreUnavailable
+from mos_lease.flow_options import FlowOptions
+from mos_lease.grants import ExecutionGrant
+from mos_lease.identity import LeaseIdentity, check_correlation_id, normalize_ttl
+from mos_lease.machine import IssueGrant, decide, grant_expiry
+from mos_lease.policy import PolicyRequest
+from mos_lease.records import Snapshot
+from mos_lease.results import GrantResult, ValidationResult
+from mos_lease.store_ops import Flow, Load, Record
+from mos_lease.validation import (
+    Validate,
+    context_expiry,
+    read_refusal,
+    slow_reply,
+    validation_audit,
+    validation_refusal_unread,
+)
+from mos_lease.vocabulary import LifecycleEvent, Outcome, Reason
+
+log = logging.getLogger("mos_lease")
+
+
+class GrantFlows(FlowOptions):
+    """Grant issue and validation."""
+
+    def issue_grant(self, lease: object, scopes: object, ttl: object,
+                    correlation_id: object) -> Flow[GrantResult]:
+        handle = self.inputs.handle(lease)
+        norm_scopes = self.inputs.scopes("scopes", scopes)
+        norm_ttl = normalize_ttl("ttl", ttl, self.grant_ttl_cap)
+        command = IssueGrant(handle.identity, handle.connector_id, handle.lease_id,
+                             handle.epoch, norm_scopes, norm_ttl, self.ids(),
+                             self.correlation(correlation_id))
+        verdict = self.verdict(PolicyRequest(LifecycleEvent.GRANT_ISSUE, handle.identity,
+                                              handle.connector_id, norm_scopes, norm_ttl))
+        row, now = None, datetime.min
+        if verdict.allowed:
+            # Reread the durable current lease: a grant is never minted from a cached view.
+            snapshot: Snapshot = yield Load(handle.identity)
+            row, now = snapshot.row, snapshot.now
+        decision = decide(row, now, command, verdict)
+        yield Record(decision.audit)
+        if decision.reason is not None:
+            log.info("mos_lease: grant denied for %s connector=%s reason=%s", handle.identity,
+                     handle.connector_id, decision.reason)
+            return GrantResult(Outcome.DENIED, decision.reason, command.correlation_id)
+        assert row is not None
+        grant = self.grants.mint(
+            self.ids(), handle.identity, handle.connector_id, handle.lease_id, handle.epoch,
+            norm_scopes, grant_expiry(row, now, norm_ttl), command.correlation_id, now)
+        return GrantResult(Outcome.GRANT_ISSUED, None, command.correlation_id, grant)
+
+    def validate(self, grant: object, identity: object, scopes: object,
+                 correlation_id: object) -> Flow[ValidationResult]:
+        identity = self.inputs.identity("identity", identity)
+        requested = self.inputs.scopes("scopes", scopes)
+        fallback_correlation = check_correlation_id("correlation_id", correlation_id)
+        registry_reason = self.grants.check(grant)
+        if registry_reason is Reason.GRANT_UNKNOWN:
+            # Nothing in an unrecognized object is trusted, not even for the audit row.
+            return (yield from self._deny_validation(
+                Reason.GRANT_UNKNOWN, identity, "unrecognized", None,
+                fallback_correlation or self.ids().hex))
+        assert isinstance(grant, ExecutionGrant)
+        command = Validate(identity, requested, grant.identity, grant.connector_id,
+                           grant.lease_id, grant.epoch, grant.scopes, grant.expires_at,
+                           registry_reason, grant.correlation_id)
+        reason = validation_refusal_unread(command)
+        if reason is None:
+            read: Snapshot | None = None
+            sent = self.monotonic()
+            try:
+                read = yield Load(grant.identity)
+            except StoreUnavailable:
+                # Fail closed. The audit append below is best effort: the store that could
+                # not be read may not take a write either, and then the log line is the record.
+                log.warning("mos_lease: validation denied for %s: store unavailable", identity)
+            in_flight = self.monotonic() - sent
+            if read is not None:
+                self.grants.prune(read.now)
+            reason = read_refusal(command, read, in_flight)
+            if reason is None:
+                assert read is not None and read.row is not None
+                return ValidationResult(None, ConnectorExecutionContext(
+                    identity=grant.identity, connector_id=grant.connector_id,
+                    lease_id=grant.lease_id, epoch=grant.epoch, scopes=requested,
+                    expires_at=context_expiry(command, read.row),
+                    correlation_id=grant.correlation_id))
+            if slow_reply(command, read, reason):
+                log.warning("mos_lease: validation reply for %s took %.3f s, past the "
+                            "validity it reported", identity, in_flight)
+        return (yield from self._deny_validation(reason, identity, grant.connector_id,
+                                                 grant.epoch, grant.correlation_id))
+
+    def _deny_validation(self, reason: Reason, identity: LeaseIdentity, connector_id: str,
+                         epoch: int | None, correlation_id: str) -> Flow[ValidationResult]:
+        entry = validation_audit(self.ids(), reason, identity, connector_id, epoch,
+                                 correlation_id)
+        log.info("mos_lease: validation denied for %s connector=%s reason=%s", identity,
+                 connector_id, reason)
+        try:
+            yield Record(entry)
+        except (StoreUnavailable, CommitOutcomeUnknown):
+            # The refusal stands whether or not its audit row made it.
+            log.warning("mos_lease: could not audit denied validation %s", entry.event_id)
+        return ValidationResult(reason)

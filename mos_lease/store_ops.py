@@ -1,0 +1,90 @@
+"""The store operations a flow yields, and how each is performed on a store.
+
+A flow (:mod:`mos_lease.flows`) never calls its store: it yields one of the values below and
+is sent the answer. :func:`store_call` names the one method of the store ports
+(:class:`~mos_lease.ports.LeaseStore`, :class:`~mos_lease.ports.AsyncLeaseStore`: the same
+names) that answers each operation; :func:`perform` and :func:`perform_async` call it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from typing import Any, TypeVar
+from uuid import UUID
+
+import attrs
+
+from mos_lease.identity import LeaseIdentity
+from mos_lease.machine import Renew, Write
+from mos_lease.ports import AsyncLeaseStore, LeaseStore
+from mos_lease.records import AuditEntry
+
+T = TypeVar("T")
+
+
+@attrs.frozen(slots=True)
+class Load:
+    """Read the identity's row and the store's time: answered with a ``Snapshot``."""
+
+    identity: LeaseIdentity
+
+
+@attrs.frozen(slots=True)
+class Apply:
+    """Apply a guarded write with its audit entry, atomically: a ``WriteOutcome``."""
+
+    write: Write
+    entry: AuditEntry
+
+
+@attrs.frozen(slots=True)
+class RenewMany:
+    """Apply many renewals in one round trip, each on its own: a ``WriteOutcome`` each."""
+
+    items: tuple[tuple[Renew, AuditEntry], ...]
+
+
+@attrs.frozen(slots=True)
+class Record:
+    """Append an audit entry that changes no row (a refusal): answered with ``None``."""
+
+    entry: AuditEntry
+
+
+@attrs.frozen(slots=True)
+class Committed:
+    """Whether the audit row with this event id exists: a ``bool``."""
+
+    event_id: UUID
+
+
+Op = Load | Apply | RenewMany | Record | Committed
+"""Every store operation a flow may yield."""
+
+Flow = Generator[Op, Any, T]
+"""A coordinator operation written as a generator: yields :data:`Op`, returns a ``T``."""
+
+def store_call(op: Op) -> tuple[str, tuple[object, ...]]:
+    """The name of the store method that answers ``op`` (the same name on the synchronous
+    and the asyncio port, and in telemetry), and its arguments."""
+    if isinstance(op, Load):
+        return "load", (op.identity,)
+    if isinstance(op, Apply):
+        return "apply", (op.write, op.entry)
+    if isinstance(op, RenewMany):
+        return "renew_many", (op.items,)
+    if isinstance(op, Record):
+        return "record", (op.entry,)
+    return "event_committed", (op.event_id,)
+
+
+def perform(store: LeaseStore, op: Op) -> Any:
+    """Call the method of ``store`` that answers ``op`` and return its answer."""
+    name, args = store_call(op)
+    return getattr(store, name)(*args)
+
+
+async def perform_async(store: AsyncLeaseStore, op: Op) -> Any:
+    """As :func:`perform`, on an asyncio store."""
+    name, args = store_call(op)
+    return await getattr(store, name)(*args)
