@@ -1,0 +1,104 @@
+"""The store's fast path: a call that succeeds builds nothing around its statement, every
+deadline is read on the clock the store was given, and a connection's reusable deadline
+watch never cuts a later call short for an earlier one."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+
+from mos_lease.errors import StoreUnavailable
+from mos_lease_pg import ConnectionSettings, PostgresLeaseStore
+from mos_lease_pg import store as store_module
+from mos_lease_pg.deadline import WATCHDOG, Watch
+
+pytestmark = pytest.mark.pg
+
+
+class JumpingClock:
+    """A monotonic clock that jumps an hour ahead after its first read once armed."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self.armed = False
+
+    def __call__(self) -> float:
+        now = self.now
+        if self.armed:
+            self.now += 3600.0
+        return now
+
+
+@pytest.fixture
+def clocked(pg_dsn: str) -> Iterator[tuple[PostgresLeaseStore, JumpingClock]]:
+    clock = JumpingClock()
+    with PostgresLeaseStore(pg_dsn, clock=clock) as store:
+        yield store, clock
+
+
+def test_a_successful_call_builds_no_resend_flow(
+        clocked: tuple[PostgresLeaseStore, JumpingClock],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    store, _ = clocked
+    store.now()  # the first call opens and checks the connection
+
+    def forbidden(*_args: object) -> None:
+        raise AssertionError("a call that succeeded built its resend flow")
+
+    monkeypatch.setattr(store_module, "resending", forbidden)
+    store.now()
+
+
+def test_the_wait_for_a_busy_connection_is_read_on_the_stores_clock(
+        clocked: tuple[PostgresLeaseStore, JumpingClock]) -> None:
+    store, clock = clocked
+    store.now()
+    source = store._source
+    wire = source.enter(None)  # another caller holds the dedicated connection
+    errors: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            store.now()
+        except StoreUnavailable as exc:
+            errors.append(exc)
+
+    try:
+        # The call reads its deadline, then the store's clock says an hour went by: the
+        # wait for the connection gives up at once, whatever time.monotonic says (the
+        # real bound is 6 s).
+        clock.armed = True
+        worker = threading.Thread(target=call)
+        worker.start()
+        worker.join(timeout=3.0)
+        assert not worker.is_alive(), "the wait ignored the store's clock"
+        assert errors and "stayed busy" in str(errors[0])
+    finally:
+        source.leave(wire)
+
+
+def test_a_firing_decided_for_one_call_spares_the_next(pg_dsn: str) -> None:
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        watch = Watch(conn, lambda: 0.0, WATCHDOG)
+        watch.arm(10.0, 6.0)
+        stale = watch.generation  # the watchdog found this arming due...
+        watch.done()  # ...but the call finished first
+        with watch.arm(10.0, 6.0):
+            watch.fire(stale)  # the late firing of the first arming
+            assert not watch.fired
+            assert conn.execute(b"SELECT 1").fetchone() == (1,)
+        assert not conn.closed
+
+
+def test_settings_are_read_once(pg_dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    with PostgresLeaseStore(pg_dsn, settings=ConnectionSettings()) as store:
+        store.now()
+
+        def forbidden(_self: ConnectionSettings) -> float:
+            raise AssertionError("the call bound was computed again")
+
+        monkeypatch.setattr(ConnectionSettings, "call_bound", forbidden)
+        store.now()
