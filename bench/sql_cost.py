@@ -208,6 +208,32 @@ def run(dsn: str, conn: psycopg.Connection[Any], tenant: str, *, rounds: int, pe
     return out
 
 
+def check_function_time(conn: psycopg.Connection[Any], *, n: int) -> list[str]:
+    """Server time of the transition guard's PL/pgSQL check per takeover, before 0006 (the
+    schema at version 5) and now, from PostgreSQL's own function statistics
+    (``track_functions``, superuser only): a figure the shared machine's scheduling does not
+    blur, since it is the function's own time. ``n`` takeovers of one row, in one
+    transaction per schema."""
+    lines = []
+    for k, (label, schema) in enumerate((("version 5", "sqlcost_v5"),
+                                         ("today", statements.DEFAULT_SCHEMA)) * 2):
+        case = _Side(conn, label, schema, f"sqlcost-fn{k}").takeover()
+        case.setup(n)
+        check = f"{schema}.mos_lease_check_lease_write"
+        with conn.transaction():
+            conn.execute(b"SET LOCAL track_functions = 'pl'")
+            for i in range(n):
+                case.call(i)
+            row = conn.execute(sql.SQL(
+                "SELECT coalesce(pg_stat_get_xact_function_calls({f}::regproc), 0), "
+                "coalesce(pg_stat_get_xact_function_total_time({f}::regproc), 0)").format(
+                    f=sql.Literal(check))).fetchone()
+        calls, total_ms = row if row is not None else (0, 0.0)
+        lines.append(f"  {label:<10} check calls {calls:>5} for {n} takeovers, "
+                     f"{1000 * float(total_ms) / n:6.1f} µs of check per takeover")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench/sql_cost.py")
     parser.add_argument("--rounds", type=int, default=15)
@@ -231,6 +257,7 @@ def main(argv: list[str] | None = None) -> int:
                 found = run(dsn, conn, "sqlcost", rounds=args.rounds,
                             per_round=args.per_round,
                             progress=lambda m: print(m, file=sys.stderr, flush=True))
+                checked = check_function_time(conn, n=args.per_round * 5)
             finally:
                 pinning.restore()
     finally:
@@ -242,6 +269,8 @@ def main(argv: list[str] | None = None) -> int:
         for name, s in series.items():
             print(f"  {name:<24} {s.ops_per_s:>9,.0f}/s  p50 {s.p50_us:7.1f} µs  "
                   f"{throughput_ratio(s, today):.3f}x today")
+    print("\nthe transition guard's PL/pgSQL check (function statistics), takeovers:")
+    print("\n".join(checked))
     return 0
 
 
