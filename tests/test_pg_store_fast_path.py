@@ -4,6 +4,7 @@ watch never cuts a later call short for an earlier one."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Iterator
 
@@ -11,7 +12,7 @@ import psycopg
 import pytest
 
 from mos_lease.errors import StoreUnavailable
-from mos_lease_pg import ConnectionSettings, PostgresLeaseStore
+from mos_lease_pg import AsyncPostgresLeaseStore, ConnectionSettings, PostgresLeaseStore
 from mos_lease_pg import store as store_module
 from mos_lease_pg.deadline import WATCHDOG, Watch
 
@@ -102,3 +103,23 @@ def test_settings_are_read_once(pg_dsn: str, monkeypatch: pytest.MonkeyPatch) ->
 
         monkeypatch.setattr(ConnectionSettings, "call_bound", forbidden)
         store.now()
+
+
+def test_the_asyncio_store_reads_the_same_clock(pg_dsn: str) -> None:
+    async def scenario() -> str:
+        clock = JumpingClock()
+        store = AsyncPostgresLeaseStore(pg_dsn, clock=clock)
+        try:
+            await store.now()
+            wire = await store._source.enter(None)  # another task holds the connection
+            try:
+                clock.armed = True
+                with pytest.raises(StoreUnavailable) as refused:
+                    await asyncio.wait_for(store.now(), 3.0)
+                return str(refused.value)
+            finally:
+                await store._source.leave(wire)
+        finally:
+            await store.aclose()
+
+    assert "stayed busy" in asyncio.run(scenario())
