@@ -66,8 +66,8 @@ class Watch:
     afterwards :attr:`fired` says whether the connection must be discarded. ``clock`` is the
     monotonic clock the deadlines are read on (the store's)."""
 
-    __slots__ = ("_clock", "_conn", "_dog", "_lock", "_state", "cancel_timeout", "fire_at",
-                 "generation")
+    __slots__ = ("_claimed", "_clock", "_conn", "_dog", "_lock", "_state", "cancel_timeout",
+                 "fire_at", "generation")
 
     def __init__(self, conn: psycopg.Connection[Any], clock: MonotonicClock,
                  dog: Watchdog) -> None:
@@ -80,6 +80,7 @@ class Watch:
         self.cancel_timeout = 0.0
         # Counts the armings: a firing decided for one call never cuts a later call short.
         self.generation = 0
+        self._claimed = 0  # the last arming the watchdog decided to fire
 
     def arm(self, deadline: float, call_timeout: float) -> Self:
         """Watch one call whose deadline is ``deadline`` (on the watch's clock)."""
@@ -92,8 +93,21 @@ class Watch:
         self._dog.watch(self)
         return self
 
-    def due(self) -> bool:
-        return self._clock() >= self.fire_at
+    def due(self) -> int | None:
+        """The arming to fire now, once: its generation, read with its deadline (a call
+        that ends and arms again meanwhile is a new arming, judged on its own deadline)."""
+        # Never waits: a firing in progress holds the lock for up to its grace, and the
+        # watchdog must not make the other watches late meanwhile.
+        if not self._lock.acquire(blocking=False):
+            return None
+        try:
+            if (self._state != _ARMED or self._claimed == self.generation
+                    or self._clock() < self.fire_at):
+                return None
+            self._claimed = self.generation
+            return self.generation
+        finally:
+            self._lock.release()
 
     def __enter__(self) -> Self:
         return self
@@ -171,11 +185,12 @@ class Watchdog:
                     continue
                 self._work.set()
             for watch in list(self._armed.values()):
-                if watch.due():
-                    self._armed.pop(id(watch), None)
+                generation = watch.due()
+                if generation is not None:
                     # Its own thread: a cancel request waiting on a silent network must
-                    # not make the other watches fire late.
-                    threading.Thread(target=watch.fire, args=(watch.generation,),
+                    # not make the other watches fire late. The watch stays listed until
+                    # its call disarms it (an arming is claimed once, see Watch.due).
+                    threading.Thread(target=watch.fire, args=(generation,),
                                      name="mos-lease-watch-fire", daemon=True).start()
             time.sleep(_TICK)
 

@@ -14,7 +14,7 @@ import pytest
 from mos_lease.errors import StoreUnavailable
 from mos_lease_pg import AsyncPostgresLeaseStore, ConnectionSettings, PostgresLeaseStore
 from mos_lease_pg import store as store_module
-from mos_lease_pg.deadline import WATCHDOG, Watch
+from mos_lease_pg.deadline import Watch, Watchdog
 
 pytestmark = pytest.mark.pg
 
@@ -81,15 +81,26 @@ def test_the_wait_for_a_busy_connection_is_read_on_the_stores_clock(
         source.leave(wire)
 
 
+class _StillDog(Watchdog):
+    """A watchdog that never runs its thread: the test plays its part."""
+
+    def watch(self, watch: Watch) -> None:
+        pass
+
+
 def test_a_firing_decided_for_one_call_spares_the_next(pg_dsn: str) -> None:
+    now = [0.0]
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        watch = Watch(conn, lambda: 0.0, WATCHDOG)
+        watch = Watch(conn, lambda: now[0], _StillDog())
         watch.arm(10.0, 6.0)
-        stale = watch.generation  # the watchdog found this arming due...
-        watch.done()  # ...but the call finished first
+        now[0] = 20.0
+        stale = watch.due()  # the watchdog decided to fire this arming...
+        assert stale is not None and watch.due() is None  # (once)
+        watch.done()  # ...but the call finished first, and the next one armed the watch
+        now[0] = 0.0
         with watch.arm(10.0, 6.0):
             watch.fire(stale)  # the late firing of the first arming
-            assert not watch.fired
+            assert not watch.fired and watch.due() is None
             assert conn.execute(b"SELECT 1").fetchone() == (1,)
         assert not conn.closed
 
