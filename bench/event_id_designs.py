@@ -16,7 +16,13 @@ heartbeat of 100, and heartbeat without a commit flush), four schemas side by si
   that may insert may name it (OVERRIDING SYSTEM VALUE), so a second row could reuse the
   first row's claim;
 * ``floor``: as ``fk`` but with no foreign key: the claim the library writes, with nothing
-  making other paths claim (what any guard costs on top of the claim itself).
+  making other paths claim (what any guard costs on top of the claim itself);
+* ``row``: fully migrated, the statement trigger replaced by an AFTER INSERT trigger FOR
+  EACH ROW on the log (cloned to every partition by PostgreSQL), which claims ``NEW``'s id:
+  no transition table is kept, but one trigger event is queued per row;
+* ``before``: as ``row``, but BEFORE INSERT: the claim is made as the row is formed (its
+  ``seq`` default is already drawn then), with no after-trigger event queued at all. A row
+  the log then refuses fails its statement, and the claim rolls back with it.
 
     python bench/event_id_designs.py [--rounds N] [--per-round N]
 """
@@ -38,6 +44,8 @@ from mos_lease_pg.admin import migrate
 
 FK = "bench_fk"
 FLOOR = "bench_floor"
+ROW = "bench_row"
+BEFORE = "bench_before"
 # Where the audit CTE ends in guarded_write.sql and in renew_many.sql.
 _AFTER_AUDIT = (b"\n),\nnotified AS MATERIALIZED", b"\n)\nSELECT t.now")
 _CLAIM = (b"\n    RETURNING event_id, seq, recorded_at\n),\nclaimed AS (\n"
@@ -54,7 +62,8 @@ def _claiming(schema: str) -> event_ids.Rewrite:
     return rewrite
 
 
-def _variant(dsn: str, schema: str, *, foreign_key: bool) -> None:
+def _variant(dsn: str, schema: str, *, foreign_key: bool = False,
+             row_trigger: str | None = None) -> None:
     migrate(dsn, schema=schema, allow_second_copy=True)
     with psycopg.connect(dsn, autocommit=True) as conn:
         log = f"{schema}.connector_lease_audit_log"
@@ -64,6 +73,19 @@ def _variant(dsn: str, schema: str, *, foreign_key: bool) -> None:
         for table in [log, *parts]:
             conn.execute(f"DROP TRIGGER connector_lease_audit_log_event_once ON {table}"
                          .encode())
+        if row_trigger is not None:
+            conn.execute(f"""
+                CREATE FUNCTION {schema}.bench_claim_row() RETURNS trigger
+                LANGUAGE plpgsql SECURITY DEFINER AS $body$
+                BEGIN
+                    INSERT INTO {schema}.connector_lease_event_ids (event_id, seq, recorded_at)
+                    VALUES (NEW.event_id, NEW.seq, NEW.recorded_at);
+                    RETURN NEW;
+                END
+                $body$""".encode())
+            conn.execute(f"CREATE TRIGGER connector_lease_audit_log_event_once {row_trigger} "
+                         f"INSERT ON {log} FOR EACH ROW EXECUTE FUNCTION "
+                         f"{schema}.bench_claim_row()".encode())
         if foreign_key:
             conn.execute(f"ALTER TABLE {schema}.connector_lease_event_ids ADD UNIQUE "
                          f"(event_id, seq, recorded_at)".encode())
@@ -75,19 +97,23 @@ def _variant(dsn: str, schema: str, *, foreign_key: bool) -> None:
 def run(dsn: str, *, rounds: int, per_round: int) -> dict[str, dict[str, Series]]:
     event_ids._schemas(dsn)
     _variant(dsn, FK, foreign_key=True)
-    _variant(dsn, FLOOR, foreign_key=False)
+    _variant(dsn, FLOOR)
+    _variant(dsn, ROW, row_trigger="AFTER")
+    _variant(dsn, BEFORE, row_trigger="BEFORE")
     rewrites = {event_ids.OLD: event_ids._same, event_ids.NEW: event_ids._same,
-                FK: _claiming(FK), FLOOR: _claiming(FLOOR)}
+                FK: _claiming(FK), FLOOR: _claiming(FLOOR), ROW: event_ids._same,
+                BEFORE: event_ids._same}
     with psycopg.connect(dsn, autocommit=True) as conn:
         pinning = pin(conn, cpu=None, enabled=True)
         try:
             single = {s: event_ids._leases(conn, s, "bench", 1, r)[0]
                       for s, r in rewrites.items()}
-            many = {s: event_ids._leases(conn, s, "bench-many", event_ids.BATCH, r)
-                    for s, r in rewrites.items()}
             cases = [event_ids._heartbeat(conn, s, single[s], r) for s, r in rewrites.items()]
             measured = {"heartbeat": interleave(cases, rounds=rounds, per_round=per_round,
                                                 warmup=100)}
+            # Acquired only now: on a loaded machine the heartbeats above may outlast a TTL.
+            many = {s: event_ids._leases(conn, s, "bench-many", event_ids.BATCH, r)
+                    for s, r in rewrites.items()}
             measured[f"heartbeat_many({event_ids.BATCH})"] = interleave(
                 [event_ids._batch(conn, s, many[s], r) for s, r in rewrites.items()],
                 rounds=rounds, per_round=4, warmup=1)
@@ -102,7 +128,7 @@ def run(dsn: str, *, rounds: int, per_round: int) -> dict[str, dict[str, Series]
 
 def _check_claimed(conn: psycopg.Connection[Any]) -> None:
     # Every audit row of the variants was really claimed (else the comparison is void).
-    for schema in (FK, FLOOR):
+    for schema in (FK, FLOOR, ROW, BEFORE):
         rows, claims = conn.execute(
             f"SELECT (SELECT count(*) FROM {schema}.connector_lease_audit_log), "
             f"(SELECT count(*) FROM {schema}.connector_lease_event_ids)".encode()).fetchone() \
@@ -124,7 +150,8 @@ def main(argv: list[str] | None = None) -> int:
             measured = run(dsn, rounds=args.rounds, per_round=args.per_round)
     finally:
         srv.stop()
-    names = {event_ids.NEW: "trigger (0004)", FK: "foreign key", FLOOR: "no guard"}
+    names = {event_ids.NEW: "trigger (0004)", FK: "foreign key", FLOOR: "no guard",
+             ROW: "row trigger", BEFORE: "before-row trigger"}
     for label, series in measured.items():
         old = series[event_ids.OLD]
         print(f"{label:<22} schema 3 {old.ops_per_s:>9,.0f}/s  " + "  ".join(

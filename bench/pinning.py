@@ -32,6 +32,8 @@ class Pinning:
     cpu: int | None
     note: str
     _client_mask: set[int] | None = None
+    # Where the backends go: ``cpu`` itself, or another core in the cross-core placement.
+    backend_cpu: int | None = None
     _backends: dict[int, set[int]] = attrs.field(factory=dict)
 
     @property
@@ -46,7 +48,7 @@ class Pinning:
         if pid is None:
             raise RuntimeError(f"cannot pin a second backend: {problem}")
         self._backends[pid] = os.sched_getaffinity(pid)
-        _taskset(pid, {self.cpu})
+        _taskset(pid, {self.cpu if self.backend_cpu is None else self.backend_cpu})
 
     def restore(self) -> None:
         for pid, mask in self._backends.items():
@@ -58,6 +60,12 @@ class Pinning:
             os.sched_setaffinity(0, self._client_mask)
             self._client_mask = None
         self.cpu = None
+
+
+def _other(allowed: set[int], cpu: int) -> int:
+    """The next allowed core after ``cpu`` (wrapping round)."""
+    ordered = sorted(allowed)
+    return next((c for c in ordered if c > cpu), ordered[0])
 
 
 def _taskset(pid: int, cpus: set[int]) -> None:
@@ -88,10 +96,15 @@ def _local_backend(conn: psycopg.Connection[Any]) -> tuple[int | None, str]:
     return pid, ""
 
 
-def pin(conn: psycopg.Connection[Any], *, cpu: int | None, enabled: bool) -> Pinning:
+def pin(conn: psycopg.Connection[Any], *, cpu: int | None, enabled: bool,
+        cross: bool = False) -> Pinning:
     """Pin this process and ``conn``'s backend to ``cpu`` (default: the lowest allowed core).
 
-    Never fails: when pinning is impossible the returned :class:`Pinning` says why."""
+    With ``cross``, the backend goes to another allowed core instead (the next one up,
+    wrapping): client and backend each on a core of their own, as on a machine with cores
+    to spare, where every round trip pays a wake-up across cores but no Python time is
+    taken from the backend. Never fails: when pinning is impossible the returned
+    :class:`Pinning` says why."""
     if not enabled:
         return Pinning(None, "not pinned: --no-pin")
     if shutil.which("taskset") is None:
@@ -105,11 +118,14 @@ def pin(conn: psycopg.Connection[Any], *, cpu: int | None, enabled: bool) -> Pin
     pid, problem = _local_backend(conn)
     if pid is None:
         return Pinning(None, f"not pinned: {problem}")
-    pinning = Pinning(target, f"client pid {os.getpid()} and backend pid {pid} pinned to CPU "
-                              f"{target} (taskset)", client_mask=allowed)
+    backend = _other(allowed, target) if cross else target
+    where = (f"client pid {os.getpid()} pinned to CPU {target}, backend pid {pid} to CPU "
+             f"{backend} (cross-core, taskset)" if cross else
+             f"client pid {os.getpid()} and backend pid {pid} pinned to CPU {target} (taskset)")
+    pinning = Pinning(target, where, client_mask=allowed, backend_cpu=backend)
     try:
         pinning._backends[pid] = os.sched_getaffinity(pid)
-        _taskset(pid, {target})
+        _taskset(pid, {backend})
         os.sched_setaffinity(0, {target})
     except (OSError, subprocess.SubprocessError) as exc:
         pinning.restore()

@@ -1,6 +1,7 @@
 """mos-lease benchmark: the library against floors measured in the same run.
 
     python bench/run.py [--quick] [--json PATH] [--check] [--cpu N] [--no-pin]
+                        [--only stamps|single]
 
 Finds PostgreSQL exactly as the tests do (``MOS_LEASE_TEST_DSN``, then a trust-auth server on
 127.0.0.1:5432, testcontainers, a throwaway initdb cluster), works in throwaway databases it
@@ -42,7 +43,7 @@ import stamps
 import telemetry
 from common import BenchError, CorrectnessError, server, store_connection, throwaway_database
 from measure import Series, throughput_ratio
-from pinning import pin
+from pinning import Pinning, pin
 from targets import JSON_KEYS, evaluate
 
 import mos_lease
@@ -142,12 +143,19 @@ def measure_all(srv: PgServer, mode: Mode, args: argparse.Namespace,
             report.environment.append(f"pinning: {pinning.note}")
             progress(pinning.note)
             try:
-                stamped = _stamps(dsn, store, conn, tenant, mode, progress)
-                if args.only == "stamps":
+                stamped = (None if args.only == "single"
+                           else _stamps(dsn, store, conn, tenant, mode, progress))
+                if stamped is not None and args.only == "stamps":
                     _stamp_figures(report, stamped)
                     report.partial = True
                     return report
                 one = single.run(store, conn, tenant, mode.single, progress)
+                if args.only == "single":
+                    _single_figures(report, one)
+                    _cross_core_figures(report, _cross_core(store, conn, tenant, mode, args,
+                                                            pinning, progress))
+                    report.partial = True
+                    return report
                 progress("pure core")
                 core = purecore.run(decisions=mode.core_decisions, repeats=mode.core_repeats)
                 progress("telemetry: validate with and without the hook check (memory store)")
@@ -159,6 +167,7 @@ def measure_all(srv: PgServer, mode: Mode, args: argparse.Namespace,
                                        rounds=mode.scale_rounds,
                                        per_round=mode.scale_per_round, pinning=pinning,
                                        progress=progress)
+                crossed = _cross_core(store, conn, tenant, mode, args, pinning, progress)
             finally:
                 pinning.restore()
         with throwaway_database(srv, "mos_lease_bench_event_ids", migrated=False) as edsn:
@@ -177,6 +186,8 @@ def measure_all(srv: PgServer, mode: Mode, args: argparse.Namespace,
     progress(f"grant registry memory ({mode.memory_large:,} grants, fresh interpreter)")
     memory = grant_memory.run(small=mode.memory_small, large=mode.memory_large)
     _single_figures(report, one)
+    _cross_core_figures(report, crossed)
+    assert stamped is not None
     _stamp_figures(report, stamped)
     _other_figures(report, raced, scaled, core, memory)
     _telemetry_figures(report, hooked)
@@ -185,6 +196,46 @@ def measure_all(srv: PgServer, mode: Mode, args: argparse.Namespace,
     _event_id_figures(report, claimed)
     report.environment.append(f"load average at end {os.getloadavg()[0]:.2f}")
     return report
+
+
+def _cross_core(store: PostgresLeaseStore, conn: psycopg.Connection[Any], tenant: str,
+                mode: Mode, args: argparse.Namespace, pinning: Pinning,
+                progress: Callable[[str], None]) -> single.SingleResults | None:
+    """Validate and the four writes once more with the backend on another core than the
+    client (``None`` when the pinned pass was not pinned: there is no placement to vary)."""
+    if not pinning.applied:
+        return None
+    pinning.restore()  # this pass comes last: nothing after it runs pinned
+    crossed = pin(conn, cpu=args.cpu, enabled=True, cross=True)
+    progress(crossed.note)
+    try:
+        if not crossed.applied:
+            return None
+        # A tenant of its own: the pinned pass used up its identities.
+        return single.run(store, conn, f"{tenant}-x", mode.single, progress, calls_only=True)
+    finally:
+        crossed.restore()
+
+
+def _cross_core_figures(report: Report, crossed: single.SingleResults | None) -> None:
+    """The cross-core pass's ratios, named ``<figure>_cross_core``."""
+    if crossed is None:
+        report.notes.append("cross-core pass: not run (the pinned pass could not pin)")
+        return
+    figures = report.figures
+    v = crossed.comparisons["validate"]
+    figures["validate_vs_raw_cross_core"] = throughput_ratio(v["library"], v["raw"])
+    report.series("cross-core", "library validate()", v["library"], "ops/s",
+                  _ratio_text(figures["validate_vs_raw_cross_core"], "raw"))
+    report.series("cross-core", "raw load.sql", v["raw"], "ops/s")
+    for op in ("heartbeat", "acquire", "takeover", "release"):
+        c = crossed.comparisons[op]
+        floor = "raw_read_cas" if op == "takeover" else "raw"
+        figures[f"{op}_vs_raw_cross_core"] = throughput_ratio(c["library"], c[floor])
+        report.series("cross-core", f"library {op}()", c["library"], "ops/s",
+                      _ratio_text(figures[f"{op}_vs_raw_cross_core"], floor.replace("_", " ")))
+    c = crossed.comparisons["takeover"]
+    figures["takeover_observed_vs_raw_cross_core"] = throughput_ratio(c["observed"], c["raw"])
 
 
 def _stamps(dsn: str, store: PostgresLeaseStore, conn: psycopg.Connection[Any], tenant: str,
@@ -423,9 +474,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="core to pin client and backend to (default: the lowest allowed)")
     parser.add_argument("--no-pin", action="store_true",
                         help="do not pin the single-connection comparisons to one core")
-    parser.add_argument("--only", choices=["stamps"], default=None,
+    parser.add_argument("--only", choices=["stamps", "single"], default=None,
                         help="run one comparison only (stamps: what the stamp checks cost "
-                        "per write), at the mode's counts")
+                        "per write; single: validate and the writes, pinned and "
+                        "cross-core), at the mode's counts")
     return parser.parse_args(argv)
 
 
@@ -457,7 +509,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n(ran in {time.monotonic() - started:.0f} s)")
     if args.json is not None:
         args.json.write_text(json.dumps({key: report.figures[key] for key in JSON_KEYS
-                                         if key in report.figures or not report.partial},
+                                         if key in report.figures},
                                         indent=2) + "\n", encoding="utf-8")
     if args.check:
         missed = [t.figure for t, _, met in report.judged() if not met]

@@ -472,11 +472,15 @@ def shapes(bench: Bench) -> tuple[dict[str, Shape], list[str]]:
 
 
 def run(store: PostgresLeaseStore, conn: psycopg.Connection[Any], tenant: str,
-        counts: Counts, progress: Callable[[str], None]) -> SingleResults:
+        counts: Counts, progress: Callable[[str], None], *,
+        calls_only: bool = False) -> SingleResults:
+    """Every comparison; with ``calls_only`` only validate and the four writes (the
+    cross-core pass, which repeats them with the backend on another core)."""
     bench = Bench(store, conn, tenant)
     out = SingleResults()
-    progress("wire shapes (libpq trace)")
-    out.shapes, out.notes = shapes(bench)
+    if not calls_only:
+        progress("wire shapes (libpq trace)")
+        out.shapes, out.notes = shapes(bench)
     progress("validate")
     out.comparisons["validate"] = interleave(
         validate_cases(bench), rounds=counts.validate_rounds,
@@ -487,6 +491,8 @@ def run(store: PostgresLeaseStore, conn: psycopg.Connection[Any], tenant: str,
         out.comparisons[name] = interleave(
             make(bench), rounds=counts.write_rounds, per_round=counts.write_per_round,
             warmup=min(counts.warmup, counts.write_per_round))
+    if calls_only:
+        return out
     # The same heartbeat comparison with the commit flush taken out (this session only, in
     # the benchmark's throwaway database): what is left is the design's difference, one
     # round trip against five, which the flush otherwise hides on a slow disk.

@@ -27,3 +27,11 @@ def call_deadline(bound: float) -> float:
     from the shared start, if one is set, else from now."""
     start = SHARED_START.get()
     return (time.monotonic() if start is None else start) + bound
+
+
+def time_left(bound: float) -> float:
+    """Seconds left of a store call's ``bound`` made now: all of it, or what the shared
+    start left of it. A store that reads deadlines on a clock of its own adds this to its
+    clock's reading, so both agree whichever monotonic clock each reads."""
+    start = SHARED_START.get()
+    return bound if start is None else start + bound - time.monotonic()

@@ -24,7 +24,6 @@ import asyncio
 import enum
 import math
 import threading
-import time
 import weakref
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
@@ -38,6 +37,7 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.pq import TransactionStatus
 
 from mos_lease.bounded import OVERDUE, bounded
+from mos_lease.clock import MonotonicClock, default_clock
 from mos_lease.errors import ConfigurationError, StoreUnavailable
 from mos_lease_pg import preflight, replication
 from mos_lease_pg.deadline import WATCHDOG, AsyncWatch
@@ -186,10 +186,10 @@ def connect_kwargs(conninfo: str, settings: ConnectionSettings) -> dict[str, Any
     return kwargs
 
 
-def remaining(deadline: float | None, bound: float) -> float:
-    """Seconds left until ``deadline`` (a ``time.monotonic()`` value; ``None``: a whole
-    ``bound`` from now), at least 0."""
-    return bound if deadline is None else max(0.0, deadline - time.monotonic())
+def remaining(deadline: float | None, bound: float, clock: MonotonicClock) -> float:
+    """Seconds left until ``deadline`` (read on ``clock``; ``None``: a whole ``bound`` from
+    now), at least 0."""
+    return bound if deadline is None else max(0.0, deadline - clock())
 
 class _Check(enum.Enum):
     """Which check a connection needs before its first statement (see :class:`_Source`)."""
@@ -207,8 +207,9 @@ class _Source:
     network cuts it off, ``deadline.py``). A dedicated connection that fails its check is
     closed; a pooled one goes back to its pool."""
 
-    def __init__(self, settings: ConnectionSettings) -> None:
+    def __init__(self, settings: ConnectionSettings, clock: MonotonicClock) -> None:
         self._bound = settings.call_bound()
+        self._clock = clock  # the monotonic clock deadlines are read on (the store's)
         self._prepare = settings.prepare
         self._schema = settings.schema
         self._needs = replication.needs_of(settings)
@@ -234,7 +235,7 @@ class _Source:
         self._judged.add(conn)
 
     def _check_deadline(self, deadline: float | None) -> float:
-        return time.monotonic() + self._bound if deadline is None else deadline
+        return self._clock() + self._bound if deadline is None else deadline
 
 
 def _vet(source: _Source, conn: psycopg.Connection[Any], deadline: float | None) -> None:
@@ -244,7 +245,7 @@ def _vet(source: _Source, conn: psycopg.Connection[Any], deadline: float | None)
         return
     # Watched like a statement, but not closed if the watch fired: a check that got its
     # answer passed, and the store's call then fails on the cut connection.
-    watch = WATCHDOG.arm(conn, source._check_deadline(deadline), source._bound)
+    watch = WATCHDOG.arm(conn, source._check_deadline(deadline), source._bound, source._clock)
     try:
         if due is _Check.FIRST_USE:
             source._passed(conn, preflight.first_use(conn, source._schema, needs=source._needs,
@@ -262,7 +263,8 @@ async def _vet_async(source: _Source, conn: psycopg.AsyncConnection[Any],
     due = source._due(conn)
     if due is None:
         return
-    watch = AsyncWatch(conn, source._check_deadline(deadline), source._bound)  # see _vet
+    watch = AsyncWatch(conn, source._check_deadline(deadline), source._bound,  # see _vet
+                       source._clock)
     try:
         if due is _Check.FIRST_USE:
             source._passed(conn, await preflight.first_use_async(
@@ -279,15 +281,15 @@ def _mid_call(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> b
     return not conn.closed and conn.info.transaction_status is not _IDLE
 
 
-def _discard_if_busy_sync(conn: psycopg.Connection[Any]) -> None:
+def discard_if_busy_sync(conn: psycopg.Connection[Any]) -> None:
     # A call interrupted by something other than a driver error (KeyboardInterrupt, a
     # cancellation) may leave its reply unread: the next call would read it as its own.
     if _mid_call(conn):
         conn.close()
 
 
-async def _discard_if_busy(conn: psycopg.AsyncConnection[Any]) -> None:
-    """As :func:`_discard_if_busy_sync`, for an asyncio connection (whose ``close`` does
+async def discard_if_busy(conn: psycopg.AsyncConnection[Any]) -> None:
+    """As :func:`discard_if_busy_sync`, for an asyncio connection (whose ``close`` does
     not suspend, so a second cancellation cannot stop it half way)."""
     if _mid_call(conn):
         await conn.close()
@@ -342,12 +344,56 @@ def _check_autocommit(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[An
             "mos_lease_pg.make_pool or pass kwargs=connect_kwargs(conninfo, settings)")
 
 
+class _Checkout:
+    """``checkout``, the context-manager form of a sync source's ``enter`` and ``leave``
+    (for calls that are not the store's fast path)."""
+
+    def enter(self, deadline: float | None = None) -> Wire:
+        raise NotImplementedError
+
+    def leave(self, wire: Wire) -> None:
+        raise NotImplementedError
+
+    @contextmanager
+    def checkout(self, deadline: float | None = None) -> Iterator[Wire]:
+        wire = self.enter(deadline)
+        try:
+            yield wire
+        except BaseException:
+            discard_if_busy_sync(wire.conn)
+            raise
+        finally:
+            self.leave(wire)
+
+
+class _AsyncCheckout:
+    """As :class:`_Checkout`, for an asyncio source."""
+
+    async def enter(self, deadline: float | None = None) -> AsyncWire:
+        raise NotImplementedError
+
+    async def leave(self, wire: AsyncWire) -> None:
+        raise NotImplementedError
+
+    @asynccontextmanager
+    async def checkout(self, deadline: float | None = None) -> AsyncIterator[AsyncWire]:
+        wire = await self.enter(deadline)
+        try:
+            yield wire
+        except BaseException:
+            await discard_if_busy(wire.conn)
+            raise
+        finally:
+            await self.leave(wire)
+
+
 class _Dedicated(_Source, Generic[W]):
     """What both dedicated connections share: how to connect, and the current connection's
     sender (whose ``conn`` is the connection itself)."""
 
-    def __init__(self, conninfo: str, settings: ConnectionSettings) -> None:
-        super().__init__(settings)
+    def __init__(self, conninfo: str, settings: ConnectionSettings,
+                 clock: MonotonicClock = default_clock) -> None:
+        super().__init__(settings, clock)
         self._conninfo = conninfo
         self._kwargs = connect_kwargs(conninfo, settings)
         self._given = conninfo_to_dict(conninfo)  # valid: connect_kwargs parsed it
@@ -365,7 +411,8 @@ class _Dedicated(_Source, Generic[W]):
         # asyncio.timeout in the asyncio twin); this only ends an abandoned attempt sooner.
         if deadline is None or "connect_timeout" in self._given:
             return self._kwargs
-        left = math.ceil(min(self._kwargs["connect_timeout"], remaining(deadline, self._bound)))
+        left = math.ceil(min(self._kwargs["connect_timeout"],
+                             remaining(deadline, self._bound, self._clock)))
         return {**self._kwargs, "connect_timeout": max(2, left)}
 
     def _refuse_if_closed(self) -> None:
@@ -373,11 +420,12 @@ class _Dedicated(_Source, Generic[W]):
             raise StoreUnavailable("the store is closed")
 
 
-class DedicatedConnection(_Dedicated[Wire]):
+class DedicatedConnection(_Checkout, _Dedicated[Wire]):
     """One connection, opened on first use and replaced after it broke."""
 
-    def __init__(self, conninfo: str, settings: ConnectionSettings) -> None:
-        super().__init__(conninfo, settings)
+    def __init__(self, conninfo: str, settings: ConnectionSettings,
+                 clock: MonotonicClock = default_clock) -> None:
+        super().__init__(conninfo, settings, clock)
         self._lock = threading.Lock()
         # Held for a whole call: psycopg serializes single statements on a connection, but
         # another thread's statement would take the shared cursor between a statement and
@@ -402,7 +450,8 @@ class DedicatedConnection(_Dedicated[Wire]):
                     conn.close()
                     raise
                 wire = self._wire = Wire(conn, prepare=self._prepare,
-                                         pid_names_backend=self._pid_names_backend)
+                                         pid_names_backend=self._pid_names_backend,
+                                         clock=self._clock)
             return wire
 
     def _connect(self, deadline: float | None) -> psycopg.Connection[Any]:
@@ -411,7 +460,8 @@ class DedicatedConnection(_Dedicated[Wire]):
         its own and is given up at the deadline (a connection it opens later is closed)."""
         kwargs = self._connect_kwargs(deadline)
         opened = bounded(lambda: psycopg.Connection.connect(self._conninfo, **kwargs),
-                         remaining(deadline, self._bound), name="mos-lease-connect",
+                         remaining(deadline, self._bound, self._clock),
+                         name="mos-lease-connect",
                          late=lambda conn: conn.close())
         if opened is OVERDUE:
             raise _no_connection(self._bound)
@@ -421,20 +471,23 @@ class DedicatedConnection(_Dedicated[Wire]):
             raise opened
         return opened
 
-    @contextmanager
-    def checkout(self, deadline: float | None = None) -> Iterator[Wire]:
+    def enter(self, deadline: float | None = None) -> Wire:
+        """Take the connection for one call (:meth:`leave` gives it back): the store's fast
+        path, with no context-manager generator around it."""
+        in_use = self._in_use
         # A call stuck on the connection holds this lock only until its own deadline.
-        if not self._in_use.acquire(timeout=remaining(deadline, self._bound)):
+        if not in_use.acquire(blocking=False) and not in_use.acquire(
+                timeout=remaining(deadline, self._bound, self._clock)):
             raise _busy(self._bound)
         try:
-            wire = self._current(deadline)
-            try:
-                yield wire
-            except BaseException:
-                _discard_if_busy_sync(wire.conn)
-                raise
-        finally:
-            self._in_use.release()
+            wire = self._wire
+            return wire if wire is not None and not wire.conn.closed else self._current(deadline)
+        except BaseException:
+            in_use.release()
+            raise
+
+    def leave(self, wire: Wire) -> None:
+        self._in_use.release()
 
     def close(self) -> None:
         with self._lock:
@@ -447,25 +500,26 @@ class DedicatedConnection(_Dedicated[Wire]):
 class _Pooled(_Source, Generic[P]):
     """What both pooled sources share: the caller's pool and how long to wait for it."""
 
-    def __init__(self, pool: P, settings: ConnectionSettings) -> None:
-        super().__init__(settings)
+    def __init__(self, pool: P, settings: ConnectionSettings,
+                 clock: MonotonicClock = default_clock) -> None:
+        super().__init__(settings, clock)
         self._pool: P = pool
         self._timeout = settings.pool_timeout
 
     def _wait(self, deadline: float | None) -> float:
         # Never longer than the pool's own timeout, nor past the call's deadline.
-        return min(self._timeout, remaining(deadline, self._bound))
+        return min(self._timeout, remaining(deadline, self._bound, self._clock))
 
     def _unavailable(self, exc: psycopg.Error) -> StoreUnavailable | ConfigurationError:
         # PoolTimeout, PoolClosed, ... are psycopg errors too.
         return unavailable_on_checkout(exc, pool_timeout=self._timeout)
 
 
-class PooledConnection(_Pooled[psycopg_pool.ConnectionPool[Any]]):
+class PooledConnection(_Checkout, _Pooled[psycopg_pool.ConnectionPool[Any]]):
     """Connections checked out of a caller-owned ``ConnectionPool`` for one call each."""
 
-    @contextmanager
-    def checkout(self, deadline: float | None = None) -> Iterator[Wire]:
+    def enter(self, deadline: float | None = None) -> Wire:
+        """A connection of the pool for one call (:meth:`leave` gives it back)."""
         try:
             conn = self._pool.getconn(timeout=self._wait(deadline))
         except psycopg.Error as exc:
@@ -473,20 +527,26 @@ class PooledConnection(_Pooled[psycopg_pool.ConnectionPool[Any]]):
         try:
             _check_autocommit(conn)
             _vet(self, conn, deadline)
-            yield Wire(conn, prepare=self._prepare, pid_names_backend=self._pid_names_backend)
-        finally:
-            # The pool replaces a connection that comes back broken.
+            return Wire(conn, prepare=self._prepare, pid_names_backend=self._pid_names_backend,
+                        clock=self._clock)
+        except BaseException:
             self._pool.putconn(conn)
+            raise
+
+    def leave(self, wire: Wire) -> None:
+        # The pool replaces a connection that comes back broken.
+        self._pool.putconn(wire.conn)
 
     def close(self) -> None:
         """The pool belongs to the caller, who closes it."""
 
 
-class AsyncDedicatedConnection(_Dedicated[AsyncWire]):
+class AsyncDedicatedConnection(_AsyncCheckout, _Dedicated[AsyncWire]):
     """The asyncio twin of :class:`DedicatedConnection`."""
 
-    def __init__(self, conninfo: str, settings: ConnectionSettings) -> None:
-        super().__init__(conninfo, settings)
+    def __init__(self, conninfo: str, settings: ConnectionSettings,
+                 clock: MonotonicClock = default_clock) -> None:
+        super().__init__(conninfo, settings, clock)
         self._lock = asyncio.Lock()
         self._in_use = asyncio.Lock()  # see DedicatedConnection
 
@@ -505,7 +565,7 @@ class AsyncDedicatedConnection(_Dedicated[AsyncWire]):
                 # Bounded by the deadline here, not by libpq's connect_timeout (see
                 # DedicatedConnection._connect); asyncio.timeout lets a cancellation through.
                 try:
-                    async with asyncio.timeout(remaining(deadline, self._bound)):
+                    async with asyncio.timeout(remaining(deadline, self._bound, self._clock)):
                         conn = await psycopg.AsyncConnection.connect(
                             self._conninfo, **self._connect_kwargs(deadline))
                 except TimeoutError:
@@ -521,25 +581,29 @@ class AsyncDedicatedConnection(_Dedicated[AsyncWire]):
                                               pid_names_backend=self._pid_names_backend)
             return wire
 
-    @asynccontextmanager
-    async def checkout(self, deadline: float | None = None
-                       ) -> AsyncIterator[AsyncWire]:
-        # asyncio.timeout, not wait_for: on 3.11 wait_for returns the lock it just obtained
-        # and drops a cancellation that arrives at that moment.
-        try:
-            async with asyncio.timeout(remaining(deadline, self._bound)):
-                await self._in_use.acquire()
-        except TimeoutError:
-            raise _busy(self._bound) from None
-        try:
-            wire = await self._current(deadline)
+    async def enter(self, deadline: float | None = None) -> AsyncWire:
+        """As :meth:`DedicatedConnection.enter`."""
+        in_use = self._in_use
+        if in_use.locked():
+            # asyncio.timeout, not wait_for: on 3.11 wait_for returns the lock it just
+            # obtained and drops a cancellation that arrives at that moment.
             try:
-                yield wire
-            except BaseException:
-                await _discard_if_busy(wire.conn)
-                raise
-        finally:
-            self._in_use.release()
+                async with asyncio.timeout(remaining(deadline, self._bound, self._clock)):
+                    await in_use.acquire()
+            except TimeoutError:
+                raise _busy(self._bound) from None
+        else:
+            await in_use.acquire()  # free and nobody waiting: taken without suspending
+        try:
+            wire = self._wire
+            return (wire if wire is not None and not wire.conn.closed
+                    else await self._current(deadline))
+        except BaseException:
+            in_use.release()
+            raise
+
+    async def leave(self, wire: AsyncWire) -> None:
+        self._in_use.release()
 
     async def close(self) -> None:
         async with self._lock:
@@ -549,12 +613,11 @@ class AsyncDedicatedConnection(_Dedicated[AsyncWire]):
                 self._wire = None
 
 
-class AsyncPooledConnection(_Pooled[psycopg_pool.AsyncConnectionPool[Any]]):
+class AsyncPooledConnection(_AsyncCheckout, _Pooled[psycopg_pool.AsyncConnectionPool[Any]]):
     """The asyncio twin of :class:`PooledConnection`."""
 
-    @asynccontextmanager
-    async def checkout(self, deadline: float | None = None
-                       ) -> AsyncIterator[AsyncWire]:
+    async def enter(self, deadline: float | None = None) -> AsyncWire:
+        """As :meth:`PooledConnection.enter`."""
         task = asyncio.current_task()
         asked = 0 if task is None else task.cancelling()
         try:
@@ -571,10 +634,14 @@ class AsyncPooledConnection(_Pooled[psycopg_pool.AsyncConnectionPool[Any]]):
         try:
             _check_autocommit(conn)
             await _vet_async(self, conn, deadline)
-            yield AsyncWire(conn, prepare=self._prepare,
-                            pid_names_backend=self._pid_names_backend)
-        finally:
+            return AsyncWire(conn, prepare=self._prepare,
+                             pid_names_backend=self._pid_names_backend)
+        except BaseException:
             await _give_back(self._pool, conn)
+            raise
+
+    async def leave(self, wire: AsyncWire) -> None:
+        await _give_back(self._pool, wire.conn)
 
     async def close(self) -> None:
         """The pool belongs to the caller, who closes it."""

@@ -15,9 +15,11 @@ acts on the socket itself, so the waiter's ``poll`` wakes, while the descriptor 
 is left for libpq to close (closing it under another thread's ``poll`` would be a race).
 
 Sync calls are watched by one daemon thread per process, which sleeps while nothing is
-armed; async calls by a timer on their own event loop. Either watch is a context manager
-around a statement (``with WATCHDOG.arm(...)``, ``async with AsyncWatch(...)``): leaving
-it disarms the watch and, if it fired, closes the connection.
+armed; each sync connection has one :class:`Watch`, armed again for each of its calls.
+Async calls are watched by a timer on their own event loop. Either watch is a context
+manager around a statement (``with watch.arm(...)``, ``async with AsyncWatch(...)``):
+leaving it disarms the watch and, if it fired, closes the connection. Deadlines are read on
+the monotonic clock the store was given (``mos_lease.clock``).
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ from types import TracebackType
 from typing import Any, Final, Self
 
 import psycopg
+
+from mos_lease.clock import MonotonicClock, default_clock
 
 # How often the watchdog thread looks at the armed watches while any is armed: the bound
 # on how late a watch fires.
@@ -55,27 +59,62 @@ def shut_down(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> N
 
 
 class Watch:
-    """One call's deadline on one sync connection. :meth:`done` disarms it; afterwards
-    :attr:`fired` says whether the connection must be discarded. Leaving it as a context
-    manager disarms it and closes a connection it fired on."""
+    """The deadline watch of one sync connection, armed around each of its statements.
 
-    __slots__ = ("_conn", "_dog", "_lock", "_state", "cancel_timeout", "fire_at")
+    One per connection, made when the connection is, and armed again for every call
+    (:meth:`arm`), so a call builds no watch of its own. :meth:`done` disarms it;
+    afterwards :attr:`fired` says whether the connection must be discarded. ``clock`` is the
+    monotonic clock the deadlines are read on (the store's)."""
 
-    def __init__(self, conn: psycopg.Connection[Any], fire_at: float,
-                 cancel_timeout: float, dog: Watchdog) -> None:
+    __slots__ = ("_claimed", "_clock", "_conn", "_dog", "_lock", "_state", "cancel_timeout",
+                 "fire_at", "generation")
+
+    def __init__(self, conn: psycopg.Connection[Any], clock: MonotonicClock,
+                 dog: Watchdog) -> None:
         self._conn = conn
-        self.fire_at = fire_at
-        self.cancel_timeout = cancel_timeout
+        self._clock = clock
         self._dog = dog
         self._lock = threading.Lock()
-        self._state = _ARMED
+        self._state = _DONE
+        self.fire_at = 0.0
+        self.cancel_timeout = 0.0
+        # Counts the armings: a firing decided for one call never cuts a later call short.
+        self.generation = 0
+        self._claimed = 0  # the last arming the watchdog decided to fire
+
+    def arm(self, deadline: float, call_timeout: float) -> Self:
+        """Watch one call whose deadline is ``deadline`` (on the watch's clock)."""
+        cancel = grace(call_timeout)
+        with self._lock:
+            self.fire_at = deadline - cancel
+            self.cancel_timeout = cancel
+            self.generation += 1
+            self._state = _ARMED
+        self._dog.watch(self)
+        return self
+
+    def due(self) -> int | None:
+        """The arming to fire now, once: its generation, read with its deadline (a call
+        that ends and arms again meanwhile is a new arming, judged on its own deadline)."""
+        # Never waits: a firing in progress holds the lock for up to its grace, and the
+        # watchdog must not make the other watches late meanwhile.
+        if not self._lock.acquire(blocking=False):
+            return None
+        try:
+            if (self._state != _ARMED or self._claimed == self.generation
+                    or self._clock() < self.fire_at):
+                return None
+            self._claimed = self.generation
+            return self.generation
+        finally:
+            self._lock.release()
 
     def __enter__(self) -> Self:
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        self._dog.disarm(self)
+        self.done()
         if self._state == _FIRED:
             self._conn.close()  # its reply may still be outstanding: never reuse it
 
@@ -84,15 +123,16 @@ class Watch:
         return self._state == _FIRED
 
     def done(self) -> None:
-        # Waits for a firing in progress (at most the cancel's grace), so that the socket
-        # is never shut down under the next call on the same connection.
+        """Disarm. Waits for a firing in progress (at most the cancel's grace), so that the
+        socket is never shut down under the next call on the same connection."""
         with self._lock:
             if self._state == _ARMED:
                 self._state = _DONE
+        self._dog.unwatch(self)
 
-    def fire(self) -> None:
+    def fire(self, generation: int) -> None:
         with self._lock:
-            if self._state != _ARMED:
+            if self._state != _ARMED or self.generation != generation:
                 return
             self._state = _FIRED
             with contextlib.suppress(psycopg.Error, OSError):
@@ -109,20 +149,24 @@ class Watchdog:
         self._start = threading.Lock()
         self._thread: threading.Thread | None = None
 
-    def arm(self, conn: psycopg.Connection[Any], deadline: float,
-            call_timeout: float) -> Watch:
-        cancel = grace(call_timeout)
-        watch = Watch(conn, deadline - cancel, cancel, self)
+    def arm(self, conn: psycopg.Connection[Any], deadline: float, call_timeout: float,
+            clock: MonotonicClock = default_clock) -> Watch:
+        """A watch of its own for one statement on ``conn`` (a connection's checks before
+        its first call; the store's calls use the connection's reusable watch)."""
+        return Watch(conn, clock, self).arm(deadline, call_timeout)
+
+    def watch(self, watch: Watch) -> None:
         self._armed[id(watch)] = watch
         if self._thread is None:
             self._launch()
         if not self._work.is_set():
             self._work.set()
-        return watch
+
+    def unwatch(self, watch: Watch) -> None:
+        self._armed.pop(id(watch), None)
 
     def disarm(self, watch: Watch) -> None:
         watch.done()
-        self._armed.pop(id(watch), None)
 
     def _launch(self) -> None:
         with self._start:
@@ -140,14 +184,14 @@ class Watchdog:
                 if not self._armed:
                     continue
                 self._work.set()
-            now = time.monotonic()
             for watch in list(self._armed.values()):
-                if now >= watch.fire_at:
-                    self._armed.pop(id(watch), None)
+                generation = watch.due()
+                if generation is not None:
                     # Its own thread: a cancel request waiting on a silent network must
-                    # not make the other watches fire late.
-                    threading.Thread(target=watch.fire, name="mos-lease-watch-fire",
-                                     daemon=True).start()
+                    # not make the other watches fire late. The watch stays listed until
+                    # its call disarms it (an arming is claimed once, see Watch.due).
+                    threading.Thread(target=watch.fire, args=(generation,),
+                                     name="mos-lease-watch-fire", daemon=True).start()
             time.sleep(_TICK)
 
 
@@ -161,13 +205,13 @@ class AsyncWatch:
     __slots__ = ("_conn", "_handle", "_task", "fired")
 
     def __init__(self, conn: psycopg.AsyncConnection[Any], deadline: float,
-                 call_timeout: float) -> None:
+                 call_timeout: float, clock: MonotonicClock = default_clock) -> None:
         self._conn = conn
         self.fired = False
         self._task: asyncio.Task[None] | None = None
         loop = asyncio.get_running_loop()
-        # The loop's clock is monotonic too; deadlines are time.monotonic() values.
-        delay = max(0.0, deadline - grace(call_timeout) - time.monotonic())
+        # The loop's clock is monotonic too: a delay read on ``clock`` is one on the loop's.
+        delay = max(0.0, deadline - grace(call_timeout) - clock())
         self._handle = loop.call_later(delay, self._fire, grace(call_timeout))
 
     def _fire(self, cancel_timeout: float) -> None:

@@ -187,7 +187,7 @@ def connect_attrs(given: Mapping[str, object], needs: Needs) -> dict[str, str]:
 
 
 class _Flag:
-    """The warnings a connection received since its last :func:`watch`."""
+    """The warnings a connection received since they were last looked at."""
 
     __slots__ = ("__weakref__", "warnings")
 
@@ -204,9 +204,10 @@ _FLAGS: WeakKeyDictionary[Any, _Flag] = WeakKeyDictionary()
 _FLAGS_LOCK: Final = threading.Lock()
 
 
-def watch(conn: Conn) -> None:
-    """Start listening for an unconfirmed commit on ``conn`` (call before each statement;
-    the handler is added once per connection and the flag cleared every time)."""
+def watch(conn: Conn) -> _Flag:
+    """Start listening for an unconfirmed commit on ``conn``: the handler is added once per
+    connection and its flag cleared. The store keeps the flag with the connection's sender
+    and looks at ``flag.warnings`` after each statement (:func:`confirm` clears them)."""
     flag = _FLAGS.get(conn)
     if flag is None:
         with _FLAGS_LOCK:
@@ -215,6 +216,7 @@ def watch(conn: Conn) -> None:
                 flag = _FLAGS[conn] = _Flag()
                 conn.add_notice_handler(flag)
     flag.warnings.clear()
+    return flag
 
 
 def unconfirmed(conn: Conn) -> str | None:

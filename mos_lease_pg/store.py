@@ -31,133 +31,63 @@ from uuid import UUID
 import psycopg
 import psycopg_pool
 
+from mos_lease.clock import MonotonicClock, default_clock
 from mos_lease.errors import (
-    CommitOutcomeUnknown,
     ConfigurationError,
-    MosLeaseError,
     StoreUnavailable,
 )
 from mos_lease.flowdrive import Drive, outcome_of, outcome_of_async
 from mos_lease.identity import LeaseIdentity, check_count, check_id, check_identity
 from mos_lease.machine import Renew, Write
-from mos_lease.operation import call_deadline
+from mos_lease.operation import time_left
 from mos_lease.ports import MAX_AUDIT_PAGE
 from mos_lease.records import AuditEntry, AuditRecord, LeaseRow, Snapshot, WriteOutcome
 from mos_lease_pg import reconcile, replication, statements
+from mos_lease_pg.attempts import Covers, Missed, Resend, Sent, needs_discard, resending
 from mos_lease_pg.connection import (
     AsyncDedicatedConnection,
     AsyncPooledConnection,
     ConnectionSettings,
     DedicatedConnection,
     PooledConnection,
+    discard_if_busy,
+    discard_if_busy_sync,
 )
-from mos_lease_pg.deadline import WATCHDOG, AsyncWatch
+from mos_lease_pg.deadline import AsyncWatch
 from mos_lease_pg.reconcile import IN_DOUBT, UNAUDITED, Lost
-from mos_lease_pg.statements import Call, Kind
-from mos_lease_pg.translate import Failure, statement_failure
-from mos_lease_pg.wire import AnyWire, forgotten
+from mos_lease_pg.statements import Call
+from mos_lease_pg.wire import AnyWire
 
 T = TypeVar("T")
 D = TypeVar("D")
 P = TypeVar("P")
-# What a store flow (record, event_committed) yields: a statement to send within the
-# operation's deadline, or seconds to wait before looking again. Each store's ``_drive``
-# only performs them.
-Step = Call[Any] | float
+# What a store flow (record, event_committed, a failed call's resend) yields: a statement
+# to send within the operation's deadline, one more attempt of a failed call, or seconds to
+# wait before looking again. Each store's ``_drive`` only performs them.
+Step = Call[Any] | Resend | float
 Flow = Generator[Step, Any, T]
 
 def _check_optional_id(field: str, value: object) -> str | None:
     return None if value is None else check_id(field, value)
 
 
-class _Attempts:
-    """One call's attempts (at most two): what a failure means, and whether the call goes
-    out once more. Both stores' ``_run`` only check a connection out, watch the deadline,
-    send, and close a connection this says to discard."""
-
-    __slots__ = ("_bound", "_call", "_covers", "_lost", "_resent", "deadline")
-
-    def __init__(self, call: Call[Any], covers: Callable[[], Sequence[Call[Any]]] | None,
-                 deadline: float, bound: float) -> None:
-        self._call = call
-        self._covers = covers
-        self.deadline = deadline
-        self._bound = bound
-        self._resent = False
-        self._lost: MosLeaseError | None = None  # the resent call's first failure
-
-    def calls(self) -> Sequence[Call[Any]]:
-        """The call, or the writes a combined statement stands for (``covers``): a lost
-        connection leaves each of them in doubt, not only the first."""
-        return [self._call] if self._covers is None else self._covers()
-
-    def failed(self, exc: psycopg.Error, wire: AnyWire, timed_out: bool) -> MosLeaseError | None:
-        """The error to raise for ``exc``, or ``None``: the call goes out once more, on a
-        fresh connection (the caller closes this one first)."""
-        # Never past the call's deadline, and only once.
-        again = not self._resent and time.monotonic() < self.deadline
-        self._resent = again
-        # The server forgot a statement psycopg prepared on this connection: it ran nothing,
-        # so any call, a write too, is sent once more. The connection's prepared-statement
-        # cache is wrong from now on, so it is discarded (the pool replaces a closed one).
-        if again and forgotten(exc, wire):
-            return None
-        failure = self._failure(exc, wire, timed_out)
-        # Only a call that cannot change anything twice is sent again, and only when the
-        # connection (not the statement) failed: typically the first use of a connection
-        # that died while idle, e.g. across a database restart.
-        if again and failure.connection_lost and self._call.kind is not Kind.WRITE:
-            self._lost = failure.error
-            return None
-        return failure.error
-
-    def _failure(self, exc: psycopg.Error, wire: AnyWire, timed_out: bool) -> Failure:
-        """Translate a failure of one call, or of a batch of writes sent together."""
-        calls = self.calls()
-        first = calls[0]
-        what = first.what if len(calls) == 1 else f"batch of {len(calls)} writes"
-        if timed_out:
-            what = f"{what} (no reply within the {self._bound:g} s call bound)"
-        # An idempotent write (an audit append) lost with its connection may have committed
-        # too: unless a resend settles it, its outcome is unknown, never "nothing changed".
-        failure = statement_failure(
-            exc, what=what, write_event=first.event_id if first.kind is not Kind.READ else None)
-        if failure.connection_lost and wire.backend_pid is not None:
-            # The backend that ran these writes may still commit them: note it, so that
-            # reconciling ends it first (reconcile.py). Where no pid names it (behind a
-            # pooler), nothing is noted: reconcile waits out the role's transactions.
-            IN_DOUBT.note([call.event_id for call in calls
-                           if call.kind is not Kind.READ and call.event_id is not None],
-                          Lost(wire.server, wire.backend_pid))
-        if isinstance(failure.error, CommitOutcomeUnknown):
-            UNAUDITED.note([call.event_id for call in calls
-                            if not call.audited and call.event_id is not None])
-        return failure
-
-    def confirm(self, wire: AnyWire) -> None:
-        """A commit answered with a warning may not be on the synchronous standby."""
-        replication.confirm(wire.conn, self.calls())
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        # Around each attempt: when the resend of an audit append fails too (no connection,
-        # no reply), the first attempt may have committed, so the outcome is unknown, not
-        # "nothing changed".
-        if isinstance(exc, StoreUnavailable) and isinstance(self._lost, CommitOutcomeUnknown):
-            raise self._lost from exc
-
-
 class _StoreCore:
-    """What both stores share: the time offset, the calls, and in-doubt bookkeeping."""
+    """What both stores share: the time offset, the calls, the rules of their flows, and
+    in-doubt bookkeeping. Each store below only performs what these decide: one attempt of
+    a statement (:mod:`mos_lease_pg.attempts` rules on a failed one), a flow's steps."""
 
     db_system: ClassVar[str] = "postgresql"  # for telemetry (mos_lease.events)
     # Every call's bound counts from mos_lease.operation.SHARED_START when it is set.
     shares_bound: ClassVar[bool] = True
 
     settings: ConnectionSettings  # set by each store; its ``schema`` is in every call
+    _clock: MonotonicClock  # the only clock the store reads (deadlines, polls)
+    _bound: float  # settings.call_bound(), computed once: the settings are frozen
+
+    def _setup(self, settings: ConnectionSettings, clock: MonotonicClock) -> None:
+        self.settings = settings
+        self._clock = clock
+        self._bound = settings.call_bound()
 
     @property
     def _schema(self) -> str:
@@ -171,13 +101,15 @@ class _StoreCore:
     def _audit_heartbeats(self) -> bool:
         return self.settings.audit_heartbeats
 
-    @property
-    def _bound(self) -> float:
-        return self.settings.call_bound()
-
     def _deadline(self, deadline: float | None) -> float:
-        # From the call, or from the start of the validation it serves (operation.py).
-        return call_deadline(self._bound) if deadline is None else deadline
+        # From the call, or from the start of the validation it serves (operation.py, which
+        # says how much of the bound is left: read on its clock, added to the store's).
+        return self._clock() + time_left(self._bound) if deadline is None else deadline
+
+    def _resending(self, call: Call[T], covers: Covers | None, deadline: float,
+                   missed: Missed) -> Flow[T]:
+        """What follows a failed first attempt (:func:`attempts.resending`)."""
+        return resending(call, covers, deadline, self._bound, self._clock, missed)
 
     def _lost_here(self, event_id: UUID, wire: AnyWire) -> Lost | None:
         """The backend to end before ``event_id`` is looked for, if this process knows it
@@ -243,7 +175,7 @@ class _StoreCore:
 
     def _poll(self, what: str, deadline: float) -> None:
         """Raise if one more look would come too late for ``deadline``."""
-        if time.monotonic() + reconcile.POLL >= deadline:
+        if self._clock() + reconcile.POLL >= deadline:
             raise reconcile.still_running(what, self._bound)
 
     def _record_calls(self, entry: AuditEntry) -> tuple[Call[int], Call[bool]]:
@@ -271,8 +203,9 @@ class _StoreCore:
 
 
 def _source_of(conninfo: str | None, pool: object, settings: ConnectionSettings | None,
-               dedicated: Callable[[str, ConnectionSettings], D],
-               pooled: Callable[[Any, ConnectionSettings], P]
+               clock: MonotonicClock,
+               dedicated: Callable[[str, ConnectionSettings, MonotonicClock], D],
+               pooled: Callable[[Any, ConnectionSettings, MonotonicClock], P]
                ) -> tuple[ConnectionSettings, D | P]:
     """A store's settings and connection source: a dedicated connection for ``conninfo``,
     else the caller's ``pool``."""
@@ -281,8 +214,8 @@ def _source_of(conninfo: str | None, pool: object, settings: ConnectionSettings 
     if conninfo is not None and not isinstance(conninfo, str):
         raise ConfigurationError("conninfo must be a libpq connection string or URL")
     settings = settings if settings is not None else ConnectionSettings()
-    return settings, (dedicated(conninfo, settings) if conninfo is not None
-                      else pooled(pool, settings))
+    return settings, (dedicated(conninfo, settings, clock) if conninfo is not None
+                      else pooled(pool, settings, clock))
 
 
 class PostgresLeaseStore(_StoreCore):
@@ -297,30 +230,43 @@ class PostgresLeaseStore(_StoreCore):
 
     def __init__(self, conninfo: str | None = None, *,
                  pool: psycopg_pool.ConnectionPool[Any] | None = None,
-                 settings: ConnectionSettings | None = None) -> None:
-        self.settings, self._source = _source_of(conninfo, pool, settings,
-                                                 DedicatedConnection, PooledConnection)
+                 settings: ConnectionSettings | None = None,
+                 clock: MonotonicClock = default_clock) -> None:
+        settings, self._source = _source_of(conninfo, pool, settings, clock,
+                                            DedicatedConnection, PooledConnection)
+        self._setup(settings, clock)
 
-    def _run(self, call: Call[T], *,
-             covers: Callable[[], Sequence[Call[Any]]] | None = None,
+    def _run(self, call: Call[T], *, covers: Covers | None = None,
              deadline: float | None = None) -> T:
-        """Send one statement, within ``deadline`` (``time.monotonic()``; default: the call
+        """Send one statement, within ``deadline`` (on the store's clock; default: the call
         bound from now). ``covers`` names the writes a combined statement stands for."""
-        attempts = _Attempts(call, covers, self._deadline(deadline), self._bound)
-        while True:
-            with attempts, self._source.checkout(attempts.deadline) as wire:
-                replication.watch(wire.conn)
-                try:
-                    with WATCHDOG.arm(wire.conn, attempts.deadline, self._bound) as watch:
-                        rows = wire.execute(call.statement.text, call.params)
-                except psycopg.Error as exc:
-                    error = attempts.failed(exc, wire, watch.fired)
-                    if error is not None:
-                        raise error from exc
+        deadline = self._deadline(deadline)
+        sent = self._attempt(call, covers, deadline)
+        if sent.__class__ is Missed:
+            return self._drive(self._resending(call, covers, deadline, sent), deadline)
+        return call.parse(sent)  # type: ignore[arg-type]
+
+    def _attempt(self, call: Call[Any], covers: Covers | None, deadline: float) -> Sent:
+        """Send ``call`` once: its rows, or the :class:`Missed` that says why not."""
+        source = self._source
+        wire = source.enter(deadline)
+        try:
+            try:
+                with wire.watch.arm(deadline, self._bound) as watch:
+                    rows = wire.execute(call.statement.text, call.params)
+            except psycopg.Error as exc:
+                wire.notices.warnings.clear()
+                if needs_discard(exc, wire):
                     wire.conn.close()
-                    continue
-                attempts.confirm(wire)
-            return call.parse(rows)
+                return Missed(exc, wire, watch.fired)
+            if wire.notices.warnings:
+                replication.confirm(wire.conn, [call] if covers is None else covers())
+            return rows
+        except BaseException:
+            discard_if_busy_sync(wire.conn)
+            raise
+        finally:
+            source.leave(wire)
 
     def _drive(self, flow: Flow[T], deadline: float) -> T:
         drive = Drive(flow)
@@ -332,6 +278,8 @@ class PostgresLeaseStore(_StoreCore):
         if isinstance(step, float):
             time.sleep(step)
             return None
+        if isinstance(step, Resend):
+            return self._attempt(step.call, None, deadline)
         return self._run(step, deadline=deadline)
 
     # -- LeaseStore ---------------------------------------------------------------------
@@ -411,30 +359,43 @@ class AsyncPostgresLeaseStore(_StoreCore):
 
     def __init__(self, conninfo: str | None = None, *,
                  pool: psycopg_pool.AsyncConnectionPool[Any] | None = None,
-                 settings: ConnectionSettings | None = None) -> None:
-        self.settings, self._source = _source_of(conninfo, pool, settings,
-                                                 AsyncDedicatedConnection, AsyncPooledConnection)
+                 settings: ConnectionSettings | None = None,
+                 clock: MonotonicClock = default_clock) -> None:
+        settings, self._source = _source_of(conninfo, pool, settings, clock,
+                                            AsyncDedicatedConnection, AsyncPooledConnection)
+        self._setup(settings, clock)
 
-    async def _run(self, call: Call[T], *,
-                   covers: Callable[[], Sequence[Call[Any]]] | None = None,
+    async def _run(self, call: Call[T], *, covers: Covers | None = None,
                    deadline: float | None = None) -> T:
         """Send one statement, as :meth:`PostgresLeaseStore._run`."""
-        attempts = _Attempts(call, covers, self._deadline(deadline), self._bound)
-        while True:
-            with attempts:
-                async with self._source.checkout(attempts.deadline) as wire:
-                    replication.watch(wire.conn)
-                    try:
-                        async with AsyncWatch(wire.conn, attempts.deadline, self._bound) as watch:
-                            rows = await wire.execute(call.statement.text, call.params)
-                    except psycopg.Error as exc:
-                        error = attempts.failed(exc, wire, watch.fired)
-                        if error is not None:
-                            raise error from exc
-                        await wire.conn.close()
-                        continue
-                    attempts.confirm(wire)
-            return call.parse(rows)
+        deadline = self._deadline(deadline)
+        sent = await self._attempt(call, covers, deadline)
+        if sent.__class__ is Missed:
+            return await self._drive(self._resending(call, covers, deadline, sent), deadline)
+        return call.parse(sent)  # type: ignore[arg-type]
+
+    async def _attempt(self, call: Call[Any], covers: Covers | None, deadline: float) -> Sent:
+        """As :meth:`PostgresLeaseStore._attempt`."""
+        source = self._source
+        wire = await source.enter(deadline)
+        try:
+            conn = wire.conn
+            try:
+                async with AsyncWatch(conn, deadline, self._bound, self._clock) as watch:
+                    rows = await wire.execute(call.statement.text, call.params)
+            except psycopg.Error as exc:
+                wire.notices.warnings.clear()
+                if needs_discard(exc, wire):
+                    await conn.close()
+                return Missed(exc, wire, watch.fired)
+            if wire.notices.warnings:
+                replication.confirm(conn, [call] if covers is None else covers())
+            return rows
+        except BaseException:
+            await discard_if_busy(wire.conn)
+            raise
+        finally:
+            await source.leave(wire)
 
     async def _drive(self, flow: Flow[T], deadline: float) -> T:
         drive = Drive(flow)
@@ -446,6 +407,8 @@ class AsyncPostgresLeaseStore(_StoreCore):
         if isinstance(step, float):
             await asyncio.sleep(step)
             return None
+        if isinstance(step, Resend):
+            return await self._attempt(step.call, None, deadline)
         return await self._run(step, deadline=deadline)
 
     async def load(self, identity: LeaseIdentity) -> Snapshot:

@@ -27,6 +27,10 @@ from typing import Any, Final, Generic, TypeVar
 
 import psycopg
 
+from mos_lease.clock import MonotonicClock, default_clock
+from mos_lease_pg import replication
+from mos_lease_pg.deadline import WATCHDOG, Watch
+
 Row = tuple[Any, ...]
 C = TypeVar("C", psycopg.Connection[Any], psycopg.AsyncConnection[Any])
 # A cursor keeps its last result (libpq's copy of every row) until its next statement. After
@@ -36,11 +40,14 @@ KEEP_RESULT_ROWS: Final = 1000
 
 
 class _Sender(Generic[C]):
-    """What both senders share: the connection, and what reconciling needs to know of it."""
+    """What both senders share: the connection, what reconciling needs to know of it, and
+    the warnings its statements received (:func:`mos_lease_pg.replication.watch`, one
+    handler per connection, looked at after each statement)."""
 
     def __init__(self, conn: C, *, prepare: bool, pid_names_backend: bool) -> None:
         self.conn: C = conn
         self.prepare = prepare
+        self.notices = replication.watch(conn)
         # Noted now (public ``conn.info``, no round trip): once the connection is lost they
         # say which backend may still be running its last write (see reconcile.py). Only
         # where the startup's pid names the backend that runs the statements (the first-use
@@ -62,9 +69,11 @@ class Wire(_Sender[psycopg.Connection[Any]]):
     """One sync connection's statement sender."""
 
     def __init__(self, conn: psycopg.Connection[Any], *, prepare: bool,
-                 pid_names_backend: bool) -> None:
+                 pid_names_backend: bool, clock: MonotonicClock = default_clock) -> None:
         super().__init__(conn, prepare=prepare, pid_names_backend=pid_names_backend)
         self._cursor: psycopg.Cursor[Row] = conn.cursor(binary=True)
+        # The connection's deadline watch, armed again for each call (deadline.py).
+        self.watch = Watch(conn, clock, WATCHDOG)
 
     def execute(self, text: bytes, params: Mapping[str, object]) -> list[Row]:
         """Send ``text`` with ``params`` and return its rows (none for a command)."""

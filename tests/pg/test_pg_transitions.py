@@ -213,13 +213,19 @@ def test_writes_ahead_of_the_clock_need_the_owners_allowance(layout: Layout) -> 
                 conn.execute("UPDATE mos_lease_settings SET clock_allowance = interval '0'")
 
 
-def test_an_ordinary_heartbeat_does_not_call_the_check(pg_admin: psycopg.Connection[Any],
-                                                      pg_tenant: str) -> None:
-    """The WHEN clause passes a renewal stamped by the database clock without a function
-    call; any other write calls the function (counted by this transaction's statistics)."""
+def test_the_librarys_writes_do_not_call_the_check(pg_admin: psycopg.Connection[Any],
+                                                   pg_tenant: str) -> None:
+    """The WHEN clause passes a renewal, a takeover and a release of the library's shape,
+    stamped by the database clock, without a function call (migration 0006; before it, a
+    takeover and a release paid the full PL/pgSQL check); any other write calls the function
+    (counted by this transaction's statistics)."""
     check = "'mos_lease_check_lease_write'::regproc"
     calls = f"SELECT coalesce(pg_stat_get_xact_function_calls({check}), 0)"
     key = "tenant_id = %(tenant)s"
+    takeover = (_NOW + "UPDATE logical_agent_connector_leases"
+                " SET lease_id = gen_random_uuid(), epoch = epoch + 1, acquired_at = t.now,"
+                " heartbeat_at = t.now, expires_at = t.now + interval '1 minute',"
+                f" released_at = NULL, updated_at = t.now FROM t WHERE {key}")
     with pg_admin.transaction():
         pg_admin.execute("SET LOCAL track_functions = 'pl'")
         pg_admin.execute(_NOW + "INSERT INTO logical_agent_connector_leases"
@@ -231,9 +237,16 @@ def test_an_ordinary_heartbeat_does_not_call_the_check(pg_admin: psycopg.Connect
                              " SET heartbeat_at = t.now, expires_at = t.now + interval"
                              f" '1 minute', updated_at = t.now FROM t WHERE {key}",
                              {"tenant": pg_tenant})
-        quiet = pg_admin.execute(calls).fetchone()
+        pg_admin.execute(takeover, {"tenant": pg_tenant})
         pg_admin.execute(_NOW + "UPDATE logical_agent_connector_leases"
                          " SET released_at = t.now, updated_at = t.now"
                          f" FROM t WHERE {key}", {"tenant": pg_tenant})
-        released = pg_admin.execute(calls).fetchone()
-    assert (quiet, released) == ((0,), (1,))
+        pg_admin.execute(takeover, {"tenant": pg_tenant})
+        quiet = pg_admin.execute(calls).fetchone()
+        # A release the full check accepts but the library never writes (released_at
+        # before updated_at) is judged by the function.
+        pg_admin.execute(_NOW + "UPDATE logical_agent_connector_leases"
+                         " SET released_at = t.now - interval '1 second', updated_at = t.now"
+                         f" FROM t WHERE {key}", {"tenant": pg_tenant})
+        odd = pg_admin.execute(calls).fetchone()
+    assert (quiet, odd) == ((0,), (1,))
