@@ -1,0 +1,132 @@
+"""The supervisor's turn, written once: what the thread and the asyncio supervisor do.
+
+:func:`turn` is a generator that yields the calls it needs (:class:`~.schedule.Renew`,
+:class:`Attempt`, :class:`Release`, :class:`Sleep`) and is sent their outcomes, as the
+keeper's flows are; ``drivers.py`` performs them on one thread or one task. An outcome is
+the call's result, the exception it raised (as a value: store failures are judged by the
+schedule, not raised), or :data:`OVERDUE` for a call still running at its time limit.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Generator
+from typing import Any, Final
+
+import attrs
+
+from mos_lease.bounded import OVERDUE
+from mos_lease.errors import StoreUnavailable
+from mos_lease.records import LeaseHandle
+from mos_lease.supervisor.schedule import Campaign, Change, Renew, Schedule
+
+__all__ = ["OVERDUE", "Attempt", "Call", "Core", "Release", "Sleep", "turn"]
+
+log = logging.getLogger("mos_lease.supervisor")
+
+MAX_CALL: Final = 30.0
+"""Seconds a campaign call may run while no lease is held (with leases held, a call may run
+until the earliest local deadline, never longer)."""
+
+
+@attrs.frozen(slots=True, eq=False)
+class Attempt:
+    """Make the campaign call ``call``; give up waiting after ``timeout`` seconds."""
+
+    call: Campaign
+    timeout: float
+
+
+@attrs.frozen(slots=True)
+class Release:
+    """Release a lease won for a binding removed while the call that won it was in flight."""
+
+    lease: LeaseHandle
+
+
+@attrs.frozen(slots=True)
+class Sleep:
+    """Nothing is due for ``seconds``; wake earlier when a binding is added or on close."""
+
+    seconds: float
+
+
+Call = Renew | Attempt | Release | Sleep
+Flow = Generator[Call, Any, None]
+
+
+class Core:
+    """The schedule under a lock, the clock, and the reporting of changes.
+
+    The schedule is touched only under ``lock`` (the thread supervisor's caller threads and
+    its loop thread share it; on asyncio everything runs on the loop). Changes are reported
+    after the lock is released, so a callback may call back into the supervisor.
+    """
+
+    def __init__(self, clock: Callable[[], float], draw: Callable[[], float],
+                 on_change: Callable[[Change], object] | None) -> None:
+        self.clock = clock
+        self.schedule = Schedule(draw)
+        self.lock = threading.RLock()
+        self.on_change = on_change
+        self.listeners: list[Callable[[Change | None], object]] = []
+        self.closing = False
+
+    def report(self, changes: list[Change]) -> None:
+        for change in changes:
+            if self.on_change is not None:
+                try:
+                    self.on_change(change)
+                except Exception:
+                    # The change is recorded already; a failing callback must not stop the
+                    # supervisor or hide the change from the other listeners.
+                    log.exception("mos_lease: supervisor on_change callback failed")
+            for listener in list(self.listeners):
+                listener(change)
+
+
+def turn(core: Core) -> Flow:
+    """One turn: report losses found at their deadline, send the renewals due (one call per
+    batch), then the campaign calls due until a renewal or deadline needs the driver again;
+    or sleep until something is due."""
+    with core.lock:
+        now = core.clock()
+        due = core.schedule.due(now)
+    core.report(due.changes)
+    if not due.renewals and not due.campaigns:
+        yield Sleep(max(due.wake_at - now, 0.0))
+        return
+    for renew in due.renewals:
+        started = core.clock()
+        outcome = yield renew
+        finished = core.clock()
+        with core.lock:
+            changes = core.schedule.renewed(renew, None if outcome is OVERDUE else outcome,
+                                            started, finished)
+        core.report(changes)
+    for k, call in enumerate(due.campaigns):
+        started = core.clock()
+        with core.lock:
+            urgent = core.closing or started >= core.schedule.urgent_at()
+            if urgent:  # renewals first: the rest of the campaign waits for the next turn
+                for later in due.campaigns[k:]:
+                    later.slot.busy = False
+                return
+            timeout = min(core.schedule.earliest_deadline() - started, MAX_CALL)
+        outcome = yield Attempt(call, max(timeout, 0.0))
+        finished = core.clock()
+        if outcome is OVERDUE:
+            outcome = StoreUnavailable(f"campaign call still running after {timeout:.3f} s; "
+                                       "abandoned")
+        elif isinstance(outcome, BaseException) and not isinstance(outcome, StoreUnavailable):
+            log.error("mos_lease: campaign call for %s failed: %r", call.slot.binding.identity,
+                      outcome)
+        with core.lock:
+            changes, orphan = core.schedule.campaigned(call, outcome, started, finished)
+        core.report(changes)
+        if orphan is not None:
+            released = yield Release(orphan)
+            if isinstance(released, BaseException):
+                log.warning("mos_lease: could not release the lease of removed binding %s: "
+                            "%r; it expires at its ttl", orphan.identity, released)
