@@ -421,7 +421,8 @@ def test_the_schedule_under_any_outcomes(data: st.DataObject) -> None:
             assert {s.binding.timing.ttl for s in renew.slots} == {renew.ttl}
             for slot in renew.slots:
                 assert slot.state is not None and now < slot.state.deadline
-            outcome, finished = _renewal_outcome(data, renew, now)
+            outcome, finished = _renewal_outcome(data, renew, now,
+                                                 schedule.earliest_deadline())
             changes += schedule.renewed(renew, outcome, now, finished)
         for call in due.campaigns:
             more, orphan = schedule.campaigned(call, _campaign_outcome(data, call), now, now)
@@ -439,11 +440,13 @@ def test_the_schedule_under_any_outcomes(data: st.DataObject) -> None:
             assert not slot.busy
 
 
-def _renewal_outcome(data: st.DataObject, renew: Renew, now: float) -> tuple[Any, float]:
+def _renewal_outcome(data: st.DataObject, renew: Renew, now: float,
+                     limit: float) -> tuple[Any, float]:
+    """An outcome for ``renew``; abandoned (``None``) at ``limit``, the earliest deadline."""
     kind = data.draw(st.sampled_from(["ok", "denied", "down", "overdue"]))
     finished = now + data.draw(st.floats(0, 3))
     if kind == "overdue":
-        return None, now + renew.timeout
+        return None, limit
     if kind == "down":
         return StoreUnavailable("down"), finished
     if kind == "ok":

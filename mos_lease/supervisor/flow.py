@@ -19,7 +19,7 @@ import attrs
 from mos_lease.bounded import OVERDUE
 from mos_lease.errors import StoreUnavailable
 from mos_lease.records import LeaseHandle
-from mos_lease.supervisor.schedule import Campaign, Change, Renew, Schedule
+from mos_lease.supervisor.schedule import Campaign, Change, Renew, Schedule, Slot
 
 __all__ = ["OVERDUE", "Attempt", "Call", "Core", "Release", "Sleep", "turn"]
 
@@ -86,6 +86,12 @@ class Core:
                 listener(change)
 
 
+def _unclaim(slots: list[Slot]) -> None:
+    """Calls planned but not made: their slots are free for the next turn."""
+    for slot in slots:
+        slot.busy = False
+
+
 def turn(core: Core) -> Flow:
     """One turn: report losses found at their deadline, send the renewals due (one call per
     batch), then the campaign calls due until a renewal or deadline needs the driver again;
@@ -97,9 +103,16 @@ def turn(core: Core) -> Flow:
     if not due.renewals and not due.campaigns:
         yield Sleep(max(due.wake_at - now, 0.0))
         return
-    for renew in due.renewals:
+    for k, renew in enumerate(due.renewals):
         started = core.clock()
-        outcome = yield renew
+        with core.lock:
+            if core.closing:
+                _unclaim([s for later in due.renewals[k:] for s in later.slots])
+                _unclaim([call.slot for call in due.campaigns])
+                return
+            # Counted from this call's start: the batches before it took time too.
+            timeout = core.schedule.earliest_deadline() - started
+        outcome = yield attrs.evolve(renew, timeout=max(timeout, 0.0))
         finished = core.clock()
         with core.lock:
             changes = core.schedule.renewed(renew, None if outcome is OVERDUE else outcome,
@@ -110,8 +123,7 @@ def turn(core: Core) -> Flow:
         with core.lock:
             urgent = core.closing or started >= core.schedule.urgent_at()
             if urgent:  # renewals first: the rest of the campaign waits for the next turn
-                for later in due.campaigns[k:]:
-                    later.slot.busy = False
+                _unclaim([later.slot for later in due.campaigns[k:]])
                 return
             timeout = min(core.schedule.earliest_deadline() - started, MAX_CALL)
         outcome = yield Attempt(call, max(timeout, 0.0))

@@ -125,7 +125,7 @@ Campaign = Acquire | Takeover | ReadHolder
 class Renew:
     """One ``heartbeat_many`` call for ``leases`` (of ``slots``, in order) with ``ttl``; it
     must return within ``timeout`` seconds of its start, when the earliest local deadline of
-    the held leases comes."""
+    the held leases comes (set by the turn as the call starts)."""
 
     slots: tuple[Slot, ...]
     leases: tuple[LeaseHandle, ...]
@@ -252,14 +252,13 @@ class Schedule:
                 wake_at = min(wake_at, slot.try_at)
         renewals: list[Renew] = []
         if renewing:
-            earliest = self.earliest_deadline()
             for ttl, members in groups.items():
                 for first in range(0, len(members), BATCH):
                     batch = tuple(members[first:first + BATCH])
                     for slot in batch:
                         slot.busy = True
                     renewals.append(Renew(batch, tuple(_held(s).lease for s in batch), ttl,
-                                          max(earliest - now, 0.0)))
+                                          math.inf))
         else:  # nothing strictly due: the early ones wait for the first that is
             for members in groups.values():
                 for slot in members:
