@@ -355,6 +355,9 @@ def test_the_asyncio_supervisor_holds_renews_and_loses_one_binding() -> None:
         assert [c.identity for c in lost] == [ident(3)]
         assert lost[0].loss.cause is LossCause.DENIED
         assert all(supervisor.lease(ident(i)) is not None for i in range(30) if i != 3)
+        assert (await supervisor.issue_grant(ident(4), scopes=SCOPES, ttl=10)).ok
+        assert (await supervisor.issue_grant(ident(3), scopes=SCOPES, ttl=10)).reason \
+            is Reason.STALE_EPOCH  # the loss, refused locally
         removed = await supervisor.remove(ident(0))
         assert removed is not None and removed.ok
         await supervisor.close()
@@ -491,3 +494,34 @@ def test_the_schedule_sends_one_batch_per_thousand_leases_of_one_ttl() -> None:
 
 def _handle(identity: LeaseIdentity, epoch: int = 1) -> LeaseHandle:
     return LeaseHandle(identity, "gw-a", uuid4(), epoch, SCOPES, START)
+
+
+def test_grants_are_minted_for_held_bindings_and_refused_locally_otherwise() -> None:
+    rig = Rig()
+    rig.add(3)
+    rig.settle()
+    issued = rig.supervisor.issue_grant(ident(0), scopes=SCOPES, ttl=10)
+    assert issued.ok and issued.grant is not None
+    assert rig.coordinator.validate(issued.grant, identity=ident(0), scopes=SCOPES).ok
+    # A rival takes binding 1: the store's refusal is the binding's loss at once.
+    rival = ConnectorLeaseCoordinator(rig.store, AllowAllPolicy())
+    assert rival.takeover(ident(1), "gw-b", scopes=SCOPES, ttl=TTL, expected_epoch=1).ok
+    refused = rig.supervisor.issue_grant(ident(1), scopes=SCOPES, ttl=10)
+    assert not refused.ok
+    lost = rig.of(BindingLost, ident(1))
+    assert len(lost) == 1 and lost[0].loss.reason is refused.reason
+    assert rig.supervisor.lease(ident(1)) is None
+    calls = rig.store.total()
+    again = rig.supervisor.issue_grant(ident(1), scopes=SCOPES, ttl=10)
+    assert again.reason is refused.reason and rig.store.total() == calls  # local: no call
+    # Past the local deadline (renewals failing), a grant is refused locally too.
+    rig.store.down = True
+    rig.run(26, step=0.5)
+    rig.store.down = False
+    calls = rig.store.total()
+    late = rig.supervisor.issue_grant(ident(2), scopes=SCOPES, ttl=10)
+    assert late.reason is Reason.LEASE_EXPIRED and rig.store.total() == calls
+    # A binding that never held a lease.
+    rig.supervisor.add(ident(9), "gw-a", scopes=SCOPES, ttl=TTL)
+    assert rig.supervisor.issue_grant(ident(9), scopes=SCOPES, ttl=10).reason \
+        is Reason.LEASE_MISSING

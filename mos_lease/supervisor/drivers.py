@@ -16,12 +16,22 @@ from typing import Any, Generic, TypeVar
 from mos_lease.bounded import bounded
 from mos_lease.coordinator import AsyncConnectorLeaseCoordinator, ConnectorLeaseCoordinator
 from mos_lease.errors import ConfigurationError
-from mos_lease.flowdrive import Drive
+from mos_lease.flowdrive import Drive, outcome_of, outcome_of_async
 from mos_lease.identity import LeaseIdentity, check_id, check_identity, normalize_scopes
 from mos_lease.keeper import KeeperTiming
 from mos_lease.records import LeaseHandle
-from mos_lease.results import LeaseResult
-from mos_lease.supervisor.flow import OVERDUE, Attempt, Call, Core, Release, Sleep, turn
+from mos_lease.results import GrantResult, LeaseResult
+from mos_lease.supervisor.flow import (
+    OVERDUE,
+    Attempt,
+    Call,
+    Core,
+    IssueGrant,
+    Release,
+    Sleep,
+    issue_grant,
+    turn,
+)
 from mos_lease.supervisor.schedule import (
     Acquire,
     Binding,
@@ -69,13 +79,16 @@ class _Supervisor(Generic[C]):
 
     def add(self, identity: LeaseIdentity, connector_id: str, *, scopes: object,
             ttl: float | timedelta, safety_margin: float | None = None,
-            clock_step: float | None = None, min_backoff: float | None = None,
+            clock_step: float | None = None, renew_fraction: float | None = None,
+            jitter: float = 0.0, min_backoff: float | None = None,
             max_backoff: float | None = None) -> None:
         """Run ``identity`` as ``connector_id``: campaign for its lease, hold it, and
         campaign again after a loss, until :meth:`remove` or :meth:`close`. The timing
-        options are :class:`~mos_lease.keeper.KeeperTiming`'s (``docs/keeper.md``)."""
+        options are :class:`~mos_lease.keeper.KeeperTiming`'s (``docs/keeper.md``), except
+        that ``jitter`` defaults to 0: a process's renewals are meant to go out together."""
         binding = _binding(identity, connector_id, scopes, ttl, {
             "safety_margin": safety_margin, "clock_step": clock_step,
+            "renew_fraction": renew_fraction, "jitter": jitter,
             "min_backoff": min_backoff, "max_backoff": max_backoff})
         with self._core.lock:
             if self._core.closing:
@@ -202,6 +215,20 @@ class Supervisor(_Supervisor[ConnectorLeaseCoordinator]):
                                          scopes=binding.scopes, ttl=binding.timing.ttl,
                                          expected_epoch=call.expected_epoch,
                                          observed=call.observed)
+
+    def issue_grant(self, identity: LeaseIdentity, *, scopes: object, ttl: float | timedelta,
+                    correlation_id: str | None = None) -> GrantResult:
+        """Mint a grant for the lease held for ``identity``, or refuse locally when none is
+        held; the local deadline is judged before and after the store call, as a keeper's
+        ``issue_grant`` does. Store errors are raised, as the coordinator raises them."""
+        drive = Drive(issue_grant(self._core, identity, scopes, ttl, correlation_id))
+        for call in drive:
+            drive.send(outcome_of(self._grant, call))
+        return drive.result
+
+    def _grant(self, call: IssueGrant) -> GrantResult:
+        return self.coordinator.issue_grant(call.lease, scopes=call.scopes, ttl=call.ttl,
+                                            correlation_id=call.correlation_id)
 
     def remove(self, identity: LeaseIdentity) -> LeaseResult | None:
         """Stop running ``identity`` and release its lease if held (the release result,
@@ -359,6 +386,19 @@ class AsyncSupervisor(_Supervisor[AsyncConnectorLeaseCoordinator]):
         self._abandoned.discard(call)
         if not call.cancelled():
             call.exception()  # retrieved, so asyncio does not log it as never retrieved
+
+    async def issue_grant(self, identity: LeaseIdentity, *, scopes: object,
+                          ttl: float | timedelta, correlation_id: str | None = None
+                          ) -> GrantResult:
+        """As :meth:`Supervisor.issue_grant`."""
+        drive = Drive(issue_grant(self._core, identity, scopes, ttl, correlation_id))
+        for call in drive:
+            drive.send(await outcome_of_async(self._grant, call))
+        return drive.result
+
+    async def _grant(self, call: IssueGrant) -> GrantResult:
+        return await self.coordinator.issue_grant(call.lease, scopes=call.scopes, ttl=call.ttl,
+                                                  correlation_id=call.correlation_id)
 
     async def remove(self, identity: LeaseIdentity) -> LeaseResult | None:
         """As :meth:`Supervisor.remove`."""

@@ -11,17 +11,24 @@ from __future__ import annotations
 
 import logging
 import threading
+import uuid
 from collections.abc import Callable, Generator
+from datetime import timedelta
 from typing import Any, Final
 
 import attrs
 
 from mos_lease.bounded import OVERDUE
 from mos_lease.errors import StoreUnavailable
+from mos_lease.identity import LeaseIdentity, check_correlation_id
+from mos_lease.keeper import LeaseLoss, LossCause, grant_loss, local_refusal
 from mos_lease.records import LeaseHandle
+from mos_lease.results import GrantResult
 from mos_lease.supervisor.schedule import Campaign, Change, Renew, Schedule, Slot
+from mos_lease.vocabulary import Reason
 
-__all__ = ["OVERDUE", "Attempt", "Call", "Core", "Release", "Sleep", "turn"]
+__all__ = ["OVERDUE", "Attempt", "Call", "Core", "IssueGrant", "Release", "Sleep",
+           "issue_grant", "turn"]
 
 log = logging.getLogger("mos_lease.supervisor")
 
@@ -50,6 +57,16 @@ class Sleep:
     """Nothing is due for ``seconds``; wake earlier when a binding is added or on close."""
 
     seconds: float
+
+
+@attrs.frozen(slots=True)
+class IssueGrant:
+    """Mint a grant for ``lease`` (``coordinator.issue_grant``)."""
+
+    lease: LeaseHandle
+    scopes: object
+    ttl: float | timedelta
+    correlation_id: str
 
 
 Call = Renew | Attempt | Release | Sleep
@@ -142,3 +159,34 @@ def turn(core: Core) -> Flow:
             if isinstance(released, BaseException):
                 log.warning("mos_lease: could not release the lease of removed binding %s: "
                             "%r; it expires at its ttl", orphan.identity, released)
+
+
+def issue_grant(core: Core, identity: LeaseIdentity, scopes: object, ttl: float | timedelta,
+                correlation_id: str | None) -> Generator[IssueGrant, Any, GrantResult]:
+    """Mint a grant for the lease held for ``identity``, or refuse locally (no store call, no
+    audit row) when none is held: as a keeper's ``issue_grant``, the local deadline is
+    judged before and after the store call, and a refusal that shows the lease is gone is
+    recorded as the binding's loss at once."""
+    given = check_correlation_id("correlation_id", correlation_id)
+    correlation = given if given is not None else uuid.uuid4().hex
+    with core.lock:
+        lease, changes = core.schedule.lease(identity, core.clock())
+    core.report(changes)
+    if lease is not None:
+        result: GrantResult = yield IssueGrant(lease, scopes, ttl, correlation)
+        with core.lock:
+            now = core.clock()
+            revealed = grant_loss(result, now)
+            changes = ([] if revealed is None
+                       else core.schedule.reveal(identity, lease, revealed))
+            still, more = core.schedule.lease(identity, now)
+        core.report(changes + more)
+        if still is not None and still.lease_id == lease.lease_id:
+            return result
+    with core.lock:
+        loss = core.schedule.loss(identity)
+    if loss is None:  # never held, or held anew meanwhile: not this grant's lease
+        loss = LeaseLoss(LossCause.DENIED, Reason.LEASE_MISSING, core.clock())
+    log.info("mos_lease: grant for %s refused locally: no lease held (%s)", identity,
+             loss.reason)
+    return local_refusal(loss, correlation)

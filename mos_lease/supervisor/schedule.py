@@ -223,6 +223,24 @@ class Schedule:
         changes = self._judge(slot, now)
         return (slot.state.lease if slot.holding and slot.state is not None else None), changes
 
+    def reveal(self, identity: LeaseIdentity, lease: LeaseHandle, loss: LeaseLoss
+               ) -> list[Change]:
+        """Record ``loss`` of ``lease`` learned elsewhere (a grant refused because the lease
+        is gone), unless the binding holds another lease by now or lost it already."""
+        slot = self.slots.get(identity)
+        state = None if slot is None else slot.state
+        if slot is None or state is None or state.loss is not None \
+                or state.lease.lease_id != lease.lease_id:
+            return []
+        slot.state = lose(state, loss)
+        return [self._lost(slot)]
+
+    def loss(self, identity: LeaseIdentity) -> LeaseLoss | None:
+        """The binding's last loss, if it holds no lease now (``None`` otherwise, or if it
+        never held one)."""
+        slot = self.slots.get(identity)
+        return None if slot is None or slot.state is None else slot.state.loss
+
     # -- deciding -----------------------------------------------------------------------------
 
     def due(self, now: float) -> Due:
