@@ -1,7 +1,7 @@
 """The supervisor holding many bindings on PostgreSQL: threads and tasks, round trips per
 renewal tick, and leases renewed per second against single heartbeats, in one run.
 
-    python bench/supervisor.py [--bindings 10000] [--ttl 15] [--rounds 4] [--singles 500]
+    python bench/supervisor.py [--bindings 10000] [--ttl 15] [--rounds 4] [--singles 100]
                                [--no-async]
 
 Finds PostgreSQL as the tests do and works in a throwaway database. A :class:`Supervisor`
@@ -16,8 +16,8 @@ timing (renewal due every ``ttl / 3``); the store is wrapped to record every cal
   observed, and the leases they renewed;
 * leases renewed per second: the leases of a tick over the time from the start of its first
   call to the end of its last; single heartbeats per second: ``--singles`` calls of
-  ``coordinator.heartbeat`` on the same coordinator and store, one at a time, right after the
-  tick; the ratio is the median over rounds of the per-round ratio.
+  ``coordinator.heartbeat`` on the same coordinator and store, one at a time, while no tick
+  runs, before the round's tick; the ratio is the median over rounds of the per-round ratio.
 
 Absolute rates on a shared machine are noise; the ratio is measured side by side.
 Exit status: 0 ran, 2 could not run (no server), 3 a correctness check failed.
@@ -164,6 +164,11 @@ class Recorder:
         return bool(renewals) and self.running == 0 and \
             time.perf_counter() - renewals[-1].end >= gap
 
+    def quiet(self, gap: float) -> bool:
+        """No call running, and none ended within ``gap`` seconds: no tick is under way."""
+        return self.running == 0 and (not self.calls
+                                      or time.perf_counter() - self.calls[-1].end >= gap)
+
     def take(self) -> list[Call]:
         calls, self.calls = self.calls, []
         return calls
@@ -244,10 +249,13 @@ def run_sync(dsn: str, args: argparse.Namespace) -> Figures:
     recorder.take()
     ticks, singles = [], []
     for _ in range(args.rounds):
+        # Singles while no tick runs; then a whole tick of its own, from its first call.
+        wait(lambda: recorder.quiet(args.gap), 4 * args.ttl, "a quiet moment")
+        singles.append(single_rate(coordinator, handles, args.ttl))  # type: ignore[arg-type]
+        wait(lambda: recorder.quiet(args.gap), 4 * args.ttl, "a quiet moment")
+        recorder.take()
         wait(lambda: recorder.tick_done(args.gap), 4 * args.ttl, "a renewal tick")
         ticks.append(tick_of(recorder.take()))
-        singles.append(single_rate(coordinator, handles, args.ttl))  # type: ignore[arg-type]
-        recorder.take()
     t1 = time.perf_counter()
     supervisor.close(timeout=60)
     close_seconds = time.perf_counter() - t1
@@ -299,15 +307,17 @@ async def run_async(dsn: str, args: argparse.Namespace) -> Figures:
     recorder.take()
     ticks, singles = [], []
     for _ in range(args.rounds):
-        await until(lambda: recorder.tick_done(args.gap), 4 * args.ttl, "a renewal tick")
-        ticks.append(tick_of(recorder.take()))
+        await until(lambda: recorder.quiet(args.gap), 4 * args.ttl, "a quiet moment")
         t = time.perf_counter()
         for handle in handles:
             assert handle is not None
             if not (await coordinator.heartbeat(handle, ttl=args.ttl)).ok:
                 raise CorrectnessError("a single heartbeat of a held lease was refused")
         singles.append(len(handles) / (time.perf_counter() - t))
+        await until(lambda: recorder.quiet(args.gap), 4 * args.ttl, "a quiet moment")
         recorder.take()
+        await until(lambda: recorder.tick_done(args.gap), 4 * args.ttl, "a renewal tick")
+        ticks.append(tick_of(recorder.take()))
     t1 = time.perf_counter()
     await supervisor.close()
     close_seconds = time.perf_counter() - t1
@@ -351,7 +361,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--bindings", type=int, default=10_000)
     parser.add_argument("--ttl", type=float, default=15.0)
     parser.add_argument("--rounds", type=int, default=4)
-    parser.add_argument("--singles", type=int, default=500)
+    parser.add_argument("--singles", type=int, default=100)
     parser.add_argument("--gap", type=float, default=0.5,
                         help="seconds without a renewal that end a tick")
     parser.add_argument("--no-async", action="store_true")

@@ -525,3 +525,28 @@ def test_grants_are_minted_for_held_bindings_and_refused_locally_otherwise() -> 
     rig.supervisor.add(ident(9), "gw-a", scopes=SCOPES, ttl=TTL)
     assert rig.supervisor.issue_grant(ident(9), scopes=SCOPES, ttl=10).reason \
         is Reason.LEASE_MISSING
+
+
+def test_the_batches_of_a_slow_tick_stay_one_tick() -> None:
+    """Ten batches one after another take a while; the next renewal of all of them is due
+    from the tick's start, so they go out together again (the deadlines still count from
+    each call's own start)."""
+    schedule = Schedule(lambda: 0.5)
+    timing = KeeperTiming(15.0, jitter=0.0)
+    for i in range(2500):
+        schedule.add(Binding(ident(i), "gw-a", SCOPES, timing), 0.0)
+    for call in schedule.due(0.0).campaigns:
+        handle = _handle(call.slot.binding.identity)
+        schedule.campaigned(call, LeaseResult(Outcome.ACQUIRED, None, "c", lease=handle),
+                            0.0, 0.0)
+    due = schedule.due(5.0)
+    assert [len(r.slots) for r in due.renewals] == [1000, 1000, 500]
+    for k, renew in enumerate(due.renewals):  # each batch takes 1.5 s
+        started = 5.0 + 1.5 * k
+        results = [LeaseResult(Outcome.RENEWED, None, "c", lease=lease)
+                   for lease in renew.leases]
+        assert schedule.renewed(renew, results, started, started + 1.5) == []
+    last = schedule.slots[ident(2499)].state
+    assert last is not None and last.deadline == pytest.approx(8.0 + 15 - 3.5)
+    due = schedule.due(10.0)  # one renewal interval after the tick began
+    assert [len(r.slots) for r in due.renewals] == [1000, 1000, 500]

@@ -131,6 +131,7 @@ class Renew:
     leases: tuple[LeaseHandle, ...]
     ttl: float
     timeout: float
+    tick: float  # when the tick that sends it was decided: the next is due from there
 
 
 @attrs.frozen(slots=True)
@@ -276,7 +277,7 @@ class Schedule:
                     for slot in batch:
                         slot.busy = True
                     renewals.append(Renew(batch, tuple(_held(s).lease for s in batch), ttl,
-                                          math.inf))
+                                          math.inf, now))
         else:  # nothing strictly due: the early ones wait for the first that is
             for members in groups.values():
                 for slot in members:
@@ -358,6 +359,11 @@ class Schedule:
                 single = outcome if isinstance(outcome, BaseException) else outcome[k]
                 new = after_renewal(state, slot.binding.timing, started, finished, single,
                                     self._draw())
+                if new.loss is None and new.failures == 0 and started > call.tick:
+                    # The deadline counts from this call's start, as it must; the next
+                    # renewal from the tick's, so the batches of a tick that took a while
+                    # stay one tick (renewing a little early only moves deadlines later).
+                    new = attrs.evolve(new, renew_at=new.renew_at - (started - call.tick))
                 if isinstance(single, BaseException) and new.loss is None:
                     log.warning("mos_lease: renewal of %s failed (attempt %d): %s; retrying "
                                 "in %.3f s, %.3f s before the local deadline",
