@@ -135,14 +135,19 @@ def turn(core: Core) -> Flow:
             changes = core.schedule.renewed(renew, None if outcome is OVERDUE else outcome,
                                             started, finished)
         core.report(changes)
+    with core.lock:
+        # Read once, then moved earlier by each lease won below: nothing else makes a held
+        # lease due sooner (other threads only remove bindings or record losses), and the
+        # campaign of thousands of bindings must not rescan them all after every call.
+        urgent_at, earliest = core.schedule.urgent_at(), core.schedule.earliest_deadline()
     for k, call in enumerate(due.campaigns):
         started = core.clock()
         with core.lock:
-            urgent = core.closing or started >= core.schedule.urgent_at()
-            if urgent:  # renewals first: the rest of the campaign waits for the next turn
+            if core.closing or started >= urgent_at:
+                # Renewals first: the rest of the campaign waits for the next turn.
                 _unclaim([later.slot for later in due.campaigns[k:]])
                 return
-            timeout = min(core.schedule.earliest_deadline() - started, MAX_CALL)
+        timeout = min(earliest - started, MAX_CALL)
         outcome = yield Attempt(call, max(timeout, 0.0))
         finished = core.clock()
         if outcome is OVERDUE:
@@ -153,6 +158,10 @@ def turn(core: Core) -> Flow:
                       outcome)
         with core.lock:
             changes, orphan = core.schedule.campaigned(call, outcome, started, finished)
+            won = call.slot.state if call.slot.holding else None
+        if won is not None:
+            urgent_at = min(urgent_at, won.renew_at, won.deadline)
+            earliest = min(earliest, won.deadline)
         core.report(changes)
         if orphan is not None:
             released = yield Release(orphan)
