@@ -18,6 +18,8 @@ timing (renewal due every ``ttl / 3``); the store is wrapped to record every cal
   call to the end of its last; single heartbeats per second: ``--singles`` calls of
   ``coordinator.heartbeat`` on the same coordinator and store, one at a time, while no tick
   runs, before the round's tick; the ratio is the median over rounds of the per-round ratio.
+  The floor beside it: one ``heartbeat_many`` of 1,000 of the leases called directly in the
+  same round, so the supervisor's own cost shows apart from the batch call's.
 
 Absolute rates on a shared machine are noise; the ratio is measured side by side.
 Exit status: 0 ran, 2 could not run (no server), 3 a correctness check failed.
@@ -202,8 +204,12 @@ class Figures:
     names: list[str]
     ticks: list[Tick]
     singles: list[float]
+    floors: list[float]  # heartbeat_many of up to 1,000 leases called directly, leases/s
     lost: int
     close_seconds: float
+
+    def overhead(self) -> list[float]:
+        return [t.rate / f for t, f in zip(self.ticks, self.floors, strict=False)]
 
     def ratios(self) -> list[float]:
         return [t.rate / s for t, s in zip(self.ticks, self.singles, strict=False)]
@@ -243,15 +249,19 @@ def run_sync(dsn: str, args: argparse.Namespace) -> Figures:
         supervisor.add(identity, "bench-gw", scopes=SCOPES, ttl=args.ttl)
     wait(lambda: started[0] == args.bindings, 900, "every binding to be held")
     acquire_seconds = time.perf_counter() - t0
-    handles = [supervisor.lease(i) for i in names[:args.singles]]
-    if any(h is None for h in handles):
+    held = [supervisor.lease(i) for i in names[:1000]]
+    handles = [h for h in held if h is not None]
+    if len(handles) != len(held):
         raise CorrectnessError("a binding reported started holds no lease")
     recorder.take()
-    ticks, singles = [], []
+    ticks, singles, floors = [], [], []
     for _ in range(args.rounds):
-        # Singles while no tick runs; then a whole tick of its own, from its first call.
+        # Singles and the floor while no tick runs; then a whole tick of its own.
         wait(lambda: recorder.quiet(args.gap), 4 * args.ttl, "a quiet moment")
-        singles.append(single_rate(coordinator, handles, args.ttl))  # type: ignore[arg-type]
+        singles.append(single_rate(coordinator, handles[:args.singles], args.ttl))
+        t = time.perf_counter()
+        coordinator.heartbeat_many(handles, ttl=args.ttl)
+        floors.append(len(handles) / (time.perf_counter() - t))
         wait(lambda: recorder.quiet(args.gap), 4 * args.ttl, "a quiet moment")
         recorder.take()
         wait(lambda: recorder.tick_done(args.gap), 4 * args.ttl, "a renewal tick")
@@ -261,7 +271,7 @@ def run_sync(dsn: str, args: argparse.Namespace) -> Figures:
     close_seconds = time.perf_counter() - t1
     store.close()
     return Figures("sync", args.bindings, acquire_seconds, census.peak, census.names, ticks,
-                   singles,
+                   singles, floors,
                    len(lost) - args.bindings, close_seconds)
 
 
@@ -303,17 +313,22 @@ async def run_async(dsn: str, args: argparse.Namespace) -> Figures:
         supervisor.add(identity, "bench-gw", scopes=SCOPES, ttl=args.ttl)
     await until(lambda: started[0] == args.bindings, 900, "every binding to be held")
     acquire_seconds = time.perf_counter() - t0
-    handles = [supervisor.lease(i) for i in names[:args.singles]]
+    held = [supervisor.lease(i) for i in names[:1000]]
+    handles = [h for h in held if h is not None]
+    if len(handles) != len(held):
+        raise CorrectnessError("a binding reported started holds no lease")
     recorder.take()
-    ticks, singles = [], []
+    ticks, singles, floors = [], [], []
     for _ in range(args.rounds):
         await until(lambda: recorder.quiet(args.gap), 4 * args.ttl, "a quiet moment")
         t = time.perf_counter()
-        for handle in handles:
-            assert handle is not None
+        for handle in handles[:args.singles]:
             if not (await coordinator.heartbeat(handle, ttl=args.ttl)).ok:
                 raise CorrectnessError("a single heartbeat of a held lease was refused")
-        singles.append(len(handles) / (time.perf_counter() - t))
+        singles.append(args.singles / (time.perf_counter() - t))
+        t = time.perf_counter()
+        await coordinator.heartbeat_many(handles, ttl=args.ttl)
+        floors.append(len(handles) / (time.perf_counter() - t))
         await until(lambda: recorder.quiet(args.gap), 4 * args.ttl, "a quiet moment")
         recorder.take()
         await until(lambda: recorder.tick_done(args.gap), 4 * args.ttl, "a renewal tick")
@@ -323,6 +338,7 @@ async def run_async(dsn: str, args: argparse.Namespace) -> Figures:
     close_seconds = time.perf_counter() - t1
     await store.aclose()
     return Figures("async", args.bindings, acquire_seconds, census.peak, [], ticks, singles,
+                   floors,
                    len(lost) - args.bindings, close_seconds)
 
 
@@ -334,11 +350,13 @@ def report(figures: Figures) -> list[str]:
              f"[{figures.kind}] {unit} the library ran at once, at most: {figures.peak} "
              f"(target <= {TARGETS['threads']})"
              + (f": {', '.join(figures.names)}" if figures.names else "")]
-    for k, (tick, single) in enumerate(zip(figures.ticks, figures.singles, strict=False)):
+    for k, (tick, single, floor) in enumerate(zip(figures.ticks, figures.singles,
+                                                  figures.floors, strict=False)):
         lines.append(f"[{figures.kind}] tick {k + 1}: {tick.round_trips} round trip(s) renewed "
                      f"{tick.leases:,} leases in {tick.seconds * 1000:.0f} ms = "
-                     f"{tick.rate:,.0f} leases/s; single heartbeats {single:,.0f}/s; ratio "
-                     f"{tick.rate / single:.1f}")
+                     f"{tick.rate:,.0f} leases/s; single heartbeats {single:,.0f}/s (ratio "
+                     f"{tick.rate / single:.1f}); heartbeat_many of 1,000 called directly "
+                     f"{floor:,.0f}/s (ratio {tick.rate / floor:.2f})")
     full = [t for t in figures.ticks if t.leases == n]
     trips = max((t.round_trips for t in full), default=None)
     ratio = statistics.median(figures.ratios())
@@ -351,6 +369,9 @@ def report(figures: Figures) -> list[str]:
         f"{statistics.median(t.rate for t in figures.ticks):,.0f}/s vs single heartbeats "
         f"{statistics.median(figures.singles):,.0f}/s: ratio {ratio:.1f} (median of "
         f"per-round ratios; target >= {TARGETS['ratio']:g})",
+        f"[{figures.kind}] supervisor over heartbeat_many called directly: median ratio "
+        f"{statistics.median(figures.overhead()):.2f} "
+        "(what the supervisor adds to the batch call itself)",
         f"[{figures.kind}] losses other than the closing ones: {figures.lost}",
     ]
     return lines
