@@ -563,3 +563,26 @@ def test_the_batches_of_a_slow_tick_stay_one_tick() -> None:
     assert last is not None and last.deadline == pytest.approx(8.0 + 15 - 3.5)
     due = schedule.due(10.0)  # one renewal interval after the tick began
     assert [len(r.slots) for r in due.renewals] == [1000, 1000, 500]
+
+
+def test_a_turn_that_fails_frees_what_it_claimed(monkeypatch: pytest.MonkeyPatch) -> None:
+    from mos_lease.supervisor.flow import turn_failed
+
+    rig = Rig()
+    rig.add(3)
+    rig.settle()
+    schedule = rig.supervisor._core.schedule
+
+    def broken(*_args: object) -> list[Change]:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(schedule, "renewed", broken)
+    rig.time.advance(11)
+    with pytest.raises(RuntimeError):
+        rig.supervisor.turn()
+    assert all(slot.busy for slot in schedule.slots.values())  # claimed by the failed turn
+    turn_failed(rig.supervisor._core, RuntimeError("a bug"))
+    monkeypatch.undo()
+    rig.run(2)
+    assert not rig.of(BindingLost)
+    assert all(slot.holding and not slot.busy for slot in schedule.slots.values())

@@ -31,6 +31,7 @@ from mos_lease.supervisor.flow import (
     Sleep,
     issue_grant,
     turn,
+    turn_failed,
 )
 from mos_lease.supervisor.schedule import (
     Acquire,
@@ -177,9 +178,8 @@ class Supervisor(_Supervisor[ConnectorLeaseCoordinator]):
             self._wakeup.clear()  # before the turn reads the schedule: no add is missed
             try:
                 self.turn()
-            except Exception:  # a bug; the next turn judges every deadline again
-                log.exception(
-                    "mos_lease: supervisor turn failed")
+            except Exception as error:
+                turn_failed(self._core, error)
                 self._sleep(0.1)
 
     def turn(self) -> None:
@@ -321,9 +321,8 @@ class AsyncSupervisor(_Supervisor[AsyncConnectorLeaseCoordinator]):
             self._wakeup.clear()
             try:
                 await self.turn()
-            except Exception:
-                log.exception(
-                    "mos_lease: supervisor turn failed")
+            except Exception as error:
+                turn_failed(self._core, error)
                 await asyncio.sleep(0.1)
 
     async def turn(self) -> None:

@@ -28,7 +28,7 @@ from mos_lease.supervisor.schedule import Campaign, Change, Renew, Schedule, Slo
 from mos_lease.vocabulary import Reason
 
 __all__ = ["OVERDUE", "Attempt", "Call", "Core", "IssueGrant", "Release", "Sleep",
-           "issue_grant", "turn"]
+           "issue_grant", "turn", "turn_failed"]
 
 log = logging.getLogger("mos_lease.supervisor")
 
@@ -101,6 +101,14 @@ class Core:
                     log.exception("mos_lease: supervisor on_change callback failed")
             for listener in list(self.listeners):
                 listener(change)
+
+
+def turn_failed(core: Core, error: Exception) -> None:
+    """A turn raised (a bug: store failures are values): free every slot it had claimed, so
+    the next turn judges their deadlines and calls for them again."""
+    log.error("mos_lease: supervisor turn failed: %r", error)
+    with core.lock:
+        _unclaim(list(core.schedule.slots.values()))
 
 
 def _unclaim(slots: list[Slot]) -> None:
