@@ -128,6 +128,10 @@ def turn(core: Core) -> Flow:
     if not due.renewals and not due.campaigns:
         yield Sleep(max(due.wake_at - now, 0.0))
         return
+    with core.lock:
+        # Other threads only remove bindings or record losses, which never make a limit
+        # earlier: these stay conservative while the tick runs.
+        rest, pending = core.schedule.limits(due.renewals)
     for k, renew in enumerate(due.renewals):
         started = core.clock()
         with core.lock:
@@ -135,13 +139,15 @@ def turn(core: Core) -> Flow:
                 _unclaim([s for later in due.renewals[k:] for s in later.slots])
                 _unclaim([call.slot for call in due.campaigns])
                 return
-            # Counted from this call's start: the batches before it took time too.
-            timeout = core.schedule.earliest_deadline() - started
+        # The earliest deadline of every held lease, counted from this call's start (the
+        # batches before it took time too).
+        timeout = min(rest, *pending[k:]) - started
         outcome = yield attrs.evolve(renew, timeout=max(timeout, 0.0))
         finished = core.clock()
         with core.lock:
             changes = core.schedule.renewed(renew, None if outcome is OVERDUE else outcome,
                                             started, finished)
+            rest = min(rest, core.schedule.deadlines(renew.slots))  # retries keep theirs
         core.report(changes)
     with core.lock:
         # Read once, then moved earlier by each lease won below: nothing else makes a held

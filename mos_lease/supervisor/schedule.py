@@ -292,6 +292,24 @@ class Schedule:
         return min((s.state.deadline for s in self.slots.values()
                     if s.state is not None and s.state.loss is None), default=math.inf)
 
+    def limits(self, renewals: Sequence[Renew]) -> tuple[float, list[float]]:
+        """For a tick sending ``renewals``: the earliest deadline of the held leases outside
+        them, and of each batch's. The time limit of batch ``k`` is the least of the first,
+        of the batches from ``k`` on, and of the leases of earlier batches that are still
+        held (see :meth:`deadlines`): one pass for the tick, not one per batch."""
+        claimed = {id(slot) for renew in renewals for slot in renew.slots}
+        rest = min((s.state.deadline for s in self.slots.values()
+                    if id(s) not in claimed and s.state is not None and s.state.loss is None),
+                   default=math.inf)
+        return rest, [self.deadlines(renew.slots) for renew in renewals]
+
+    @staticmethod
+    def deadlines(slots: Sequence[Slot]) -> float:
+        """The earliest deadline of the leases of ``slots`` still held (``inf`` if none)."""
+        return min((s.state.deadline for s in slots
+                    if not s.removed and s.state is not None and s.state.loss is None),
+                   default=math.inf)
+
     def urgent_at(self) -> float:
         """When the next renewal or deadline of a held lease comes (``inf`` if none)."""
         return min((min(s.state.renew_at, s.state.deadline) for s in self.slots.values()
