@@ -44,6 +44,7 @@ from mos_lease.policy import (
 )
 from mos_lease.records import LeaseHandle
 from mos_lease.results import GrantResult, InvocationResult, LeaseResult, ValidationResult
+from mos_lease.supervisor import AsyncSupervisor, Supervisor
 from mos_lease.token import FencingToken
 from mos_lease.vocabulary import Outcome, Reason
 
@@ -52,6 +53,7 @@ __all__ = [
     "AsyncConnectorLeaseCoordinator",
     "AsyncHolder",
     "AsyncLeaseKeeper",
+    "AsyncSupervisor",
     "CommitOutcomeUnknown",
     "ConfigurationError",
     "ConnectorExecutionContext",
@@ -83,6 +85,7 @@ __all__ = [
     "ResourceGuard",
     "StaticConnectorPolicy",
     "StoreUnavailable",
+    "Supervisor",
     "TakeoverPolicy",
     "ValidationResult",
     "hold",

@@ -1,0 +1,215 @@
+"""The supervisor's turn, written once: what the thread and the asyncio supervisor do.
+
+:func:`turn` is a generator that yields the calls it needs (:class:`~.schedule.Renew`,
+:class:`Attempt`, :class:`Release`, :class:`Sleep`) and is sent their outcomes, as the
+keeper's flows are; ``drivers.py`` performs them on one thread or one task. An outcome is
+the call's result, the exception it raised (as a value: store failures are judged by the
+schedule, not raised), or :data:`OVERDUE` for a call still running at its time limit.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from collections.abc import Callable, Generator
+from datetime import timedelta
+from typing import Any, Final
+
+import attrs
+
+from mos_lease.bounded import OVERDUE
+from mos_lease.errors import StoreUnavailable
+from mos_lease.identity import LeaseIdentity, check_correlation_id
+from mos_lease.keeper import LeaseLoss, LossCause, grant_loss, local_refusal
+from mos_lease.records import LeaseHandle
+from mos_lease.results import GrantResult
+from mos_lease.supervisor.schedule import Campaign, Change, Renew, Schedule, Slot
+from mos_lease.vocabulary import Reason
+
+__all__ = ["OVERDUE", "Attempt", "Call", "Core", "IssueGrant", "Release", "Sleep",
+           "issue_grant", "turn", "turn_failed"]
+
+log = logging.getLogger("mos_lease.supervisor")
+
+MAX_CALL: Final = 30.0
+"""Seconds a campaign call may run while no lease is held (with leases held, a call may run
+until the earliest local deadline, never longer)."""
+
+
+@attrs.frozen(slots=True, eq=False)
+class Attempt:
+    """Make the campaign call ``call``; give up waiting after ``timeout`` seconds."""
+
+    call: Campaign
+    timeout: float
+
+
+@attrs.frozen(slots=True)
+class Release:
+    """Release a lease won for a binding removed while the call that won it was in flight."""
+
+    lease: LeaseHandle
+
+
+@attrs.frozen(slots=True)
+class Sleep:
+    """Nothing is due for ``seconds``; wake earlier when a binding is added or on close."""
+
+    seconds: float
+
+
+@attrs.frozen(slots=True)
+class IssueGrant:
+    """Mint a grant for ``lease`` (``coordinator.issue_grant``)."""
+
+    lease: LeaseHandle
+    scopes: object
+    ttl: float | timedelta
+    correlation_id: str
+
+
+Call = Renew | Attempt | Release | Sleep
+Flow = Generator[Call, Any, None]
+
+
+class Core:
+    """The schedule under a lock, the clock, and the reporting of changes.
+
+    The schedule is touched only under ``lock`` (the thread supervisor's caller threads and
+    its loop thread share it; on asyncio everything runs on the loop). Changes are reported
+    after the lock is released, so a callback may call back into the supervisor.
+    """
+
+    def __init__(self, clock: Callable[[], float], draw: Callable[[], float],
+                 on_change: Callable[[Change], object] | None) -> None:
+        self.clock = clock
+        self.schedule = Schedule(draw)
+        self.lock = threading.RLock()
+        self.on_change = on_change
+        self.listeners: list[Callable[[Change | None], object]] = []
+        self.closing = False
+
+    def report(self, changes: list[Change]) -> None:
+        for change in changes:
+            if self.on_change is not None:
+                try:
+                    self.on_change(change)
+                except Exception:
+                    # The change is recorded already; a failing callback must not stop the
+                    # supervisor or hide the change from the other listeners.
+                    log.exception("mos_lease: supervisor on_change callback failed")
+            for listener in list(self.listeners):
+                listener(change)
+
+
+def turn_failed(core: Core, error: Exception) -> None:
+    """A turn raised (a bug: store failures are values): free every slot it had claimed, so
+    the next turn judges their deadlines and calls for them again."""
+    log.error("mos_lease: supervisor turn failed: %r", error)
+    with core.lock:
+        _unclaim(list(core.schedule.slots.values()))
+
+
+def _unclaim(slots: list[Slot]) -> None:
+    """Calls planned but not made: their slots are free for the next turn."""
+    for slot in slots:
+        slot.busy = False
+
+
+def turn(core: Core) -> Flow:
+    """One turn: report losses found at their deadline, send the renewals due (one call per
+    batch), then the campaign calls due until a renewal or deadline needs the driver again;
+    or sleep until something is due."""
+    with core.lock:
+        now = core.clock()
+        due = core.schedule.due(now)
+    core.report(due.changes)
+    if not due.renewals and not due.campaigns:
+        yield Sleep(max(due.wake_at - now, 0.0))
+        return
+    with core.lock:
+        # Other threads only remove bindings or record losses, which never make a limit
+        # earlier: these stay conservative while the tick runs.
+        rest, pending = core.schedule.limits(due.renewals)
+    for k, renew in enumerate(due.renewals):
+        started = core.clock()
+        with core.lock:
+            if core.closing:
+                _unclaim([s for later in due.renewals[k:] for s in later.slots])
+                _unclaim([call.slot for call in due.campaigns])
+                return
+        # The earliest deadline of every held lease, counted from this call's start (the
+        # batches before it took time too).
+        timeout = min(rest, *pending[k:]) - started
+        outcome = yield attrs.evolve(renew, timeout=max(timeout, 0.0))
+        finished = core.clock()
+        with core.lock:
+            changes = core.schedule.renewed(renew, None if outcome is OVERDUE else outcome,
+                                            started, finished)
+            rest = min(rest, core.schedule.deadlines(renew.slots))  # retries keep theirs
+        core.report(changes)
+    with core.lock:
+        # Read once, then moved earlier by each lease won below: nothing else makes a held
+        # lease due sooner (other threads only remove bindings or record losses), and the
+        # campaign of thousands of bindings must not rescan them all after every call.
+        urgent_at, earliest = core.schedule.urgent_at(), core.schedule.earliest_deadline()
+    for k, call in enumerate(due.campaigns):
+        started = core.clock()
+        with core.lock:
+            if core.closing or started >= urgent_at:
+                # Renewals first: the rest of the campaign waits for the next turn.
+                _unclaim([later.slot for later in due.campaigns[k:]])
+                return
+        timeout = min(earliest - started, MAX_CALL)
+        outcome = yield Attempt(call, max(timeout, 0.0))
+        finished = core.clock()
+        if outcome is OVERDUE:
+            outcome = StoreUnavailable(f"campaign call still running after {timeout:.3f} s; "
+                                       "abandoned")
+        elif isinstance(outcome, BaseException) and not isinstance(outcome, StoreUnavailable):
+            log.error("mos_lease: campaign call for %s failed: %r", call.slot.binding.identity,
+                      outcome)
+        with core.lock:
+            changes, orphan = core.schedule.campaigned(call, outcome, started, finished)
+            won = call.slot.state if call.slot.holding else None
+        if won is not None:
+            urgent_at = min(urgent_at, won.renew_at, won.deadline)
+            earliest = min(earliest, won.deadline)
+        core.report(changes)
+        if orphan is not None:
+            released = yield Release(orphan)
+            if isinstance(released, BaseException):
+                log.warning("mos_lease: could not release the lease of removed binding %s: "
+                            "%r; it expires at its ttl", orphan.identity, released)
+
+
+def issue_grant(core: Core, identity: LeaseIdentity, scopes: object, ttl: float | timedelta,
+                correlation_id: str | None) -> Generator[IssueGrant, Any, GrantResult]:
+    """Mint a grant for the lease held for ``identity``, or refuse locally (no store call, no
+    audit row) when none is held: as a keeper's ``issue_grant``, the local deadline is
+    judged before and after the store call, and a refusal that shows the lease is gone is
+    recorded as the binding's loss at once."""
+    given = check_correlation_id("correlation_id", correlation_id)
+    correlation = given if given is not None else uuid.uuid4().hex
+    with core.lock:
+        lease, changes = core.schedule.lease(identity, core.clock())
+    core.report(changes)
+    if lease is not None:
+        result: GrantResult = yield IssueGrant(lease, scopes, ttl, correlation)
+        with core.lock:
+            now = core.clock()
+            revealed = grant_loss(result, now)
+            changes = ([] if revealed is None
+                       else core.schedule.reveal(identity, lease, revealed))
+            still, more = core.schedule.lease(identity, now)
+        core.report(changes + more)
+        if still is not None and still.lease_id == lease.lease_id:
+            return result
+    with core.lock:
+        loss = core.schedule.loss(identity)
+    if loss is None:  # never held, or held anew meanwhile: not this grant's lease
+        loss = LeaseLoss(LossCause.DENIED, Reason.LEASE_MISSING, core.clock())
+    log.info("mos_lease: grant for %s refused locally: no lease held (%s)", identity,
+             loss.reason)
+    return local_refusal(loss, correlation)

@@ -1,0 +1,466 @@
+"""The supervisor's schedule: for every binding, what to do at monotonic time ``now``.
+
+Pure: no clock is read, no store is called, no randomness is drawn that is not handed in.
+:class:`Schedule` keeps one :class:`Slot` per registered binding. A held binding follows the
+keeper's schedule (:mod:`mos_lease.keeper.schedule`: the same deadline, the same retry and
+the same loss rule as :func:`~mos_lease.hold`); a binding without a lease campaigns, as
+client-go's leader election does: acquire, read the holder, take over an expired or released
+lease at the observed epoch, back off with jitter, and campaign again after a loss.
+
+:meth:`Schedule.due` returns the calls due at ``now``: renewals grouped by ttl into batches of
+at most :data:`BATCH` leases (one ``heartbeat_many`` round trip each), and campaign calls one
+per binding. Each call's outcome goes back through :meth:`Schedule.renewed` or
+:meth:`Schedule.campaigned`, which return the changes to report.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Sequence
+from typing import Final
+
+import attrs
+
+from mos_lease.checks import MAX_BATCH
+from mos_lease.errors import InvalidInput, StoreUnavailable
+from mos_lease.holder.waiting import RETRY_REASONS, pause_for
+from mos_lease.identity import LeaseIdentity
+from mos_lease.keeper import (
+    KeeperState,
+    KeeperTiming,
+    LeaseLoss,
+    LossCause,
+    after_renewal,
+    held,
+    lose,
+    next_action,
+)
+from mos_lease.keeper.schedule import ReportLoss
+from mos_lease.records import LeaseHandle
+from mos_lease.results import HolderView, LeaseResult
+from mos_lease.vocabulary import LeaseState, Reason
+
+log = logging.getLogger("mos_lease.supervisor")
+
+BATCH: Final = MAX_BATCH
+"""Leases renewed per ``heartbeat_many`` call: the most one call accepts (1,000)."""
+
+COALESCE: Final = 0.5
+"""A held lease joins a renewal batch that goes out up to this fraction of its renewal
+interval (``ttl * renew_fraction``) before its own renewal is due. Renewing early is safe (the
+deadline only moves later: it is counted from the start of the renewing call), and it is what
+gathers the leases of a process into one tick instead of one round trip per lease."""
+
+OVERDUE_RENEWAL: Final = "renewal still running when the earliest deadline came; abandoned"
+
+
+# --- what the gateway registered, and the state of each binding ----------------------------
+
+
+@attrs.frozen(slots=True)
+class Binding:
+    """A binding the supervisor runs: who, as which connector, with which scopes and timing.
+    The scopes are those :func:`~mos_lease.identity.normalize_scopes` returned."""
+
+    identity: LeaseIdentity
+    connector_id: str
+    scopes: tuple[str, ...]
+    timing: KeeperTiming
+
+
+class Slot:
+    """One registered binding: either holding (``state`` without a loss) or campaigning
+    (``step`` is tried at ``try_at``). ``busy`` while a call for it is in flight. Compared by
+    identity: a call whose slot was removed (or replaced by a new registration) is stale."""
+
+    __slots__ = ("binding", "busy", "failures", "observed", "probing", "removed", "seen",
+                 "state", "step", "try_at")
+
+    def __init__(self, binding: Binding, now: float) -> None:
+        self.binding = binding
+        self.state: KeeperState | None = None  # the held lease (until lost)
+        self.step: type[Acquire] | type[ReadHolder] | int = Acquire  # int: take over at it
+        self.observed: HolderView | None = None  # the view a takeover acts on
+        self.try_at = now
+        self.failures = 0
+        self.probing = True  # a refused first acquire is how the state is learnt: no pause
+        self.seen: tuple[str, int] | None = None  # the last (connector_id, epoch) reported
+        self.busy = False
+        self.removed = False
+
+    @property
+    def holding(self) -> bool:
+        return self.state is not None and self.state.loss is None
+
+
+# --- the calls the schedule asks a driver to make ------------------------------------------
+
+
+@attrs.frozen(slots=True, eq=False)
+class Acquire:
+    slot: Slot
+
+
+@attrs.frozen(slots=True, eq=False)
+class Takeover:
+    """Take over at ``expected_epoch``, passing ``observed`` (the coordinator's own view at
+    that epoch, so the takeover needs no read of its own)."""
+
+    slot: Slot
+    expected_epoch: int
+    observed: HolderView | None
+
+
+@attrs.frozen(slots=True, eq=False)
+class ReadHolder:
+    slot: Slot
+
+
+Campaign = Acquire | Takeover | ReadHolder
+
+
+@attrs.frozen(slots=True, eq=False)
+class Renew:
+    """One ``heartbeat_many`` call for ``leases`` (of ``slots``, in order) with ``ttl``; it
+    must return within ``timeout`` seconds of its start, when the earliest local deadline of
+    the held leases comes (set by the turn as the call starts)."""
+
+    slots: tuple[Slot, ...]
+    leases: tuple[LeaseHandle, ...]
+    ttl: float
+    timeout: float
+    tick: float  # when the tick that sends it was decided: the next is due from there
+
+
+@attrs.frozen(slots=True)
+class Due:
+    """What :meth:`Schedule.due` found: changes to report (losses at their deadline), the
+    renewals and campaign calls to make now, and when to look again if nothing happens."""
+
+    changes: list[Change]
+    renewals: list[Renew]
+    campaigns: list[Campaign]
+    wake_at: float
+
+
+# --- the changes reported for a binding ------------------------------------------------------
+
+
+@attrs.frozen(slots=True)
+class BindingStarted:
+    """The binding now holds ``lease`` (acquired or taken over)."""
+
+    identity: LeaseIdentity
+    lease: LeaseHandle
+
+
+@attrs.frozen(slots=True)
+class BindingLost:
+    """The binding lost ``lease``; ``loss`` says why and when, as a keeper reports it. The
+    supervisor campaigns again unless the binding was removed (cause ``STOPPED``)."""
+
+    identity: LeaseIdentity
+    lease: LeaseHandle
+    loss: LeaseLoss
+
+
+@attrs.frozen(slots=True)
+class NewHolder:
+    """Another holder (or another epoch of the lease) was observed while campaigning."""
+
+    identity: LeaseIdentity
+    holder: HolderView
+
+
+Change = BindingStarted | BindingLost | NewHolder
+
+
+# --- the schedule ----------------------------------------------------------------------------
+
+
+class Schedule:
+    """Every binding's state, and the decisions about all of them. Not thread-safe: a driver
+    calls it from one thread at a time (under a lock) or from one event loop."""
+
+    def __init__(self, draw: Callable[[], float], coalesce: float = COALESCE) -> None:
+        self._draw = draw
+        self._coalesce = coalesce
+        self.slots: dict[LeaseIdentity, Slot] = {}
+
+    def __len__(self) -> int:
+        return len(self.slots)
+
+    # -- registering --------------------------------------------------------------------------
+
+    def add(self, binding: Binding, now: float) -> Slot:
+        if binding.identity in self.slots:
+            raise InvalidInput("identity", "is already supervised; remove it first")
+        slot = self.slots[binding.identity] = Slot(binding, now)
+        return slot
+
+    def remove(self, identity: LeaseIdentity, now: float) -> tuple[LeaseHandle | None,
+                                                                    list[Change]]:
+        """Forget ``identity``: the held lease to release (if any) and the loss to report
+        (cause ``STOPPED``). A call still in flight for it finds its slot removed."""
+        slot = self.slots.pop(identity, None)
+        if slot is None:
+            raise InvalidInput("identity", "is not supervised")
+        slot.removed = True
+        state = slot.state
+        if state is None or state.loss is not None:
+            return None, []
+        slot.state = lose(state, LeaseLoss(LossCause.STOPPED, Reason.LEASE_RELEASED, now))
+        return state.lease, [self._lost(slot)]
+
+    def lease(self, identity: LeaseIdentity, now: float) -> tuple[LeaseHandle | None,
+                                                                   list[Change]]:
+        """The lease held for ``identity`` at ``now``, or ``None``; a deadline found passed is
+        recorded (and returned as a change to report), as a keeper's ``enforce_deadline``."""
+        slot = self.slots.get(identity)
+        if slot is None:
+            raise InvalidInput("identity", "is not supervised")
+        changes = self._judge(slot, now)
+        return (slot.state.lease if slot.holding and slot.state is not None else None), changes
+
+    def reveal(self, identity: LeaseIdentity, lease: LeaseHandle, loss: LeaseLoss
+               ) -> list[Change]:
+        """Record ``loss`` of ``lease`` learned elsewhere (a grant refused because the lease
+        is gone), unless the binding holds another lease by now or lost it already."""
+        slot = self.slots.get(identity)
+        state = None if slot is None else slot.state
+        if slot is None or state is None or state.loss is not None \
+                or state.lease.lease_id != lease.lease_id:
+            return []
+        slot.state = lose(state, loss)
+        return [self._lost(slot)]
+
+    def loss(self, identity: LeaseIdentity) -> LeaseLoss | None:
+        """The binding's last loss, if it holds no lease now (``None`` otherwise, or if it
+        never held one)."""
+        slot = self.slots.get(identity)
+        return None if slot is None or slot.state is None else slot.state.loss
+
+    # -- deciding -----------------------------------------------------------------------------
+
+    def due(self, now: float) -> Due:
+        """The calls due at ``now`` (their slots are marked busy) and the losses found."""
+        changes: list[Change] = []
+        campaigns: list[Campaign] = []
+        groups: dict[float, list[Slot]] = {}
+        wake_at = math.inf
+        renewing = False
+        for slot in self.slots.values():
+            if slot.busy:
+                continue
+            changes += self._judge(slot, now)
+            state = slot.state
+            if state is not None and state.loss is None:
+                timing = slot.binding.timing
+                early = self._coalesce * timing.ttl * timing.renew_fraction
+                if now >= state.renew_at or (state.failures == 0
+                                             and now >= state.renew_at - early):
+                    groups.setdefault(timing.ttl, []).append(slot)
+                    renewing |= now >= state.renew_at
+                else:
+                    wake_at = min(wake_at, state.renew_at)
+            elif now >= slot.try_at:
+                campaigns.append(self._campaign(slot))
+            else:
+                wake_at = min(wake_at, slot.try_at)
+        renewals: list[Renew] = []
+        if renewing:
+            for ttl, members in groups.items():
+                for first in range(0, len(members), BATCH):
+                    batch = tuple(members[first:first + BATCH])
+                    for slot in batch:
+                        slot.busy = True
+                    renewals.append(Renew(batch, tuple(_held(s).lease for s in batch), ttl,
+                                          math.inf, now))
+        else:  # nothing strictly due: the early ones wait for the first that is
+            for members in groups.values():
+                for slot in members:
+                    wake_at = min(wake_at, _held(slot).renew_at)
+        for call in campaigns:
+            call.slot.busy = True
+        return Due(changes, renewals, campaigns, wake_at)
+
+    def earliest_deadline(self) -> float:
+        """The earliest local deadline of the held leases (``inf`` if none is held): how
+        long any call may keep the driver waiting."""
+        return min((s.state.deadline for s in self.slots.values()
+                    if s.state is not None and s.state.loss is None), default=math.inf)
+
+    def limits(self, renewals: Sequence[Renew]) -> tuple[float, list[float]]:
+        """For a tick sending ``renewals``: the earliest deadline of the held leases outside
+        them, and of each batch's. The time limit of batch ``k`` is the least of the first,
+        of the batches from ``k`` on, and of the leases of earlier batches that are still
+        held (see :meth:`deadlines`): one pass for the tick, not one per batch."""
+        claimed = {id(slot) for renew in renewals for slot in renew.slots}
+        rest = min((s.state.deadline for s in self.slots.values()
+                    if id(s) not in claimed and s.state is not None and s.state.loss is None),
+                   default=math.inf)
+        return rest, [self.deadlines(renew.slots) for renew in renewals]
+
+    @staticmethod
+    def deadlines(slots: Sequence[Slot]) -> float:
+        """The earliest deadline of the leases of ``slots`` still held (``inf`` if none)."""
+        return min((s.state.deadline for s in slots
+                    if not s.removed and s.state is not None and s.state.loss is None),
+                   default=math.inf)
+
+    def urgent_at(self) -> float:
+        """When the next renewal or deadline of a held lease comes (``inf`` if none)."""
+        return min((min(s.state.renew_at, s.state.deadline) for s in self.slots.values()
+                    if not s.busy and s.state is not None and s.state.loss is None),
+                   default=math.inf)
+
+    def _judge(self, slot: Slot, now: float) -> list[Change]:
+        state = slot.state
+        if state is None or state.loss is not None:
+            return []
+        action = next_action(state, now)
+        if not isinstance(action, ReportLoss):
+            return []
+        slot.state = lose(state, action.loss)
+        return [self._lost(slot)]
+
+    def _lost(self, slot: Slot) -> Change:
+        """Report the recorded loss; campaign again at once (unless removed): reading the
+        holder shows whether the lease is still ours, active, or takeable."""
+        state = slot.state
+        assert state is not None and state.loss is not None
+        level = logging.INFO if state.loss.cause is LossCause.STOPPED else logging.WARNING
+        log.log(level, "mos_lease: lease %s lost: %s (%s)%s", state.lease.identity,
+                state.loss.cause, state.loss.reason,
+                f" last error: {state.loss.error}" if state.loss.error else "")
+        slot.step, slot.observed, slot.try_at = ReadHolder, None, state.loss.at
+        slot.probing = False
+        return BindingLost(slot.binding.identity, state.lease, state.loss)
+
+    def _campaign(self, slot: Slot) -> Campaign:
+        step = slot.step
+        if step is Acquire:
+            return Acquire(slot)
+        if step is ReadHolder:
+            return ReadHolder(slot)
+        assert isinstance(step, int)
+        return Takeover(slot, step, slot.observed)
+
+    # -- outcomes -----------------------------------------------------------------------------
+
+    def renewed(self, call: Renew, outcome: Sequence[LeaseResult] | BaseException | None,
+                started: float, finished: float) -> list[Change]:
+        """After a ``heartbeat_many`` that started at ``started`` and returned at
+        ``finished``: its results (in order), the exception it raised, or ``None`` if it was
+        abandoned at ``call.timeout``. Each lease is judged on its own by the keeper's rule."""
+        if not isinstance(outcome, BaseException | None) and len(outcome) != len(call.slots):
+            outcome = StoreUnavailable(f"heartbeat_many returned {len(outcome)} results for "
+                                       f"{len(call.slots)} leases")
+        changes: list[Change] = []
+        for k, slot in enumerate(call.slots):
+            slot.busy = False
+            state = slot.state
+            if slot.removed or state is None or state.loss is not None \
+                    or state.lease is not call.leases[k]:
+                continue  # removed, or lost while the call was in flight: nothing to undo
+            if outcome is None:
+                if finished >= state.deadline:
+                    new = lose(state, LeaseLoss(LossCause.DEADLINE, Reason.LEASE_EXPIRED,
+                                                finished, "heartbeat still running at the "
+                                                "deadline"))
+                else:  # another lease's deadline came first: retry this one
+                    new = after_renewal(state, slot.binding.timing, started, finished,
+                                        StoreUnavailable(OVERDUE_RENEWAL), self._draw())
+            else:
+                single = outcome if isinstance(outcome, BaseException) else outcome[k]
+                new = after_renewal(state, slot.binding.timing, started, finished, single,
+                                    self._draw())
+                if new.loss is None and new.failures == 0 and started > call.tick:
+                    # The deadline counts from this call's start, as it must; the next
+                    # renewal from the tick's, so the batches of a tick that took a while
+                    # stay one tick (renewing a little early only moves deadlines later).
+                    new = attrs.evolve(new, renew_at=new.renew_at - (started - call.tick))
+                if isinstance(single, BaseException) and new.loss is None:
+                    log.warning("mos_lease: renewal of %s failed (attempt %d): %s; retrying "
+                                "in %.3f s, %.3f s before the local deadline",
+                                state.lease.identity, new.failures, new.last_error,
+                                max(0.0, new.renew_at - finished), new.deadline - finished)
+            slot.state = new
+            if new.loss is not None:
+                changes.append(self._lost(slot))
+        return changes
+
+    def campaigned(self, call: Campaign, outcome: LeaseResult | HolderView | BaseException
+                   | None, started: float, finished: float
+                   ) -> tuple[list[Change], LeaseHandle | None]:
+        """After a campaign call that started at ``started`` and returned at ``finished``:
+        its result (a :class:`LeaseResult`, a :class:`HolderView` or ``None`` for a read),
+        or the exception it raised. Returns the changes and a lease won for a binding
+        removed meanwhile, which the driver must release."""
+        slot = call.slot
+        slot.busy = False
+        won = (outcome.lease if isinstance(outcome, LeaseResult) and outcome.ok else None)
+        if slot.removed:
+            return [], won
+        probing, slot.probing = slot.probing, False
+        if isinstance(outcome, BaseException):
+            # A store failure, or anything else: no lease is held, so nothing is unsafe;
+            # back off and read the holder again.
+            self._pause(slot, finished, ReadHolder, None)
+            return [], None
+        if isinstance(call, ReadHolder):
+            assert not isinstance(outcome, LeaseResult)
+            return self._observe(slot, outcome, finished, pause=False), None
+        assert isinstance(outcome, LeaseResult)
+        if won is not None:
+            slot.state = held(slot.binding.timing, won, started, self._draw())
+            slot.failures = 0
+            slot.seen = (won.connector_id, won.epoch)
+            slot.observed = None
+            return [BindingStarted(slot.binding.identity, won)], None
+        if outcome.reason not in RETRY_REASONS:
+            log.warning("mos_lease: campaign for %s refused: %s; trying again later",
+                        slot.binding.identity, outcome.reason)
+        if outcome.holder is not None:  # the refusal shows the lease: no read needed
+            return self._observe(slot, outcome.holder, finished, pause=not probing), None
+        if probing:
+            slot.step, slot.try_at = ReadHolder, finished
+        else:
+            self._pause(slot, finished, ReadHolder, None)
+        return [], None
+
+    def _observe(self, slot: Slot, view: HolderView | None, now: float,
+                 pause: bool) -> list[Change]:
+        """Act on ``view``: try at once what it allows (after a pause if ``pause``), or wait
+        for the observed lease to expire or the backoff to pass, whichever is first."""
+        changes: list[Change] = []
+        if view is not None and slot.seen != (view.connector_id, view.epoch):
+            slot.seen = (view.connector_id, view.epoch)
+            changes.append(NewHolder(slot.binding.identity, view))
+        # hold()'s rule with takeover=EXPIRED (holder/waiting.py): an identity that never
+        # had a lease is acquired, an active lease is waited out, an expired or released
+        # one is taken over at the epoch just read, so of several campaigners one wins.
+        if view is not None and view.state is LeaseState.ACTIVE:
+            self._pause(slot, now, ReadHolder, view)
+            return changes
+        step: type[Acquire] | int = Acquire if view is None else view.epoch
+        if pause:
+            self._pause(slot, now, step, view)
+        else:
+            slot.step, slot.try_at = step, now
+        slot.observed = view
+        return changes
+
+    def _pause(self, slot: Slot, now: float, step: type[Acquire] | type[ReadHolder] | int,
+               view: HolderView | None) -> None:
+        slot.failures += 1
+        slot.step = step
+        slot.try_at = now + pause_for(slot.binding.timing, slot.failures, self._draw(), None,
+                                      view)
+
+
+def _held(slot: Slot) -> KeeperState:
+    assert slot.state is not None
+    return slot.state
+

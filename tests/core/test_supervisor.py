@@ -1,0 +1,589 @@
+"""The supervisor on the in-memory store with fake time: the pure schedule (Hypothesis), and
+both drivers driven turn by turn (``background=False``)."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from uuid import uuid4
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mos_lease import (
+    AllowAllPolicy,
+    AsyncConnectorLeaseCoordinator,
+    ConfigurationError,
+    ConnectorLeaseCoordinator,
+    InvalidInput,
+    LeaseHandle,
+    LeaseIdentity,
+    LeaseResult,
+    LossCause,
+    Reason,
+    StoreUnavailable,
+)
+from mos_lease.clock import ManualClock
+from mos_lease.keeper import KeeperTiming
+from mos_lease.machine import Renew as RenewWrite
+from mos_lease.records import AuditEntry, WriteOutcome
+from mos_lease.results import HolderView
+from mos_lease.supervisor import (
+    AsyncSupervisor,
+    Binding,
+    BindingLost,
+    BindingStarted,
+    Change,
+    NewHolder,
+    Supervisor,
+)
+from mos_lease.supervisor.schedule import (
+    BATCH,
+    Acquire,
+    ReadHolder,
+    Renew,
+    Schedule,
+    Takeover,
+)
+from mos_lease.vocabulary import LeaseState, Outcome
+from mos_lease_memory import AsyncInMemoryLeaseStore, InMemoryLeaseStore
+
+START = datetime(2030, 1, 1, tzinfo=UTC)
+SCOPES = ("tool:run",)
+TTL = 30.0  # renew every ~10 s; deadline 30 - (3 + 2) = 25 s after the start of a renewal
+
+
+def ident(n: int) -> LeaseIdentity:
+    return LeaseIdentity("acme", f"agent-{n}", "b")
+
+
+def released(store: InMemoryLeaseStore, identity: LeaseIdentity) -> bool:
+    row = store.load(identity).row
+    return row is not None and row.released_at is not None
+
+
+class Time:
+    """The store's wall clock and the supervisor's monotonic clock, moved together."""
+
+    def __init__(self) -> None:
+        self.wall = ManualClock(START)
+        self.mono = 1000.0
+
+    def __call__(self) -> float:
+        return self.mono
+
+    def advance(self, seconds: float) -> None:
+        self.mono += seconds
+        self.wall.advance(seconds)
+
+
+class Counting(InMemoryLeaseStore):
+    """Counts the store calls, and can make them fail."""
+
+    def __init__(self, clock: ManualClock) -> None:
+        super().__init__(clock)
+        self.calls: dict[str, int] = {}
+        self.down = False
+        self._batch = False  # the in-memory renew_many applies each write: one call
+
+    def _count(self, name: str) -> None:
+        self.calls[name] = self.calls.get(name, 0) + 1
+        if self.down:
+            raise StoreUnavailable(f"{name}: connection refused")
+
+    def load(self, identity: LeaseIdentity) -> Any:
+        self._count("load")
+        return super().load(identity)
+
+    def apply(self, write: Any, entry: AuditEntry) -> WriteOutcome:
+        if not self._batch:
+            self._count("apply")
+        return super().apply(write, entry)
+
+    def renew_many(self, items: Sequence[tuple[RenewWrite, AuditEntry]]) -> list[WriteOutcome]:
+        self._count("renew_many")
+        self._batch = True
+        try:
+            return super().renew_many(items)
+        finally:
+            self._batch = False
+
+    def record(self, entry: AuditEntry) -> None:
+        self._count("record")
+        super().record(entry)
+
+    def total(self) -> int:
+        return sum(self.calls.values())
+
+
+class Rig:
+    def __init__(self) -> None:
+        self.time = Time()
+        self.store = Counting(self.time.wall)
+        self.coordinator = ConnectorLeaseCoordinator(self.store, AllowAllPolicy(),
+                                                     monotonic_clock=self.time)
+        self.changes: list[Change] = []
+        self.sleeps: list[float] = []
+        self.supervisor = Supervisor(self.coordinator, on_change=self.changes.append,
+                                     clock=self.time, sleep=self.sleeps.append,
+                                     random=lambda: 0.5, background=False)
+
+    def run(self, seconds: float, step: float = 0.5) -> None:
+        """Turn until nothing is due, then move time by ``step``; for ``seconds``."""
+        end = self.time.mono + seconds
+        while True:
+            self.settle()
+            if self.time.mono >= end:
+                return
+            self.time.advance(step)
+
+    def settle(self) -> None:
+        for _ in range(100_000):
+            before = len(self.sleeps)
+            self.supervisor.turn()
+            if len(self.sleeps) > before:
+                return
+        raise AssertionError("the supervisor never went to sleep")
+
+    def add(self, n: int, **options: Any) -> None:
+        for i in range(n):
+            self.supervisor.add(ident(i), "gw-a", scopes=SCOPES, ttl=TTL, **options)
+
+    def of(self, kind: type[Any], identity: LeaseIdentity | None = None) -> list[Any]:
+        return [c for c in self.changes if isinstance(c, kind)
+                and (identity is None or c.identity == identity)]
+
+
+def test_many_bindings_are_campaigned_for_held_and_renewed_in_batches() -> None:
+    rig = Rig()
+    rig.add(2500)
+    rig.settle()
+    assert len(rig.of(BindingStarted)) == 2500
+    assert all(rig.supervisor.lease(ident(i)) is not None for i in range(0, 2500, 97))
+    rig.store.calls.clear()
+    rig.run(12)  # one renewal interval (ttl / 3) and a little
+    # One heartbeat_many round trip per 1,000 leases, and nothing else.
+    assert rig.store.calls == {"renew_many": math.ceil(2500 / BATCH)}
+    assert not rig.of(BindingLost)
+    for i in (0, 1234, 2499):
+        lease = rig.supervisor.lease(ident(i))
+        assert lease is not None and lease.expires_at > rig.time.wall.now()
+
+
+def test_a_rival_takeover_loses_one_binding_and_leaves_the_others_untouched() -> None:
+    rig = Rig()
+    rig.add(20)
+    rig.settle()
+    before = {i: rig.supervisor.lease(ident(i)) for i in range(20)}
+    rival = ConnectorLeaseCoordinator(rig.store, AllowAllPolicy())
+    taken = rival.takeover(ident(7), "gw-b", scopes=SCOPES, ttl=TTL, expected_epoch=1)
+    assert taken.ok
+    rig.run(12)
+    lost = rig.of(BindingLost)
+    assert [c.identity for c in lost] == [ident(7)]
+    assert lost[0].loss.cause is LossCause.DENIED
+    assert lost[0].loss.reason is Reason.STALE_EPOCH
+    assert rig.supervisor.lease(ident(7)) is None
+    # The campaign goes on: it sees the rival's lease and waits for it.
+    seen = rig.of(NewHolder, ident(7))
+    assert seen and seen[-1].holder.connector_id == "gw-b" and seen[-1].holder.epoch == 2
+    for i in range(20):
+        if i != 7:
+            now = rig.supervisor.lease(ident(i))
+            old = before[i]
+            assert now is not None and old is not None
+            assert (now.lease_id, now.epoch) == (old.lease_id, old.epoch)
+
+
+def test_the_campaign_takes_over_once_the_rival_lease_expires() -> None:
+    rig = Rig()
+    rig.add(3)
+    rig.settle()
+    rival = ConnectorLeaseCoordinator(rig.store, AllowAllPolicy())
+    assert rival.takeover(ident(1), "gw-b", scopes=SCOPES, ttl=5, expected_epoch=1).ok
+    rig.run(10, step=0.25)
+    started = rig.of(BindingStarted, ident(1))
+    assert len(started) == 2 and started[-1].lease.epoch == 3
+    assert rig.supervisor.lease(ident(1)) == started[-1].lease
+
+
+def test_loss_is_reported_within_a_second_of_the_deadline_when_renewals_fail() -> None:
+    rig = Rig()
+    rig.add(5)
+    rig.settle()
+    lease = rig.supervisor.lease(ident(0))
+    assert lease is not None
+    deadline = rig.time.mono + TTL - (TTL / 10 + 2.0)  # acquired at "now": random 0.5
+    rig.store.down = True
+    rig.run(30, step=0.1)
+    lost = rig.of(BindingLost)
+    assert len(lost) == 5
+    for change in lost:
+        assert change.loss.cause is LossCause.DEADLINE
+        assert change.loss.reason is Reason.LEASE_EXPIRED
+        assert "StoreUnavailable" in (change.loss.error or "")
+        assert deadline <= change.loss.at < deadline + 1.0
+
+
+def test_after_a_deadline_loss_the_campaign_takes_the_lease_back_once_it_expires() -> None:
+    rig = Rig()
+    rig.add(2)
+    rig.settle()
+    rig.store.down = True
+    rig.run(26, step=0.1)
+    assert len(rig.of(BindingLost)) == 2
+    rig.store.down = False
+    rig.run(10, step=0.25)  # the old lease (ttl 30 from its last renewal) expires meanwhile
+    for i in range(2):
+        started = rig.of(BindingStarted, ident(i))
+        assert [c.lease.epoch for c in started] == [1, 2]
+
+
+def test_remove_releases_the_lease_and_reports_it_stopped() -> None:
+    rig = Rig()
+    rig.add(3)
+    rig.settle()
+    result = rig.supervisor.remove(ident(1))
+    assert result is not None and result.ok
+    assert released(rig.store, ident(1))
+    lost = rig.of(BindingLost)
+    assert [(c.identity, c.loss.cause) for c in lost] == [(ident(1), LossCause.STOPPED)]
+    assert rig.supervisor.bindings == [ident(0), ident(2)]
+    with pytest.raises(InvalidInput):
+        rig.supervisor.remove(ident(1))
+    rig.run(12)
+    assert len(rig.of(BindingStarted, ident(1))) == 1  # no campaign for a removed binding
+
+
+def test_a_lease_won_for_a_binding_removed_meanwhile_is_released() -> None:
+    rig = Rig()
+    rig.add(1)
+    schedule = rig.supervisor._core.schedule
+    due = schedule.due(rig.time())
+    (call,) = due.campaigns
+    rig.supervisor.remove(ident(0))  # while the acquire is "in flight"
+    result = rig.coordinator.acquire(ident(0), "gw-a", scopes=SCOPES, ttl=TTL)
+    changes, orphan = schedule.campaigned(call, result, rig.time(), rig.time())
+    assert changes == [] and orphan == result.lease
+
+
+def test_close_releases_every_held_lease() -> None:
+    rig = Rig()
+    rig.add(4)
+    rig.settle()
+    seen = rig.supervisor.changes()
+    rig.supervisor.close()
+    assert all(released(rig.store, ident(i)) for i in range(4))
+    assert [c.loss.cause for c in rig.of(BindingLost)] == [LossCause.STOPPED] * 4
+    assert [type(c) for c in seen] == [BindingLost] * 4  # the iterator ends on close
+    with pytest.raises(ConfigurationError):
+        rig.add(1)
+
+
+def test_inputs_are_checked_when_a_binding_is_added() -> None:
+    rig = Rig()
+    with pytest.raises(InvalidInput):
+        rig.supervisor.add(ident(0), "", scopes=SCOPES, ttl=TTL)
+    with pytest.raises(InvalidInput):
+        rig.supervisor.add(ident(0), "gw-a", scopes=["not a scope!"], ttl=TTL)
+    with pytest.raises(ConfigurationError):
+        rig.supervisor.add(ident(0), "gw-a", scopes=SCOPES, ttl=1)  # margin >= ttl
+    rig.supervisor.add(ident(0), "gw-a", scopes=SCOPES, ttl=TTL)
+    with pytest.raises(InvalidInput):
+        rig.supervisor.add(ident(0), "gw-a", scopes=SCOPES, ttl=TTL)
+    with pytest.raises(ConfigurationError):
+        Supervisor(AsyncConnectorLeaseCoordinator(AsyncInMemoryLeaseStore()))  # type: ignore[arg-type]
+
+
+def test_the_thread_supervisor_uses_one_thread() -> None:
+    import threading
+
+    store = InMemoryLeaseStore()
+    coordinator = ConnectorLeaseCoordinator(store, AllowAllPolicy())
+    before = threading.active_count()
+    with Supervisor(coordinator) as supervisor:
+        changes = supervisor.changes()
+        for i in range(200):
+            supervisor.add(ident(i), "gw-a", scopes=SCOPES, ttl=TTL)
+        started = 0
+        for change in changes:
+            started += isinstance(change, BindingStarted)
+            if started == 200:
+                break
+        # The supervisor's thread, and at most one short-lived thread for a call.
+        assert threading.active_count() - before <= 2
+    assert all(released(store, ident(i)) for i in range(200))
+
+
+# --- the asyncio supervisor --------------------------------------------------------------
+
+
+def test_the_asyncio_supervisor_holds_renews_and_loses_one_binding() -> None:
+    async def main() -> None:
+        time = Time()
+        store = AsyncInMemoryLeaseStore(InMemoryLeaseStore(time.wall))
+        coordinator = AsyncConnectorLeaseCoordinator(store, AllowAllPolicy(),
+                                                     monotonic_clock=time)
+        changes: list[Change] = []
+        sleeps: list[float] = []
+
+        async def sleep(seconds: float) -> None:
+            sleeps.append(seconds)
+
+        supervisor = AsyncSupervisor(coordinator, on_change=changes.append, clock=time,
+                                     sleep=sleep, random=lambda: 0.5, background=False)
+
+        async def settle() -> None:
+            before = len(sleeps)
+            while len(sleeps) == before:
+                await supervisor.turn()
+
+        for i in range(30):
+            supervisor.add(ident(i), "gw-a", scopes=SCOPES, ttl=TTL)
+        await settle()
+        assert len([c for c in changes if isinstance(c, BindingStarted)]) == 30
+        rival = AsyncConnectorLeaseCoordinator(store, AllowAllPolicy())
+        assert (await rival.takeover(ident(3), "gw-b", scopes=SCOPES, ttl=TTL,
+                                     expected_epoch=1)).ok
+        for _ in range(24):
+            time.advance(0.5)
+            await settle()
+        lost = [c for c in changes if isinstance(c, BindingLost)]
+        assert [c.identity for c in lost] == [ident(3)]
+        assert lost[0].loss.cause is LossCause.DENIED
+        assert all(supervisor.lease(ident(i)) is not None for i in range(30) if i != 3)
+        assert (await supervisor.issue_grant(ident(4), scopes=SCOPES, ttl=10)).ok
+        assert (await supervisor.issue_grant(ident(3), scopes=SCOPES, ttl=10)).reason \
+            is Reason.STALE_EPOCH  # the loss, refused locally
+        removed = await supervisor.remove(ident(0))
+        assert removed is not None and removed.ok
+        await supervisor.close()
+        for i in range(1, 30):
+            if i != 3:
+                row = (await store.load(ident(i))).row
+                assert row is not None and row.released_at is not None
+
+    asyncio.run(main())
+
+
+def test_the_asyncio_supervisor_runs_as_one_task_and_reports_through_an_iterator() -> None:
+    async def main() -> None:
+        store = AsyncInMemoryLeaseStore()
+        coordinator = AsyncConnectorLeaseCoordinator(store, AllowAllPolicy())
+        before = len(asyncio.all_tasks())
+        async with AsyncSupervisor(coordinator) as supervisor:
+            changes = supervisor.changes()
+            for i in range(100):
+                supervisor.add(ident(i), "gw-a", scopes=SCOPES, ttl=TTL)
+            started = 0
+            async for change in changes:
+                started += isinstance(change, BindingStarted)
+                # The supervisor's task, and at most one task for the call in flight.
+                assert len(asyncio.all_tasks()) - before <= 2
+                if started == 100:
+                    break
+        for i in range(100):
+            row = (await store.load(ident(i))).row
+            assert row is not None and row.released_at is not None
+
+    asyncio.run(main())
+
+
+# --- the pure schedule ------------------------------------------------------------------------
+
+
+def _binding(n: int, ttl: float = TTL) -> Binding:
+    return Binding(ident(n), "gw-a", SCOPES, KeeperTiming(ttl))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_the_schedule_under_any_outcomes(data: st.DataObject) -> None:
+    """Drive the schedule with arbitrary outcomes and times: no slot is in two calls at once,
+    every batch is within the cap and of one ttl, a held lease is never renewed past its
+    deadline, each loss is reported once, and the schedule always wakes up in the future."""
+    schedule = Schedule(lambda: data.draw(st.floats(0, 0.999)))
+    now = 0.0
+    n = data.draw(st.integers(1, 6))
+    for i in range(n):
+        schedule.add(_binding(i, data.draw(st.sampled_from([10.0, TTL]))), now)
+    leases: dict[LeaseIdentity, Any] = {}
+
+    def track(changes: list[Change]) -> None:
+        """Each lease is reported started once, then lost once."""
+        for change in changes:
+            if isinstance(change, BindingLost):
+                assert leases.pop(change.identity) is change.lease
+            elif isinstance(change, BindingStarted):
+                assert change.identity not in leases
+                leases[change.identity] = change.lease
+
+    for _ in range(data.draw(st.integers(1, 40))):
+        now += data.draw(st.floats(0, 8))
+        due = schedule.due(now)
+        assert due.wake_at > now or due.renewals or due.campaigns
+        in_calls = [s for r in due.renewals for s in r.slots] + [c.slot for c in due.campaigns]
+        assert len(in_calls) == len({id(s) for s in in_calls})
+        track(due.changes)
+        if data.draw(st.booleans()):  # a binding removed (and added again) mid-turn
+            removed = data.draw(st.sampled_from(sorted(schedule.slots, key=str)))
+            released, more = schedule.remove(removed, now)
+            assert (released is not None) == (removed in leases)
+            assert [type(c) for c in more] == ([BindingLost] if released else [])
+            track(more)
+            schedule.add(Binding(removed, "gw-a", SCOPES, KeeperTiming(TTL)), now)
+        for renew in due.renewals:
+            assert 0 < len(renew.slots) <= BATCH
+            assert {s.binding.timing.ttl for s in renew.slots} == {renew.ttl}
+            for slot in renew.slots:
+                assert slot.state is not None and now < slot.state.deadline
+            outcome, finished = _renewal_outcome(data, renew, now,
+                                                 schedule.earliest_deadline())
+            track(schedule.renewed(renew, outcome, now, finished))
+        for call in due.campaigns:
+            result = _campaign_outcome(data, call)
+            more, orphan = schedule.campaigned(call, result, now, now)
+            won = isinstance(result, LeaseResult) and result.ok
+            # A lease won for a binding removed meanwhile goes back to the driver to release.
+            assert (orphan is not None) == (won and call.slot.removed)
+            assert not (call.slot.removed and more)
+            track(more)
+        for identity, slot in schedule.slots.items():
+            assert slot.holding == (identity in leases)
+            assert not slot.busy
+
+
+def _renewal_outcome(data: st.DataObject, renew: Renew, now: float,
+                     limit: float) -> tuple[Any, float]:
+    """An outcome for ``renew``; abandoned (``None``) at ``limit``, the earliest deadline."""
+    kind = data.draw(st.sampled_from(["ok", "denied", "down", "overdue"]))
+    finished = now + data.draw(st.floats(0, 3))
+    if kind == "overdue":
+        return None, limit
+    if kind == "down":
+        return StoreUnavailable("down"), finished
+    if kind == "ok":
+        return [LeaseResult(Outcome.RENEWED, None, "c", lease=lease)
+                for lease in renew.leases], finished
+    return [LeaseResult(Outcome.DENIED, Reason.LEASE_REPLACED, "c")
+            for _ in renew.leases], finished
+
+
+def _campaign_outcome(data: st.DataObject, call: Acquire | Takeover | ReadHolder) -> Any:
+    outcome = data.draw(st.sampled_from(["win", "held", "down", "none"]))
+    if outcome == "down":
+        return StoreUnavailable("down")
+    if isinstance(call, ReadHolder):
+        state = data.draw(st.sampled_from([None, *LeaseState]))
+        if state is None:
+            return None
+        epoch = data.draw(st.integers(1, 5))
+        return HolderView("gw-b", epoch, state, START + timedelta(seconds=5), START)
+    if outcome == "win":
+        epoch = 1 if isinstance(call, Acquire) else call.expected_epoch + 1
+        return LeaseResult(Outcome.ACQUIRED, None, "c",
+                           lease=_handle(call.slot.binding.identity, epoch))
+    return LeaseResult(Outcome.DENIED, Reason.LEASE_HELD, "c")
+
+
+def test_the_schedule_sends_one_batch_per_thousand_leases_of_one_ttl() -> None:
+    schedule = Schedule(lambda: 0.5)
+    for i in range(2100):
+        schedule.add(_binding(i, 10.0 if i % 2 else TTL), 0.0)
+    due = schedule.due(0.0)
+    for call in due.campaigns:
+        handle = _handle(call.slot.binding.identity)
+        schedule.campaigned(call, LeaseResult(Outcome.ACQUIRED, None, "c", lease=handle),
+                            0.0, 0.0)
+    due = schedule.due(0.0)
+    assert not due.renewals and due.wake_at == pytest.approx(10.0 / 3)
+    due = schedule.due(10.0 / 3)  # the ttl-10 leases are due; the ttl-30 ones are not yet
+    assert sorted(len(r.slots) for r in due.renewals) == [50, 1000]
+    assert {r.ttl for r in due.renewals} == {10.0}
+
+
+def _handle(identity: LeaseIdentity, epoch: int = 1) -> LeaseHandle:
+    return LeaseHandle(identity, "gw-a", uuid4(), epoch, SCOPES, START)
+
+
+def test_grants_are_minted_for_held_bindings_and_refused_locally_otherwise() -> None:
+    rig = Rig()
+    rig.add(3)
+    rig.settle()
+    issued = rig.supervisor.issue_grant(ident(0), scopes=SCOPES, ttl=10)
+    assert issued.ok and issued.grant is not None
+    assert rig.coordinator.validate(issued.grant, identity=ident(0), scopes=SCOPES).ok
+    # A rival takes binding 1: the store's refusal is the binding's loss at once.
+    rival = ConnectorLeaseCoordinator(rig.store, AllowAllPolicy())
+    assert rival.takeover(ident(1), "gw-b", scopes=SCOPES, ttl=TTL, expected_epoch=1).ok
+    refused = rig.supervisor.issue_grant(ident(1), scopes=SCOPES, ttl=10)
+    assert not refused.ok
+    lost = rig.of(BindingLost, ident(1))
+    assert len(lost) == 1 and lost[0].loss.reason is refused.reason
+    assert rig.supervisor.lease(ident(1)) is None
+    calls = rig.store.total()
+    again = rig.supervisor.issue_grant(ident(1), scopes=SCOPES, ttl=10)
+    assert again.reason is refused.reason and rig.store.total() == calls  # local: no call
+    # Past the local deadline (renewals failing), a grant is refused locally too.
+    rig.store.down = True
+    rig.run(26, step=0.5)
+    rig.store.down = False
+    calls = rig.store.total()
+    late = rig.supervisor.issue_grant(ident(2), scopes=SCOPES, ttl=10)
+    assert late.reason is Reason.LEASE_EXPIRED and rig.store.total() == calls
+    # A binding that never held a lease.
+    rig.supervisor.add(ident(9), "gw-a", scopes=SCOPES, ttl=TTL)
+    assert rig.supervisor.issue_grant(ident(9), scopes=SCOPES, ttl=10).reason \
+        is Reason.LEASE_MISSING
+
+
+def test_the_batches_of_a_slow_tick_stay_one_tick() -> None:
+    """Ten batches one after another take a while; the next renewal of all of them is due
+    from the tick's start, so they go out together again (the deadlines still count from
+    each call's own start)."""
+    schedule = Schedule(lambda: 0.5)
+    timing = KeeperTiming(15.0, jitter=0.0)
+    for i in range(2500):
+        schedule.add(Binding(ident(i), "gw-a", SCOPES, timing), 0.0)
+    for call in schedule.due(0.0).campaigns:
+        handle = _handle(call.slot.binding.identity)
+        schedule.campaigned(call, LeaseResult(Outcome.ACQUIRED, None, "c", lease=handle),
+                            0.0, 0.0)
+    due = schedule.due(5.0)
+    assert [len(r.slots) for r in due.renewals] == [1000, 1000, 500]
+    for k, renew in enumerate(due.renewals):  # each batch takes 1.5 s
+        started = 5.0 + 1.5 * k
+        results = [LeaseResult(Outcome.RENEWED, None, "c", lease=lease)
+                   for lease in renew.leases]
+        assert schedule.renewed(renew, results, started, started + 1.5) == []
+    last = schedule.slots[ident(2499)].state
+    assert last is not None and last.deadline == pytest.approx(8.0 + 15 - 3.5)
+    due = schedule.due(10.0)  # one renewal interval after the tick began
+    assert [len(r.slots) for r in due.renewals] == [1000, 1000, 500]
+
+
+def test_a_turn_that_fails_frees_what_it_claimed(monkeypatch: pytest.MonkeyPatch) -> None:
+    from mos_lease.supervisor.flow import turn_failed
+
+    rig = Rig()
+    rig.add(3)
+    rig.settle()
+    schedule = rig.supervisor._core.schedule
+
+    def broken(*_args: object) -> list[Change]:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(schedule, "renewed", broken)
+    rig.time.advance(11)
+    with pytest.raises(RuntimeError):
+        rig.supervisor.turn()
+    assert all(slot.busy for slot in schedule.slots.values())  # claimed by the failed turn
+    turn_failed(rig.supervisor._core, RuntimeError("a bug"))
+    monkeypatch.undo()
+    rig.run(2)
+    assert not rig.of(BindingLost)
+    assert all(slot.holding and not slot.busy for slot in schedule.slots.values())
