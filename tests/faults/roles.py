@@ -301,7 +301,11 @@ def role_skew(cfg: Config) -> None:
     grants: dict[LeaseIdentity, deque[ExecutionGrant]] = {i: deque(maxlen=3) for i in idents}
     # What this process believes, against the database clock: proof that the skew is on.
     db_start = gw.rec.clock().now()
-    library_datetime = getattr(sys.modules["mos_lease.coordinator"], "datetime", datetime)
+    # The datetime the library's modules read now (the skewed one where it was installed).
+    library_datetime = next(
+        (module.datetime for name, module in sorted(sys.modules.items())
+         if name.startswith("mos_lease") and isinstance(getattr(module, "datetime", None), type)
+         and module.datetime is not datetime), datetime)
     # Each as of the install, whenever this runs: a clock at 2x gains a second per second of
     # start-up, which a loaded machine makes long.
     observed = {"time_offset": time.time() - db_start.timestamp() - clockskew.gained(),

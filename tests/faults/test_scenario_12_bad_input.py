@@ -369,6 +369,7 @@ def test_endless_scopes_iterable_is_refused() -> None:
     bounded the items read (found by this scenario)."""
     code = ("import itertools\n"
             "from mos_lease import ConnectorLeaseCoordinator, AllowAllPolicy, LeaseIdentity\n"
+            "from mos_lease_memory import InMemoryLeaseStore\n"
             "c = ConnectorLeaseCoordinator(InMemoryLeaseStore(), AllowAllPolicy())\n"
             "try:\n"
             "    c.acquire(LeaseIdentity('t', 'a', 'b'), 'c', "
