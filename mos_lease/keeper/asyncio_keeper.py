@@ -9,6 +9,7 @@ from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import Any
 
+from mos_lease.bounded import bounded_async
 from mos_lease.coordinator import AsyncConnectorLeaseCoordinator
 from mos_lease.errors import MosLeaseError
 from mos_lease.identity import LeaseIdentity
@@ -16,7 +17,6 @@ from mos_lease.keeper import steps
 from mos_lease.keeper.base import _Keeper
 from mos_lease.keeper.calls import HeartbeatCall, Sleep, Step, Steps, drive_async
 from mos_lease.keeper.schedule import Action
-from mos_lease.keeper.steps import OVERDUE
 from mos_lease.records import LeaseHandle
 from mos_lease.results import GrantResult, LeaseResult
 
@@ -44,7 +44,7 @@ class AsyncLeaseKeeper(_Keeper[AsyncConnectorLeaseCoordinator,
         self.lost = asyncio.Event()
         self._sleep = sleep if sleep is not None else asyncio.sleep
         self._task: asyncio.Task[None] | None = None
-        self._abandoned: set[asyncio.Future[LeaseResult]] = set()
+        self._abandoned: set[asyncio.Future[Any]] = set()
         return self.lost.set
 
     async def _drive(self, running: Steps[Any],
@@ -63,35 +63,8 @@ class AsyncLeaseKeeper(_Keeper[AsyncConnectorLeaseCoordinator,
         # timeout: cancelling a call only ends it once the call lets go, and a driver may
         # hold on to a cancelled call for as long as it waits for the server (psycopg sends
         # a cancel request and then waits for the reply).
-        running = asyncio.ensure_future(call.on(self.heartbeat_coordinator))
-        try:
-            done, _ = await asyncio.wait((running,), timeout=max(call.timeout, 0.0))
-        except asyncio.CancelledError:
-            self._abandon(running)  # the keeper is stopping: the call is not waited for
-            raise
-        if not done:
-            self._abandon(running)
-            return OVERDUE
-        try:
-            return running.result()
-        except Exception as error:
-            return error
-
-    def _abandon(self, call: asyncio.Future[LeaseResult]) -> None:
-        """Cancel a heartbeat left running at the deadline and let it end on its own.
-
-        Its result is never looked at, so it cannot bring a lost lease back; it is kept
-        referenced until it ends (a task nobody references may be collected mid-run), and
-        its outcome is retrieved so asyncio does not log it as never retrieved.
-        """
-        self._abandoned.add(call)
-        call.add_done_callback(self._forget_abandoned)
-        call.cancel()
-
-    def _forget_abandoned(self, call: asyncio.Future[LeaseResult]) -> None:
-        self._abandoned.discard(call)
-        if not call.cancelled() and call.exception() is not None:
-            log.info("mos_lease: abandoned heartbeat ended with %r", call.exception())
+        return await bounded_async(call.on(self.heartbeat_coordinator), call.timeout,
+                                   self._abandoned, log=log)
 
     async def acquire(self, identity: LeaseIdentity, connector_id: str, *, scopes: object,
                       correlation_id: str | None = None) -> LeaseResult:

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from datetime import timedelta
 from typing import Any, Generic, TypeVar
 
-from mos_lease.bounded import bounded
+from mos_lease.bounded import bounded, bounded_async
 from mos_lease.coordinator import AsyncConnectorLeaseCoordinator, ConnectorLeaseCoordinator
 from mos_lease.errors import ConfigurationError
 from mos_lease.flowdrive import Drive, outcome_of, outcome_of_async
@@ -22,7 +22,6 @@ from mos_lease.keeper import KeeperTiming
 from mos_lease.records import LeaseHandle
 from mos_lease.results import GrantResult, LeaseResult
 from mos_lease.supervisor.flow import (
-    OVERDUE,
     Attempt,
     Call,
     Core,
@@ -298,7 +297,7 @@ class AsyncSupervisor(_Supervisor[AsyncConnectorLeaseCoordinator]):
         self._wakeup = asyncio.Event()
         self._sleep = sleep if sleep is not None else self._wait_for_wakeup
         self._task: asyncio.Task[None] | None = None
-        self._abandoned: set[asyncio.Future[object]] = set()
+        self._abandoned: set[asyncio.Future[Any]] = set()
 
     def _started(self) -> None:
         self._wakeup.set()
@@ -360,31 +359,7 @@ class AsyncSupervisor(_Supervisor[AsyncConnectorLeaseCoordinator]):
                                                observed=call.observed)
 
     async def _bounded(self, call: Awaitable[object], timeout: float) -> object:
-        # Run as a task of its own and waited for, not awaited under a timeout: a cancelled
-        # call ends only once the driver lets go of it (as the asyncio keeper does).
-        running = asyncio.ensure_future(call)
-        try:
-            done, _ = await asyncio.wait((running,), timeout=min(max(timeout, 0.0), 1e9))
-        except asyncio.CancelledError:
-            self._abandon(running)
-            raise
-        if not done:
-            self._abandon(running)
-            return OVERDUE
-        try:
-            return running.result()
-        except Exception as error:
-            return error
-
-    def _abandon(self, call: asyncio.Future[object]) -> None:
-        self._abandoned.add(call)
-        call.add_done_callback(self._forget)
-        call.cancel()
-
-    def _forget(self, call: asyncio.Future[object]) -> None:
-        self._abandoned.discard(call)
-        if not call.cancelled():
-            call.exception()  # retrieved, so asyncio does not log it as never retrieved
+        return await bounded_async(call, timeout, self._abandoned)
 
     async def issue_grant(self, identity: LeaseIdentity, *, scopes: object,
                           ttl: float | timedelta, correlation_id: str | None = None
