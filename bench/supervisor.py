@@ -227,27 +227,34 @@ def wait(condition: Callable[[], bool], timeout: float, what: str) -> None:
         time.sleep(0.01)
 
 
+class Tally:
+    """The changes the benchmark counts: bindings started, and the losses reported."""
+
+    def __init__(self) -> None:
+        self.started = 0
+        self.lost: list[Change] = []
+
+    def __call__(self, change: Change) -> None:
+        if isinstance(change, BindingStarted):
+            self.started += 1
+        elif isinstance(change, BindingLost):
+            self.lost.append(change)
+
+
 def run_sync(dsn: str, args: argparse.Namespace) -> Figures:
     census = Census()
     census.install()
     store = PostgresLeaseStore(dsn)
     recorder = Recorder(store, asynchronous=False)
     coordinator = ConnectorLeaseCoordinator(recorder, AllowAllPolicy())
-    started: list[int] = [0]
-    lost: list[Change] = []
-
-    def on_change(change: Change) -> None:
-        if isinstance(change, BindingStarted):
-            started[0] += 1
-        elif isinstance(change, BindingLost):
-            lost.append(change)
+    tally = Tally()
 
     names = identities("bench-sync", args.bindings)
-    supervisor = Supervisor(coordinator, on_change=on_change)
+    supervisor = Supervisor(coordinator, on_change=tally)
     t0 = time.perf_counter()
     for identity in names:
         supervisor.add(identity, "bench-gw", scopes=SCOPES, ttl=args.ttl)
-    wait(lambda: started[0] == args.bindings, 900, "every binding to be held")
+    wait(lambda: tally.started == args.bindings, 900, "every binding to be held")
     acquire_seconds = time.perf_counter() - t0
     held = [supervisor.lease(i) for i in names[:1000]]
     handles = [h for h in held if h is not None]
@@ -272,7 +279,7 @@ def run_sync(dsn: str, args: argparse.Namespace) -> Figures:
     store.close()
     return Figures("sync", args.bindings, acquire_seconds, census.peak, census.names, ticks,
                    singles, floors,
-                   len(lost) - args.bindings, close_seconds)
+                   len(tally.lost) - args.bindings, close_seconds)
 
 
 def single_rate(coordinator: ConnectorLeaseCoordinator, handles: list[LeaseHandle],
@@ -290,14 +297,7 @@ async def run_async(dsn: str, args: argparse.Namespace) -> Figures:
     store = AsyncPostgresLeaseStore(dsn)
     recorder = Recorder(store, asynchronous=True)
     coordinator = AsyncConnectorLeaseCoordinator(recorder, AllowAllPolicy())
-    started: list[int] = [0]
-    lost: list[Change] = []
-
-    def on_change(change: Change) -> None:
-        if isinstance(change, BindingStarted):
-            started[0] += 1
-        elif isinstance(change, BindingLost):
-            lost.append(change)
+    tally = Tally()
 
     async def until(condition: Callable[[], bool], timeout: float, what: str) -> None:
         end = time.monotonic() + timeout
@@ -307,11 +307,11 @@ async def run_async(dsn: str, args: argparse.Namespace) -> Figures:
             await asyncio.sleep(0.01)
 
     names = identities("bench-async", args.bindings)
-    supervisor = AsyncSupervisor(coordinator, on_change=on_change)
+    supervisor = AsyncSupervisor(coordinator, on_change=tally)
     t0 = time.perf_counter()
     for identity in names:
         supervisor.add(identity, "bench-gw", scopes=SCOPES, ttl=args.ttl)
-    await until(lambda: started[0] == args.bindings, 900, "every binding to be held")
+    await until(lambda: tally.started == args.bindings, 900, "every binding to be held")
     acquire_seconds = time.perf_counter() - t0
     held = [supervisor.lease(i) for i in names[:1000]]
     handles = [h for h in held if h is not None]
@@ -339,7 +339,7 @@ async def run_async(dsn: str, args: argparse.Namespace) -> Figures:
     await store.aclose()
     return Figures("async", args.bindings, acquire_seconds, census.peak, [], ticks, singles,
                    floors,
-                   len(lost) - args.bindings, close_seconds)
+                   len(tally.lost) - args.bindings, close_seconds)
 
 
 def report(figures: Figures) -> list[str]:
