@@ -250,3 +250,46 @@ def test_the_librarys_writes_do_not_call_the_check(pg_admin: psycopg.Connection[
                          f" FROM t WHERE {key}", {"tenant": pg_tenant})
         odd = pg_admin.execute(calls).fetchone()
     assert (quiet, odd) == ((0,), (1,))
+
+
+# Writes of a released row, each naming only some columns: the guard is split by the columns
+# an UPDATE names (migration 0007), so a write naming none of the identity, lease or release
+# columns must still be judged whole.
+_RELEASED = "tenant_id = 'released-seed'"
+ON_A_RELEASED_ROW = {
+    "renewed (times only)": _NOW + "UPDATE logical_agent_connector_leases"
+    " SET heartbeat_at = t.now, expires_at = t.now + interval '1 minute', updated_at = t.now"
+    f" FROM t WHERE {_RELEASED}",
+    "expiry moved alone": "UPDATE logical_agent_connector_leases"
+    f" SET expires_at = expires_at + interval '1 second' WHERE {_RELEASED}",
+    "stamped again (updated_at only)": _NOW + "UPDATE logical_agent_connector_leases"
+    f" SET updated_at = t.now FROM t WHERE {_RELEASED}",
+    "unreleased (released_at only)": "UPDATE logical_agent_connector_leases"
+    f" SET released_at = NULL WHERE {_RELEASED}",
+    "unreleased and renewed": _NOW + "UPDATE logical_agent_connector_leases"
+    " SET released_at = NULL, heartbeat_at = t.now, expires_at = t.now + interval '1 minute',"
+    f" updated_at = t.now FROM t WHERE {_RELEASED}",
+    "released again": _NOW + "UPDATE logical_agent_connector_leases"
+    f" SET released_at = t.now, updated_at = t.now FROM t WHERE {_RELEASED}",
+}
+
+
+@pytest.fixture(scope="module")
+def released_row(layout: Layout) -> str:
+    with psycopg.connect(layout.owner_dsn, autocommit=True) as owner:
+        owner.execute(_NOW + "INSERT INTO logical_agent_connector_leases"
+                      " SELECT 'released-seed', 'a', 'b', gen_random_uuid(), 'c', '{}', 1,"
+                      " t.now, t.now, t.now + interval '1 minute', NULL, t.now FROM t")
+        owner.execute(_NOW + "UPDATE logical_agent_connector_leases"
+                      f" SET released_at = t.now, updated_at = t.now FROM t WHERE {_RELEASED}")
+    return _RELEASED
+
+
+@pytest.mark.parametrize("role", ["gateway", "owner"])
+@pytest.mark.parametrize("name", sorted(ON_A_RELEASED_ROW))
+def test_a_released_row_changes_only_by_a_takeover(layout: Layout, released_row: str,
+                                                   role: str, name: str) -> None:
+    dsn = layout.gateway_dsn if role == "gateway" else layout.owner_dsn
+    refused = _refused(dsn, ON_A_RELEASED_ROW[name])
+    assert isinstance(refused, errors.RestrictViolation), (name, refused)
+    assert "is refused" in str(refused)
