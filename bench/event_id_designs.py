@@ -22,7 +22,16 @@ heartbeat of 100, and heartbeat without a commit flush), four schemas side by si
   no transition table is kept, but one trigger event is queued per row;
 * ``before``: as ``row``, but BEFORE INSERT: the claim is made as the row is formed (its
   ``seq`` default is already drawn then), with no after-trigger event queued at all. A row
-  the log then refuses fails its statement, and the claim rolls back with it.
+  the log then refuses fails its statement, and the claim rolls back with it;
+* ``local``: no claims table at all. Event ids are time-ordered (UUID version 7, the
+  millisecond of minting in the first 48 bits); each partition has a UNIQUE index on
+  event_id (where version 3 had a plain one on the log), and a BEFORE INSERT row trigger
+  whose WHEN clause admits, without calling anything, a row whose id was minted within an
+  hour of the statement's time and whose hour window lies inside one month. Two rows with
+  one id then lie within two hours of each other, so in one partition, where the unique
+  index refuses the second, except in the two hours around a month boundary, where the
+  trigger's function would run (here it only refuses: the benchmark runs mid-month). This
+  prices the design; the library does not use it.
 
     python bench/event_id_designs.py [--rounds N] [--per-round N]
 """
@@ -30,22 +39,29 @@ heartbeat of 100, and heartbeat without a commit flush), four schemas side by si
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import time
+import uuid
 from typing import Any
 
 import _path  # noqa: F401  (the repository's own mos_lease, before anything imports it)
 import event_ids
 import psycopg
-from common import CorrectnessError, server, throwaway_database
+from common import NO_OFFSET, CorrectnessError, entry, server, throwaway_database
 from measure import Series, interleave, throughput_ratio
 from pinning import pin
 
+from mos_lease.machine import Renew
+from mos_lease.vocabulary import LifecycleEvent, Outcome
+from mos_lease_pg import statements
 from mos_lease_pg.admin import migrate
 
 FK = "bench_fk"
 FLOOR = "bench_floor"
 ROW = "bench_row"
 BEFORE = "bench_before"
+LOCAL = "bench_local"
 # Where the audit CTE ends in guarded_write.sql and in renew_many.sql.
 _AFTER_AUDIT = (b"\n),\nnotified AS MATERIALIZED", b"\n)\nSELECT t.now")
 _CLAIM = (b"\n    RETURNING event_id, seq, recorded_at\n),\nclaimed AS (\n"
@@ -94,28 +110,71 @@ def _variant(dsn: str, schema: str, *, foreign_key: bool = False,
                          f"(event_id, seq, recorded_at)".encode())
 
 
+def uuid7() -> uuid.UUID:
+    """A time-ordered event id: the wall clock's millisecond, then version 7 and random bits."""
+    raw = bytearray((time.time_ns() // 1_000_000).to_bytes(6, "big") + os.urandom(10))
+    raw[6] = 0x70 | (raw[6] & 0x0F)
+    raw[8] = 0x80 | (raw[8] & 0x3F)
+    return uuid.UUID(bytes=bytes(raw))
+
+
+# The millisecond a version-7 id was minted at, read from its text (no function to call).
+_MINTED_MS = ("('x' || substr(NEW.event_id::text, 1, 8) || substr(NEW.event_id::text, 10, 4))"
+              "::bit(48)::bigint")
+_WINDOW_MS = 3_600_000
+_LOCAL_WHEN = (f"abs({_MINTED_MS} - (extract(epoch FROM statement_timestamp()) * 1000)::bigint)"
+               f" > {_WINDOW_MS} OR date_trunc('month', statement_timestamp() - interval "
+               f"'1 hour') <> date_trunc('month', statement_timestamp() + interval '1 hour')")
+
+
+def _local(dsn: str, schema: str) -> None:
+    """The ``local`` design: no claims; a unique index per partition and a guarded window."""
+    _variant(dsn, schema)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        log = f"{schema}.connector_lease_audit_log"
+        for (part,) in conn.execute(b"SELECT i.inhrelid::regclass::text FROM pg_inherits AS i "
+                                    b"WHERE i.inhparent = %s::regclass", (log,)).fetchall():
+            conn.execute(f"CREATE UNIQUE INDEX ON {part} (event_id)".encode())
+        conn.execute(f"""
+            CREATE FUNCTION {schema}.bench_event_window() RETURNS trigger
+            LANGUAGE plpgsql AS $body$
+            BEGIN
+                RAISE EXCEPTION 'event id % outside its window or near a month boundary',
+                    NEW.event_id;
+            END
+            $body$""".encode())
+        conn.execute(f"CREATE TRIGGER bench_event_window BEFORE INSERT ON {log} FOR EACH ROW "
+                     f"WHEN ({_LOCAL_WHEN}) EXECUTE FUNCTION {schema}.bench_event_window()"
+                     .encode())
+
+
 def run(dsn: str, *, rounds: int, per_round: int) -> dict[str, dict[str, Series]]:
     event_ids._schemas(dsn)
     _variant(dsn, FK, foreign_key=True)
     _variant(dsn, FLOOR)
     _variant(dsn, ROW, row_trigger="AFTER")
     _variant(dsn, BEFORE, row_trigger="BEFORE")
+    _local(dsn, LOCAL)
     rewrites = {event_ids.OLD: event_ids._same, event_ids.NEW: event_ids._same,
                 FK: _claiming(FK), FLOOR: _claiming(FLOOR), ROW: event_ids._same,
-                BEFORE: event_ids._same}
+                BEFORE: event_ids._same, LOCAL: event_ids._same}
+    mints = {LOCAL: uuid7}
     with psycopg.connect(dsn, autocommit=True) as conn:
         pinning = pin(conn, cpu=None, enabled=True)
         try:
-            single = {s: event_ids._leases(conn, s, "bench", 1, r)[0]
+            single = {s: event_ids._leases(conn, s, "bench", 1, r, mints.get(s, uuid.uuid4))[0]
                       for s, r in rewrites.items()}
-            cases = [event_ids._heartbeat(conn, s, single[s], r) for s, r in rewrites.items()]
+            cases = [event_ids._heartbeat(conn, s, single[s], r, mints.get(s, uuid.uuid4))
+                     for s, r in rewrites.items()]
             measured = {"heartbeat": interleave(cases, rounds=rounds, per_round=per_round,
                                                 warmup=100)}
             # Acquired only now: on a loaded machine the heartbeats above may outlast a TTL.
-            many = {s: event_ids._leases(conn, s, "bench-many", event_ids.BATCH, r)
+            many = {s: event_ids._leases(conn, s, "bench-many", event_ids.BATCH, r,
+                                         mints.get(s, uuid.uuid4))
                     for s, r in rewrites.items()}
             measured[f"heartbeat_many({event_ids.BATCH})"] = interleave(
-                [event_ids._batch(conn, s, many[s], r) for s, r in rewrites.items()],
+                [event_ids._batch(conn, s, many[s], r, mints.get(s, uuid.uuid4))
+                 for s, r in rewrites.items()],
                 rounds=rounds, per_round=4, warmup=1)
             conn.execute(b"SET synchronous_commit = off")
             measured["heartbeat, no flush"] = interleave(cases, rounds=rounds,
@@ -123,7 +182,24 @@ def run(dsn: str, *, rounds: int, per_round: int) -> dict[str, dict[str, Series]
         finally:
             pinning.restore()
         _check_claimed(conn)
+        _check_local(conn, single[LOCAL])
     return measured
+
+
+def _check_local(conn: psycopg.Connection[Any], renew: Renew) -> None:
+    # The local design really refuses an id applied twice (else the comparison is void).
+    event_id = uuid7()
+    for attempt in (1, 2):
+        call = statements.apply(renew, entry(LifecycleEvent.HEARTBEAT, Outcome.RENEWED,
+                                             renew.identity, "bench", 1, event_id),
+                                NO_OFFSET, schema=LOCAL)
+        try:
+            conn.execute(call.statement.text, call.params)
+        except psycopg.errors.UniqueViolation:
+            if attempt == 2:
+                return
+            raise
+    raise CorrectnessError(f"{LOCAL}: one event id was applied twice")
 
 
 def _check_claimed(conn: psycopg.Connection[Any]) -> None:
@@ -151,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         srv.stop()
     names = {event_ids.NEW: "trigger (0004)", FK: "foreign key", FLOOR: "no guard",
-             ROW: "row trigger", BEFORE: "before-row trigger"}
+             ROW: "row trigger", BEFORE: "before-row trigger", LOCAL: "local"}
     for label, series in measured.items():
         old = series[event_ids.OLD]
         print(f"{label:<22} schema 3 {old.ops_per_s:>9,.0f}/s  " + "  ".join(

@@ -20,7 +20,7 @@ import sys
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
-from uuid import uuid4
+from uuid import UUID, uuid4
 
 import _path  # noqa: F401  (the repository's own mos_lease, before anything imports it)
 import attrs
@@ -78,16 +78,19 @@ def _same(text: bytes) -> bytes:
 # ``rewrite`` turns the library's statement text into a variant's (event_id_designs.py
 # measures other ways to claim an event id with the same cases).
 Rewrite = Callable[[bytes], bytes]
+# Where a variant's event ids come from (a design may need ids of its own kind).
+Mint = Callable[[], UUID]
 
 
 def _leases(conn: psycopg.Connection[Any], schema: str, tenant: str,
-            n: int, rewrite: Rewrite = _same) -> list[Renew]:
+            n: int, rewrite: Rewrite = _same, mint: Mint = uuid4) -> list[Renew]:
     renewals = []
     for k in range(n):
         identity = LeaseIdentity(tenant, "agent", f"b{k}")
         insert = Insert(identity, uuid4(), "bench", ("tool:run",), TTL)
         call = statements.apply(insert, entry(LifecycleEvent.ACQUIRE, Outcome.ACQUIRED,
-                                              identity, "bench", 1), NO_OFFSET, schema=schema)
+                                              identity, "bench", 1, mint()),
+                                NO_OFFSET, schema=schema)
         if not written(conn.execute(rewrite(call.statement.text), call.params).fetchall()[0]):
             raise CorrectnessError(f"bench lease {identity} was not acquired in {schema}")
         renewals.append(Renew(identity, "bench", insert.lease_id, 1, TTL))
@@ -95,14 +98,14 @@ def _leases(conn: psycopg.Connection[Any], schema: str, tenant: str,
 
 
 def _heartbeat(conn: psycopg.Connection[Any], schema: str, renew: Renew,
-               rewrite: Rewrite = _same) -> Case:
+               rewrite: Rewrite = _same, mint: Mint = uuid4) -> Case:
     prepared: list[tuple[bytes, dict[str, Any]]] = []
 
     def setup(n: int) -> None:
         prepared[:] = []
         for _ in range(n):
             call = statements.apply(renew, entry(LifecycleEvent.HEARTBEAT, Outcome.RENEWED,
-                                                 renew.identity, "bench", 1),
+                                                 renew.identity, "bench", 1, mint()),
                                     NO_OFFSET, schema=schema)
             prepared.append((rewrite(call.statement.text), dict(call.params)))
 
@@ -115,14 +118,15 @@ def _heartbeat(conn: psycopg.Connection[Any], schema: str, renew: Renew,
 
 
 def _batch(conn: psycopg.Connection[Any], schema: str, renewals: list[Renew],
-           rewrite: Rewrite = _same) -> Case:
+           rewrite: Rewrite = _same, mint: Mint = uuid4) -> Case:
     prepared: list[tuple[bytes, dict[str, Any]]] = []
 
     def setup(n: int) -> None:
         prepared[:] = []
         for _ in range(n):
             call = statements.renew_many(
-                [(r, entry(LifecycleEvent.HEARTBEAT, Outcome.RENEWED, r.identity, "bench", 1))
+                [(r, entry(LifecycleEvent.HEARTBEAT, Outcome.RENEWED, r.identity, "bench", 1,
+                           mint()))
                  for r in renewals], NO_OFFSET, schema=schema, audit_heartbeats=True)
             prepared.append((rewrite(call.statement.text), dict(call.params)))
 
