@@ -253,7 +253,7 @@ def test_the_librarys_writes_do_not_call_the_check(pg_admin: psycopg.Connection[
 
 
 # Writes of a released row, each naming only some columns: the guard is split by the columns
-# an UPDATE names (migration 0007), so a write naming none of the identity, lease or release
+# an UPDATE names (migration 0008), so a write naming none of the identity, lease or release
 # columns must still be judged whole.
 _RELEASED = "tenant_id = 'released-seed'"
 ON_A_RELEASED_ROW = {

@@ -1,4 +1,4 @@
--- 0007: a renewal passes the lease table's guard through a short WHEN clause.
+-- 0008: a renewal passes the lease table's guard through a short WHEN clause.
 --
 -- PostgreSQL keeps a row trigger's WHEN clause as stored text and reads and compiles it
 -- again for every execution of a statement that fires the trigger (the compiled form lives
