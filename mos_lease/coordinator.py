@@ -39,6 +39,7 @@ from mos_lease.results import (
     HolderView,
     InvocationResult,
     LeaseResult,
+    RenewalResult,
     ValidationResult,
 )
 from mos_lease.store_ops import Flow, perform, perform_async
@@ -212,6 +213,21 @@ class AsyncConnectorLeaseCoordinator(_Coordinator[AsyncLeaseStore]):
         finally:
             SHARED_START.reset(started)
 
+    async def renew_grant(self, grant: ExecutionGrant, *, identity: LeaseIdentity,
+                          scopes: object, ttl: timedelta | float,
+                          correlation_id: str | None = None) -> RenewalResult:
+        """Renew a running tool's grant: reread the lease and, if ``grant`` is still valid
+        for ``identity`` and ``scopes`` (as :meth:`validate` judges it, with the same
+        reasons), mint its successor with a fresh expiry (store time + ``ttl``, never past
+        the lease's) and the context to hand the tool. Asks the policy and audits one
+        ``grant_issue`` row, as :meth:`issue_grant`. Renew before ``grant`` expires: an
+        expired grant is refused (``grant_expired``), and so is every grant once the lease
+        moved on (``stale_epoch``, ``lease_replaced``, ``lease_released``, ...)."""
+        if self._foreign_process():
+            return RenewalResult(Reason.GRANT_UNKNOWN, "unrecognized")
+        return await self._run(
+            self._flows.renew_grant(grant, identity, scopes, ttl, correlation_id))
+
     async def invoke(self, grant: ExecutionGrant,
                      adapter: Callable[[ConnectorExecutionContext], Awaitable[T]], *,
                      identity: LeaseIdentity, scopes: object,
@@ -336,6 +352,21 @@ class ConnectorLeaseCoordinator(_Coordinator[LeaseStore]):
             return self._run(flow)
         finally:
             SHARED_START.reset(started)
+
+    def renew_grant(self, grant: ExecutionGrant, *, identity: LeaseIdentity,
+                    scopes: object, ttl: timedelta | float,
+                    correlation_id: str | None = None) -> RenewalResult:
+        """Renew a running tool's grant: reread the lease and, if ``grant`` is still valid
+        for ``identity`` and ``scopes`` (as :meth:`validate` judges it, with the same
+        reasons), mint its successor with a fresh expiry (store time + ``ttl``, never past
+        the lease's) and the context to hand the tool. Asks the policy and audits one
+        ``grant_issue`` row, as :meth:`issue_grant`. Renew before ``grant`` expires: an
+        expired grant is refused (``grant_expired``), and so is every grant once the lease
+        moved on (``stale_epoch``, ``lease_replaced``, ``lease_released``, ...)."""
+        if self._foreign_process():
+            return RenewalResult(Reason.GRANT_UNKNOWN, "unrecognized")
+        return self._run(
+            self._flows.renew_grant(grant, identity, scopes, ttl, correlation_id))
 
     def invoke(self, grant: ExecutionGrant,
                adapter: Callable[[ConnectorExecutionContext], T], *,

@@ -27,7 +27,11 @@ the decision (:func:`admission_refusal`, :func:`admit`), the input checks
 The shipped guards are built from exactly these.
 
 :func:`effect_refusal` is the check for an effect fenced by the lease row itself
-(:mod:`mos_lease_pg.effects`): everything gateway validation checks, for a context or a token.
+(:mod:`mos_lease_pg.effects`, :mod:`mos_lease_memory.effects`): everything gateway
+validation checks, for a context or a token. :func:`fence_check` validates such an effect's
+arguments. Its ``valid_until`` (:class:`ValidUntil`) says which expiry ends the fence: the
+context's own (the default), or, explicitly opted into for a tool that runs longer than a
+grant, the lease's alone (``docs/adapters.md``, "Tools that outlive a grant").
 """
 
 from __future__ import annotations
@@ -38,9 +42,10 @@ from typing import Final, Protocol
 
 import attrs
 
+from mos_lease.context import ConnectorExecutionContext
 from mos_lease.errors import InvalidInput, MosLeaseError
-from mos_lease.identity import LeaseIdentity, Scopes, check_id
-from mos_lease.machine import clock_refusal, holder_refusal
+from mos_lease.identity import LeaseIdentity, Scopes, check_id, check_identity, normalize_scopes
+from mos_lease.machine import clock_refusal, holder_refusal, identity_refusal
 from mos_lease.records import LeaseRow
 from mos_lease.token import FencingToken
 from mos_lease.vocabulary import Reason
@@ -59,6 +64,38 @@ class FenceReason(enum.StrEnum):
     STALE_EPOCH = "stale_epoch"
     IDENTITY_MISMATCH = "identity_mismatch"
     TOKEN_EXPIRED = "token_expired"
+
+
+class ValidUntil(enum.StrEnum):
+    """Which expiry ends a fenced effect's fence (``valid_until=``). Stable values.
+
+    ``context`` (the default): the fence's own ``expires_at``, the earlier of its grant's
+    and its lease's expiry, as gateway validation judges the grant: past it the effect is
+    refused ``grant_expired`` even while the lease is held. ``lease``: the fence's
+    ``expires_at`` is not judged; the current lease row alone decides (same epoch, lease
+    UUID and connector, not released, not expired), so a tool may keep writing for as long
+    as its lease is held and renewed, and its first effect after a takeover, a release or
+    the lease's expiry is refused. Only for effects judged against the lease row in their
+    own transaction; a resource guard, which cannot see the row, has no such mode.
+    """
+
+    CONTEXT = "context"
+    LEASE = "lease"
+
+
+def check_valid_until(value: object) -> ValidUntil:
+    """``value`` as a :class:`ValidUntil` (a member or its text: ``"context"``,
+    ``"lease"``), else :class:`~mos_lease.InvalidInput`."""
+    if isinstance(value, str):
+        try:
+            return ValidUntil(value)
+        except ValueError:
+            # The text only, cut short: an oversized argument is not echoed whole.
+            got = repr(value[:40])
+    else:
+        got = type(value).__name__
+    raise InvalidInput("valid_until", 'must be ValidUntil.CONTEXT or ValidUntil.LEASE '
+                       f'("context" or "lease"), not {got}')
 
 
 @attrs.frozen(slots=True)
@@ -189,7 +226,8 @@ def admit(current: ResourceEpoch | None, token: FencingToken, resource_id: str, 
 
 
 def effect_refusal(row: LeaseRow | None, now: datetime, fence: FencingToken, *,
-                   needed: Scopes, granted: Scopes | None) -> Reason | None:
+                   needed: Scopes, granted: Scopes | None,
+                   valid_until: ValidUntil = ValidUntil.CONTEXT) -> Reason | None:
     """Why an effect fenced by ``fence`` may not commit against the current lease ``row``,
     judged at ``now`` (the lease store's clock, read once the row is locked).
 
@@ -204,7 +242,8 @@ def effect_refusal(row: LeaseRow | None, now: datetime, fence: FencingToken, *,
     * the fence's own expiry: a context is valid only until its ``expires_at`` (the earlier
       of grant and lease), and a token made from it carries the same instant. Past it the
       effect is refused ``grant_expired``, the reason validation gives the same grant, even
-      while the lease itself is still active;
+      while the lease itself is still active. With ``valid_until=ValidUntil.LEASE`` this
+      check is skipped: the lease row's own state (above) ends the fence;
     * scopes: every scope in ``needed`` must be allowed by the current lease and, for a
       context, be one of the context's effective scopes (``granted``). A token carries no
       scopes (``granted`` is ``None``): its effect is checked against the lease only.
@@ -219,13 +258,58 @@ def effect_refusal(row: LeaseRow | None, now: datetime, fence: FencingToken, *,
     if reason is not None:
         return reason
     assert row is not None
-    if fence.expires_at <= now:
+    if valid_until is ValidUntil.CONTEXT and fence.expires_at <= now:
         return Reason.GRANT_EXPIRED
     wanted = set(needed)
     if not wanted.issubset(row.scopes) or (granted is not None
                                            and not wanted.issubset(granted)):
         return Reason.SCOPE_NOT_AUTHORIZED
     return None
+
+
+@attrs.frozen(slots=True)
+class FenceCheck:
+    """A fence and an effect's needs, validated: what :func:`effect_refusal` is given."""
+
+    token: FencingToken  # the fence's lease fields, checked as a token's are
+    granted: Scopes | None  # the context's scopes; ``None`` for a token, which has none
+    needed: Scopes
+    valid_until: ValidUntil = ValidUntil.CONTEXT
+
+    def refusal(self, row: LeaseRow | None, now: datetime) -> Reason | None:
+        """:func:`effect_refusal` of this check against ``row`` at store time ``now``."""
+        return effect_refusal(row, now, self.token, needed=self.needed, granted=self.granted,
+                              valid_until=self.valid_until)
+
+    def refused(self, reason: Reason) -> FencedEffectRefused:
+        """The exception that reports ``reason`` for this fence."""
+        return FencedEffectRefused(reason, f"{self.token.identity} epoch {self.token.epoch}")
+
+
+def fence_check(fence: object, scopes: object, identity: LeaseIdentity | None = None,
+                valid_until: object = ValidUntil.CONTEXT) -> FenceCheck:
+    """Validate the arguments of a fenced effect before anything is read or written
+    (:class:`~mos_lease.InvalidInput` for a fence that is neither a context nor a token,
+    malformed scopes or an unknown ``valid_until``); refuse at once an ``identity`` the
+    fence does not belong to (:class:`FencedEffectRefused` with the reason validation
+    gives: ``tenant_mismatch``, ...)."""
+    if isinstance(fence, FencingToken):
+        token, granted = fence, None
+    elif isinstance(fence, ConnectorExecutionContext):
+        # Rebuilt as a token: a hand-built context gets the token's field checks (a naive
+        # expiry, a non-UUID lease id), so nothing malformed reaches a comparison.
+        token = FencingToken.from_context(fence)
+        granted = normalize_scopes("context.scopes", fence.scopes)
+    else:
+        raise InvalidInput("context", "must be a ConnectorExecutionContext or FencingToken, "
+                           f"not {type(fence).__name__}")
+    needed = normalize_scopes("scopes", scopes)
+    until = check_valid_until(valid_until)
+    if identity is not None:
+        reason = identity_refusal(token.identity, check_identity("identity", identity))
+        if reason is not None:
+            raise FencedEffectRefused(reason, f"{token.identity} is not {identity}")
+    return FenceCheck(token, granted, needed, until)
 
 
 class ResourceGuard(Protocol):
@@ -251,16 +335,20 @@ class AsyncResourceGuard(Protocol):
 __all__ = [
     "NO_GRACE",
     "AsyncResourceGuard",
+    "FenceCheck",
     "FenceReason",
     "FencedEffectRefused",
     "GuardDecision",
     "ResourceEpoch",
     "ResourceGuard",
+    "ValidUntil",
     "admission_refusal",
     "admit",
     "check_expiry_grace",
     "check_resource_id",
     "check_token",
+    "check_valid_until",
     "effect_refusal",
+    "fence_check",
     "judged_grace",
 ]

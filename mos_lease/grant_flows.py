@@ -9,15 +9,17 @@ from __future__ import annotations
 import logging
 from datetime import datetime
 
+import attrs
+
 from mos_lease.context import ConnectorExecutionContext
 from mos_lease.errors import CommitOutcomeUnknown, StoreUnavailable
 from mos_lease.flow_options import FlowOptions
 from mos_lease.grants import ExecutionGrant
 from mos_lease.identity import LeaseIdentity, check_correlation_id, normalize_ttl
-from mos_lease.machine import IssueGrant, decide, grant_expiry
+from mos_lease.machine import IssueGrant, audit_entry, decide, grant_expiry
 from mos_lease.policy import PolicyRequest
 from mos_lease.records import Snapshot
-from mos_lease.results import GrantResult, ValidationResult
+from mos_lease.results import GrantResult, RenewalResult, ValidationResult
 from mos_lease.store_ops import Flow, Load, Record
 from mos_lease.validation import (
     Validate,
@@ -25,6 +27,7 @@ from mos_lease.validation import (
     read_refusal,
     slow_reply,
     validation_audit,
+    validation_refusal,
     validation_refusal_unread,
 )
 from mos_lease.vocabulary import LifecycleEvent, Outcome, Reason
@@ -103,6 +106,85 @@ class GrantFlows(FlowOptions):
                             "validity it reported", identity, in_flight)
         return (yield from self._deny_validation(reason, identity, grant.connector_id,
                                                  grant.epoch, grant.correlation_id))
+
+    def renew_grant(self, grant: object, identity: object, scopes: object, ttl: object,
+                    correlation_id: object) -> Flow[RenewalResult]:
+        """A successor of a grant still valid now, with a fresh expiry: for a tool that runs
+        longer than one grant. The old grant is judged as :meth:`validate` judges it (same
+        reasons, same order, time in flight included), the successor's issue as
+        :meth:`issue_grant` (the policy is asked, one ``grant_issue`` audit row either way),
+        and the new context's validity against the reply's time in flight again. The
+        successor carries the requested scopes, which the old grant's bound: a renewal never
+        widens."""
+        identity = self.inputs.identity("identity", identity)
+        requested = self.inputs.scopes("scopes", scopes)
+        norm_ttl = normalize_ttl("ttl", ttl, self.grant_ttl_cap)
+        given_correlation = check_correlation_id("correlation_id", correlation_id)
+        registry_reason = self.grants.check(grant)
+        if registry_reason is Reason.GRANT_UNKNOWN:
+            # Nothing in an unrecognized object is trusted, not even for the audit row.
+            correlation = given_correlation or self.ids().hex
+            entry = validation_audit(self.ids(), Reason.GRANT_UNKNOWN, identity,
+                                     "unrecognized", None, correlation)
+            try:
+                yield Record(attrs.evolve(entry, event=LifecycleEvent.GRANT_ISSUE))
+            except (StoreUnavailable, CommitOutcomeUnknown):
+                log.warning("mos_lease: could not audit denied renewal %s", entry.event_id)
+            return RenewalResult(Reason.GRANT_UNKNOWN, correlation)
+        assert isinstance(grant, ExecutionGrant)
+        correlation = given_correlation or grant.correlation_id
+        old = Validate(identity, requested, grant.identity, grant.connector_id,
+                       grant.lease_id, grant.epoch, grant.scopes, grant.expires_at,
+                       registry_reason, correlation)
+        issue = IssueGrant(grant.identity, grant.connector_id, grant.lease_id, grant.epoch,
+                           requested, norm_ttl, self.ids(), correlation)
+        reason = validation_refusal_unread(old)
+        if reason is None:
+            verdict = self.verdict(PolicyRequest(LifecycleEvent.GRANT_ISSUE, grant.identity,
+                                                 grant.connector_id, requested, norm_ttl))
+            reason = verdict.reason if not verdict.allowed else None
+        if reason is not None:
+            return (yield from self._deny_renewal(issue, reason, grant.epoch))
+        read: Snapshot | None = None
+        sent = self.monotonic()
+        try:
+            read = yield Load(grant.identity)
+        except StoreUnavailable:
+            log.warning("mos_lease: grant renewal denied for %s: store unavailable", identity)
+        in_flight = self.monotonic() - sent
+        if read is not None:
+            self.grants.prune(read.now)
+        reason = read_refusal(old, read, in_flight)
+        if reason is None:
+            assert read is not None and read.row is not None
+            expires_at = grant_expiry(read.row, read.now, norm_ttl)
+            # The successor's context must still be valid once the reply is in hand.
+            reason = validation_refusal(
+                attrs.evolve(old, granted_scopes=requested, grant_expires_at=expires_at),
+                read.row, read.now, in_flight)
+        if reason is not None:
+            return (yield from self._deny_renewal(issue, reason, grant.epoch))
+        assert read is not None and read.row is not None
+        yield Record(audit_entry(issue, None, grant.epoch))
+        successor = self.grants.mint(
+            self.ids(), grant.identity, grant.connector_id, grant.lease_id, grant.epoch,
+            requested, expires_at, correlation, read.now)
+        context = ConnectorExecutionContext(
+            identity=grant.identity, connector_id=grant.connector_id,
+            lease_id=grant.lease_id, epoch=grant.epoch, scopes=requested,
+            expires_at=min(expires_at, read.row.expires_at), correlation_id=correlation)
+        return RenewalResult(None, correlation, successor, context)
+
+    def _deny_renewal(self, issue: IssueGrant, reason: Reason,
+                      epoch: int) -> Flow[RenewalResult]:
+        log.info("mos_lease: grant renewal denied for %s connector=%s reason=%s",
+                 issue.identity, issue.connector_id, reason)
+        try:
+            yield Record(audit_entry(issue, reason, epoch))
+        except (StoreUnavailable, CommitOutcomeUnknown):
+            # The refusal stands whether or not its audit row made it.
+            log.warning("mos_lease: could not audit denied renewal %s", issue.event_id)
+        return RenewalResult(reason, issue.correlation_id)
 
     def _deny_validation(self, reason: Reason, identity: LeaseIdentity, connector_id: str,
                          epoch: int | None, correlation_id: str) -> Flow[ValidationResult]:

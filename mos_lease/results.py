@@ -72,6 +72,24 @@ class ValidationResult:
 
 
 @attrs.frozen(slots=True)
+class RenewalResult:
+    """Outcome of :meth:`~mos_lease.ConnectorLeaseCoordinator.renew_grant`: on success
+    ``grant`` is the successor grant (renew it next) and ``context`` the fresh context for
+    the running tool, both with the new expiry; on a refusal both are ``None`` and
+    ``reason`` is the one validation would give the old grant (or the policy's)."""
+
+    reason: Reason | None
+    correlation_id: str
+    grant: ExecutionGrant | None = None
+    context: ConnectorExecutionContext | None = None
+
+    @property
+    def ok(self) -> bool:
+        """Whether the grant was renewed (``reason`` is ``None``)."""
+        return self.reason is None
+
+
+@attrs.frozen(slots=True)
 class InvocationResult(Generic[T]):
     """Outcome of :meth:`~mos_lease.ConnectorLeaseCoordinator.invoke`: the adapter ran and
     returned ``value`` only if validation passed."""

@@ -7,9 +7,9 @@ one lock, so a write and its audit row happen together or not at all.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import ClassVar
+from typing import ClassVar, TypeVar
 from uuid import UUID
 
 from mos_lease.clock import Clock, SystemClock
@@ -17,6 +17,8 @@ from mos_lease.identity import LeaseIdentity, check_count, check_id, check_ident
 from mos_lease.machine import Renew, Write, write_outcome
 from mos_lease.ports import MAX_AUDIT_PAGE
 from mos_lease.records import AuditEntry, AuditRecord, LeaseRow, Snapshot, WriteOutcome
+
+T = TypeVar("T")
 
 
 class InMemoryLeaseStore:
@@ -30,7 +32,8 @@ class InMemoryLeaseStore:
 
     def __init__(self, clock: Clock | None = None) -> None:
         self.clock: Clock = clock if clock is not None else SystemClock()
-        self._lock = threading.Lock()
+        # Reentrant: a fenced effect (``holding``) runs under it and may read the store.
+        self._lock = threading.RLock()
         self._rows: dict[LeaseIdentity, LeaseRow] = {}
         self._audit: list[AuditRecord] = []
         self._event_ids: set[UUID] = set()
@@ -52,6 +55,17 @@ class InMemoryLeaseStore:
             self._append(entry, now)  # refuses a repeated event id before any change
             self._rows[write.identity] = row
             return WriteOutcome(row, now)
+
+    def holding(self, identity: LeaseIdentity, action: Callable[[Snapshot], T]) -> T:
+        """Call ``action`` with ``identity``'s row and the store's time, read under the
+        store's lock and holding it until ``action`` returns: no lease write (heartbeat,
+        release, takeover) can come between what ``action`` saw and what it did. The
+        in-memory counterpart of a transaction holding the row ``FOR SHARE``; the fenced
+        effects of :mod:`mos_lease_memory.effects` are built on it. Keep ``action`` short:
+        every store call of the process waits for it."""
+        check_identity("identity", identity)
+        with self._lock:
+            return action(Snapshot(self._rows.get(identity), self.clock.now()))
 
     def renew_many(self, items: Sequence[tuple[Renew, AuditEntry]]) -> list[WriteOutcome]:
         """:meth:`mos_lease.ports.LeaseStore.renew_many`: each renewal as :meth:`apply`, in

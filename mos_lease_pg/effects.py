@@ -26,6 +26,12 @@ This is Temporal's pattern of fencing every persistence write with the shard's r
 the same transaction. Keep fenced transactions short: while one is open, the holder's own
 heartbeats wait for it too. A lease or context that expires while the transaction runs is
 not re-checked at commit: the order above already keeps the successor's effects after it.
+
+``valid_until=ValidUntil.LEASE`` (opted into per call) judges the lease row alone and not the
+fence's own ``expires_at``: for a tool that runs longer than the 30 s grant cap while its
+lease is held and renewed. Every check of the row stays, so the first effect after a
+takeover, a release or the lease's expiry is still refused (``docs/adapters.md``, "Tools that
+outlive a grant").
 """
 
 from __future__ import annotations
@@ -35,16 +41,14 @@ from contextlib import asynccontextmanager, contextmanager
 from datetime import datetime
 from typing import Any, Final
 
-import attrs
 import psycopg
 from psycopg.pq import TransactionStatus
 from psycopg.rows import tuple_row
 
 from mos_lease.context import ConnectorExecutionContext
 from mos_lease.errors import InvalidInput
-from mos_lease.fencing import FencedEffectRefused, effect_refusal
-from mos_lease.identity import LeaseIdentity, Scopes, check_identity, normalize_scopes
-from mos_lease.machine import identity_refusal
+from mos_lease.fencing import FenceCheck, ValidUntil, fence_check
+from mos_lease.identity import LeaseIdentity
 from mos_lease.records import LeaseRow
 from mos_lease.token import FencingToken
 from mos_lease.vocabulary import Reason
@@ -59,37 +63,6 @@ Fence = ConnectorExecutionContext | FencingToken
 """What an effect can be fenced by: the context an adapter received, or a token parsed
 from a message (both carry identity, connector, lease UUID, epoch and expiry; only the
 context carries scopes)."""
-
-
-@attrs.frozen(slots=True)
-class FenceCheck:
-    """A fence and an effect's needs, validated: what :func:`judge_locked_row` compares."""
-
-    token: FencingToken  # the fence's lease fields, checked as a token's are
-    granted: Scopes | None  # the context's scopes; ``None`` for a token, which has none
-    needed: Scopes
-
-
-def fence_check(fence: object, scopes: object,
-                identity: LeaseIdentity | None = None) -> FenceCheck:
-    """Validate the arguments of a fenced transaction; refuse at once an ``identity`` the
-    fence does not belong to (with the reason validation gives: ``tenant_mismatch``, ...)."""
-    if isinstance(fence, FencingToken):
-        token, granted = fence, None
-    elif isinstance(fence, ConnectorExecutionContext):
-        # Rebuilt as a token: a hand-built context gets the token's field checks (a naive
-        # expiry, a non-UUID lease id), so nothing malformed reaches a comparison.
-        token = FencingToken.from_context(fence)
-        granted = normalize_scopes("context.scopes", fence.scopes)
-    else:
-        raise InvalidInput("context", "must be a ConnectorExecutionContext or FencingToken, "
-                           f"not {type(fence).__name__}")
-    needed = normalize_scopes("scopes", scopes)
-    if identity is not None:
-        reason = identity_refusal(token.identity, check_identity("identity", identity))
-        if reason is not None:
-            raise FencedEffectRefused(reason, f"{token.identity} is not {identity}")
-    return FenceCheck(token, granted, needed)
 
 
 def _params(check: FenceCheck) -> dict[str, str]:
@@ -109,12 +82,7 @@ def judge_locked_row(check: FenceCheck,
         identity=check.token.identity, lease_id=lease_id, connector_id=connector_id,
         scopes=tuple(scopes), epoch=int(epoch), acquired_at=acquired, heartbeat_at=heartbeat,
         expires_at=expires, released_at=released, updated_at=updated)
-    return now, effect_refusal(current, now, check.token, needed=check.needed,
-                               granted=check.granted)
-
-
-def _refuse(check: FenceCheck, reason: Reason) -> FencedEffectRefused:
-    return FencedEffectRefused(reason, f"{check.token.identity} epoch {check.token.epoch}")
+    return now, check.refusal(current, now)
 
 
 def _check_idle(status: TransactionStatus) -> None:
@@ -129,6 +97,7 @@ def _check_idle(status: TransactionStatus) -> None:
 def fenced_transaction(conn: psycopg.Connection[Any], context: Fence, *, scopes: Iterable[str],
                        identity: LeaseIdentity | None = None,
                        schema: str = DEFAULT_SCHEMA,
+                       valid_until: ValidUntil = ValidUntil.CONTEXT,
                        ) -> Iterator[psycopg.Cursor[Any]]:
     """Open a transaction on ``conn`` that holds the current lease row ``FOR SHARE`` and
     yields a cursor only if ``context`` (a context or a token) passes every check gateway
@@ -139,14 +108,17 @@ def fenced_transaction(conn: psycopg.Connection[Any], context: Fence, *, scopes:
     context's scopes. ``identity``, if given, is the identity the effect belongs to as the
     caller knows it (for example from the route), refused like validation refuses a grant of
     another identity. ``schema`` is where the lease table is (as ``ConnectionSettings.schema``;
-    the connection's search_path is not used).
+    the connection's search_path is not used). ``valid_until`` is the expiry that ends the
+    fence (:class:`~mos_lease.fencing.ValidUntil`): the fence's own ``expires_at`` by default;
+    ``ValidUntil.LEASE`` judges the current lease row alone, for a tool that outlives its
+    grant while its lease is held.
 
     Raises :class:`~mos_lease.fencing.FencedEffectRefused` (with a lease
     :class:`~mos_lease.vocabulary.Reason`) after rolling back if any check fails. The
     transaction commits when the block exits normally and rolls back if it raises. The
     caller owns the connection, so psycopg's own errors reach it unchanged.
     """
-    check = fence_check(context, scopes, identity)
+    check = fence_check(context, scopes, identity, valid_until)
     _check_idle(conn.info.transaction_status)
     with conn.transaction():
         with conn.cursor(row_factory=tuple_row) as lock:
@@ -154,7 +126,7 @@ def fenced_transaction(conn: psycopg.Connection[Any], context: Fence, *, scopes:
             row = lock.fetchone()
         _, reason = judge_locked_row(check, row)
         if reason is not None:
-            raise _refuse(check, reason)
+            raise check.refused(reason)
         with conn.cursor() as cur:
             yield cur
 
@@ -164,9 +136,10 @@ async def fenced_transaction_async(conn: psycopg.AsyncConnection[Any], context: 
                                    scopes: Iterable[str],
                                    identity: LeaseIdentity | None = None,
                                    schema: str = DEFAULT_SCHEMA,
+                                   valid_until: ValidUntil = ValidUntil.CONTEXT,
                                    ) -> AsyncIterator[psycopg.AsyncCursor[Any]]:
     """The asyncio twin of :func:`fenced_transaction`."""
-    check = fence_check(context, scopes, identity)
+    check = fence_check(context, scopes, identity, valid_until)
     _check_idle(conn.info.transaction_status)
     async with conn.transaction():
         async with conn.cursor(row_factory=tuple_row) as lock:
@@ -174,6 +147,6 @@ async def fenced_transaction_async(conn: psycopg.AsyncConnection[Any], context: 
             row = await lock.fetchone()
         _, reason = judge_locked_row(check, row)
         if reason is not None:
-            raise _refuse(check, reason)
+            raise check.refused(reason)
         async with conn.cursor() as cur:
             yield cur
