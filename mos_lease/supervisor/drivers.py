@@ -21,6 +21,7 @@ from mos_lease.identity import LeaseIdentity, check_id, check_identity, normaliz
 from mos_lease.keeper import KeeperTiming
 from mos_lease.records import LeaseHandle
 from mos_lease.results import GrantResult, LeaseResult
+from mos_lease.supervisor.changes import Change
 from mos_lease.supervisor.flow import (
     Attempt,
     Call,
@@ -32,14 +33,7 @@ from mos_lease.supervisor.flow import (
     turn,
     turn_failed,
 )
-from mos_lease.supervisor.schedule import (
-    Acquire,
-    Binding,
-    Change,
-    ReadHolder,
-    Renew,
-    Takeover,
-)
+from mos_lease.supervisor.slots import Acquire, Binding, ReadHolder, Renew, Takeover
 
 log = logging.getLogger("mos_lease.supervisor")
 
