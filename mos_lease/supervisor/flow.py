@@ -2,9 +2,10 @@
 
 :func:`turn` is a generator that yields the calls it needs (:class:`~.slots.Renew`,
 :class:`Attempt`, :class:`Release`, :class:`Sleep`) and is sent their outcomes, as the
-keeper's flows are; ``drivers.py`` performs them on one thread or one task. An outcome is
-the call's result, the exception it raised (as a value: store failures are judged by the
-schedule, not raised), or :data:`OVERDUE` for a call still running at its time limit.
+keeper's flows are; ``thread_supervisor.py`` and ``asyncio_supervisor.py`` perform them on
+one thread or one task. An outcome is the call's result, the exception it raised (as a value:
+store failures are judged by the schedule, not raised), or :data:`OVERDUE` for a call still
+running at its time limit.
 """
 
 from __future__ import annotations
