@@ -42,6 +42,7 @@ from mos_lease.machine import Renew, Write
 from mos_lease.operation import time_left
 from mos_lease.ports import MAX_AUDIT_PAGE
 from mos_lease.records import AuditEntry, AuditRecord, LeaseRow, Snapshot, WriteOutcome
+from mos_lease.sleep import Sleep
 from mos_lease_pg import reconcile, replication, statements
 from mos_lease_pg.attempts import Covers, Missed, Resend, Sent, needs_discard, resending
 from mos_lease_pg.connection import (
@@ -62,9 +63,10 @@ T = TypeVar("T")
 D = TypeVar("D")
 P = TypeVar("P")
 # What a store flow (record, event_committed, a failed call's resend) yields: a statement
-# to send within the operation's deadline, one more attempt of a failed call, or seconds to
-# wait before looking again. Each store's ``_drive`` only performs them.
-Step = Call[Any] | Resend | float
+# to send within the operation's deadline, one more attempt of a failed call, or the pause
+# before looking again (the library's one pause step). Each store's ``_drive`` only performs
+# them.
+Step = Call[Any] | Resend | Sleep
 Flow = Generator[Step, Any, T]
 
 def _check_optional_id(field: str, value: object) -> str | None:
@@ -165,12 +167,12 @@ class _StoreCore:
             yield reconcile.terminate(lost.pid, schema=self._schema)
             while (yield reconcile.backend_alive(lost.pid, schema=self._schema)):
                 self._poll(f"backend {lost.pid}", deadline)
-                yield reconcile.POLL
+                yield Sleep(reconcile.POLL)
             return
         since, running = yield reconcile.running_before(None, schema=self._schema)
         while running:
             self._poll(f"{running} transaction(s) of this role", deadline)
-            yield reconcile.POLL
+            yield Sleep(reconcile.POLL)
             since, running = yield reconcile.running_before(since, schema=self._schema)
 
     def _poll(self, what: str, deadline: float) -> None:
@@ -275,8 +277,8 @@ class PostgresLeaseStore(_StoreCore):
         return drive.result
 
     def _perform(self, step: Step, deadline: float) -> object:
-        if isinstance(step, float):
-            time.sleep(step)
+        if isinstance(step, Sleep):
+            time.sleep(step.seconds)
             return None
         if isinstance(step, Resend):
             return self._attempt(step.call, None, deadline)
@@ -404,8 +406,8 @@ class AsyncPostgresLeaseStore(_StoreCore):
         return drive.result
 
     async def _perform(self, step: Step, deadline: float) -> object:
-        if isinstance(step, float):
-            await asyncio.sleep(step)
+        if isinstance(step, Sleep):
+            await asyncio.sleep(step.seconds)
             return None
         if isinstance(step, Resend):
             return await self._attempt(step.call, None, deadline)
