@@ -25,7 +25,8 @@ import psycopg
 from mos_lease.clock import MonotonicClock
 from mos_lease.errors import CommitOutcomeUnknown, MosLeaseError, StoreUnavailable
 from mos_lease_pg.reconcile import IN_DOUBT, UNAUDITED, Lost
-from mos_lease_pg.statements import Call, Kind, Row
+from mos_lease_pg.rows import Row
+from mos_lease_pg.statements import Call, Kind
 from mos_lease_pg.translate import Failure, connection_lost, statement_failure
 from mos_lease_pg.wire import AnyWire, forgotten
 

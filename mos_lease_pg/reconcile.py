@@ -44,7 +44,8 @@ import attrs
 from mos_lease.errors import CommitOutcomeUnknown, InternalInconsistency, StoreUnavailable
 from mos_lease.records import AuditEntry
 from mos_lease_pg import statements
-from mos_lease_pg.statements import Call, Row
+from mos_lease_pg.rows import Row
+from mos_lease_pg.statements import Call
 
 IN_DOUBT_MEMORY: Final = 1024
 POLL: Final = 0.02  # seconds between looks at pg_stat_activity

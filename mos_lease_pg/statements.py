@@ -17,6 +17,7 @@ whose search_path finds another copy of the tables, or none, must neither write 
 nor fail obscurely). The files write ``{schema}.table`` and :meth:`Template.at` substitutes
 the quoted schema of the store (``ConnectionSettings.schema``). Loading refuses a statement
 that names a library table without ``{schema}.`` (see :func:`unqualified`), at import time.
+How the rows that come back map to the core's records is :mod:`mos_lease_pg.rows`.
 """
 
 from __future__ import annotations
@@ -26,9 +27,9 @@ import functools
 import hashlib
 import re
 from collections.abc import Callable, Mapping, Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from importlib import resources
-from typing import Any, Final, Generic, TypeVar
+from typing import Final, Generic, TypeVar
 from uuid import UUID
 
 import attrs
@@ -38,10 +39,20 @@ from mos_lease.errors import ConfigurationError, InvalidInput
 from mos_lease.identity import LeaseIdentity
 from mos_lease.machine import Close, Insert, Renew, Rotate, Write
 from mos_lease.records import AuditEntry, AuditRecord, LeaseRow, Snapshot, WriteOutcome
-from mos_lease.vocabulary import LifecycleEvent, Outcome, Reason
+from mos_lease.vocabulary import LifecycleEvent, Outcome
+from mos_lease_pg.rows import (
+    Row,
+    parse_audit_records,
+    parse_flag,
+    parse_lease_rows,
+    parse_nothing,
+    parse_snapshot,
+    parse_time,
+    parse_write_outcome,
+    parse_write_outcomes,
+)
 
 T = TypeVar("T")
-Row = tuple[Any, ...]
 
 
 def sql_text(*path: str) -> str:
@@ -264,95 +275,6 @@ class Call(Generic[T]):
     audited: bool = True
 
 
-# --- row mapping --------------------------------------------------------------------------
-
-
-def _utc(value: datetime) -> datetime:
-    # The session time zone decides how timestamptz arrives; the core works in UTC. A UTC
-    # session (the default settings) delivers them in UTC already: no conversion then.
-    return value if value.tzinfo is UTC else value.astimezone(UTC)
-
-
-def _maybe_utc(value: datetime | None) -> datetime | None:
-    return None if value is None else _utc(value)
-
-
-def lease_row(identity: LeaseIdentity, cols: Sequence[Any]) -> LeaseRow:
-    """Map (lease_id, connector_id, allowed_scopes, epoch, acquired_at, heartbeat_at,
-    expires_at, released_at, updated_at) to a :class:`LeaseRow`."""
-    lease_id, connector_id, scopes, epoch, acquired, heartbeat, expires, released, updated = cols
-    return LeaseRow(
-        identity=identity, lease_id=lease_id, connector_id=connector_id,
-        scopes=tuple(scopes), epoch=epoch, acquired_at=_utc(acquired),
-        heartbeat_at=_utc(heartbeat), expires_at=_utc(expires),
-        released_at=_maybe_utc(released), updated_at=_utc(updated),
-    )
-
-
-def _single(rows: Sequence[Row]) -> Row:
-    if len(rows) != 1:
-        raise AssertionError(f"expected exactly one row, got {len(rows)}")
-    return rows[0]
-
-
-def _time_and_row(identity: LeaseIdentity, rows: Sequence[Row]) -> tuple[datetime, LeaseRow | None]:
-    now, *cols = _single(rows)
-    # lease_id is NOT NULL in the table, so a NULL here means "no row" (LEFT JOIN).
-    return _utc(now), None if cols[0] is None else lease_row(identity, cols)
-
-
-def _snapshot(identity: LeaseIdentity, rows: Sequence[Row]) -> Snapshot:
-    now, row = _time_and_row(identity, rows)
-    return Snapshot(row, now)
-
-
-def _write_outcome(identity: LeaseIdentity, rows: Sequence[Row], *,
-                   finds_row: bool = False) -> WriteOutcome:
-    """A guarded write's row: the time, its new lease columns, and (``finds_row``: for the
-    writes that lock an existing row) the row it found, which names a refusal."""
-    now, *cols = _single(rows)
-    written = cols[:9]
-    if written[0] is not None:  # lease_id is NOT NULL: a NULL means the guard did not hold
-        return WriteOutcome(lease_row(identity, written), _utc(now))
-    found = cols[9:18]
-    if not finds_row or len(found) != 9:
-        return WriteOutcome(None, _utc(now))
-    row = None if found[0] is None else lease_row(identity, found)
-    return WriteOutcome(None, _utc(now), found=Snapshot(row, _utc(now)))
-
-
-def _nothing(rows: Sequence[Row]) -> None:
-    return None
-
-
-def _flag(rows: Sequence[Row]) -> bool:
-    return bool(_single(rows)[0])
-
-
-def _time(rows: Sequence[Row]) -> datetime:
-    return _utc(_single(rows)[0])
-
-
-def _lease_rows(rows: Sequence[Row]) -> list[LeaseRow]:
-    return [lease_row(LeaseIdentity(*row[:3]), row[3:]) for row in rows]
-
-
-def audit_record(row: Row) -> AuditRecord:
-    """Map one ``audit.sql`` row to an :class:`AuditRecord`."""
-    (seq, event_id, event, outcome, reason, tenant_id, agent_id, binding_id, connector_id,
-     epoch, correlation_id, recorded_at) = row
-    entry = AuditEntry(
-        event_id=event_id, event=LifecycleEvent(event), outcome=Outcome(outcome),
-        reason=None if reason is None else Reason(reason),
-        identity=LeaseIdentity(tenant_id, agent_id, binding_id), connector_id=connector_id,
-        epoch=epoch, correlation_id=correlation_id,
-    )
-    return AuditRecord(seq, entry, _utc(recorded_at))
-
-
-def _audit_records(rows: Sequence[Row]) -> list[AuditRecord]:
-    return [audit_record(row) for row in rows]
-
 
 # --- calls --------------------------------------------------------------------------------
 
@@ -377,7 +299,7 @@ def _entry_params(entry: AuditEntry) -> dict[str, object]:
 def load(identity: LeaseIdentity, offset: timedelta, *,
          schema: str = DEFAULT_SCHEMA) -> Call[Snapshot]:
     return Call("load", LOAD.at(schema), {"offset": offset, **_identity_params(identity)},
-                functools.partial(_snapshot, identity))
+                functools.partial(parse_snapshot, identity))
 
 
 def _write_params(write: Write) -> dict[str, object]:
@@ -405,17 +327,10 @@ def apply(write: Write, entry: AuditEntry, offset: timedelta, *,
     audited = audit_heartbeats or not isinstance(write, Renew)
     template = WRITES[type(write)] if audited else QUIET_RENEW
     return Call(f"{entry.event} write", template.at(schema), params,
-                functools.partial(_write_outcome, write.identity,
+                functools.partial(parse_write_outcome, write.identity,
                                   finds_row=not isinstance(write, Insert)), Kind.WRITE,
                 event_id=entry.event_id, identity=write.identity, audited=audited)
 
-
-def _write_outcomes(identities: Sequence[LeaseIdentity],
-                    rows: Sequence[Row]) -> list[WriteOutcome]:
-    if len(rows) != len(identities):
-        raise AssertionError(f"expected {len(identities)} rows, got {len(rows)}")
-    return [_write_outcome(identity, (row,)) for identity, row in zip(identities, rows,
-                                                                       strict=True)]
 
 
 def renew_many(renewals: Sequence[tuple[Renew, AuditEntry]], offset: timedelta, *,
@@ -446,7 +361,7 @@ def renew_many(renewals: Sequence[tuple[Renew, AuditEntry]], offset: timedelta, 
     first_write, first_entry = items[0]
     template = RENEW_MANY if audit_heartbeats else QUIET_RENEW_MANY
     return Call(f"batch of {len(items)} heartbeats", template.at(schema), params,
-                functools.partial(_write_outcomes, [w.identity for w in renews]), Kind.WRITE,
+                functools.partial(parse_write_outcomes, [w.identity for w in renews]), Kind.WRITE,
                 event_id=first_entry.event_id, identity=first_write.identity,
                 audited=audit_heartbeats)
 
@@ -454,23 +369,23 @@ def renew_many(renewals: Sequence[tuple[Renew, AuditEntry]], offset: timedelta, 
 def record(entry: AuditEntry, offset: timedelta, *,
            schema: str = DEFAULT_SCHEMA) -> Call[None]:
     return Call("audit record", RECORD.at(schema), {"offset": offset, **_entry_params(entry)},
-                _nothing, Kind.IDEMPOTENT_WRITE, entry.event_id, entry.identity)
+                parse_nothing, Kind.IDEMPOTENT_WRITE, entry.event_id, entry.identity)
 
 
 def event_committed(event_id: UUID, *, schema: str = DEFAULT_SCHEMA) -> Call[bool]:
-    return Call("event lookup", EVENT_COMMITTED.at(schema), {"event_id": event_id}, _flag)
+    return Call("event lookup", EVENT_COMMITTED.at(schema), {"event_id": event_id}, parse_flag)
 
 
 def now(offset: timedelta, *, schema: str = DEFAULT_SCHEMA) -> Call[datetime]:
-    return Call("clock read", NOW.at(schema), {"offset": offset}, _time)
+    return Call("clock read", NOW.at(schema), {"offset": offset}, parse_time)
 
 
 def leases(tenant_id: str | None, *, schema: str = DEFAULT_SCHEMA) -> Call[list[LeaseRow]]:
-    return Call("lease listing", LEASES.at(schema), {"tenant_id": tenant_id}, _lease_rows)
+    return Call("lease listing", LEASES.at(schema), {"tenant_id": tenant_id}, parse_lease_rows)
 
 
 def audit(*, tenant_id: str | None, logical_agent_id: str | None, binding_id: str | None,
           after_seq: int, limit: int, schema: str = DEFAULT_SCHEMA) -> Call[list[AuditRecord]]:
     params = {"tenant_id": tenant_id, "logical_agent_id": logical_agent_id,
               "binding_id": binding_id, "after_seq": after_seq, "limit": limit}
-    return Call("audit listing", AUDIT.at(schema), params, _audit_records)
+    return Call("audit listing", AUDIT.at(schema), params, parse_audit_records)

@@ -1,10 +1,11 @@
 """The supervisor's turn, written once: what the thread and the asyncio supervisor do.
 
-:func:`turn` is a generator that yields the calls it needs (:class:`~.schedule.Renew`,
+:func:`turn` is a generator that yields the calls it needs (:class:`~.slots.Renew`,
 :class:`Attempt`, :class:`Release`, :class:`Sleep`) and is sent their outcomes, as the
-keeper's flows are; ``drivers.py`` performs them on one thread or one task. An outcome is
-the call's result, the exception it raised (as a value: store failures are judged by the
-schedule, not raised), or :data:`OVERDUE` for a call still running at its time limit.
+keeper's flows are; ``thread_supervisor.py`` and ``asyncio_supervisor.py`` perform them on
+one thread or one task. An outcome is the call's result, the exception it raised (as a value:
+store failures are judged by the schedule, not raised), or :data:`OVERDUE` for a call still
+running at its time limit.
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ from mos_lease.identity import LeaseIdentity, check_correlation_id
 from mos_lease.keeper import LeaseLoss, LossCause, grant_loss, local_refusal
 from mos_lease.records import LeaseHandle
 from mos_lease.results import GrantResult
-from mos_lease.supervisor.schedule import Campaign, Change, Renew, Schedule, Slot
+from mos_lease.supervisor.changes import Change
+from mos_lease.supervisor.schedule import Schedule
+from mos_lease.supervisor.slots import Campaign, Renew, Slot
 from mos_lease.vocabulary import Reason
 
 __all__ = ["OVERDUE", "Attempt", "Call", "Core", "IssueGrant", "Release", "Sleep",

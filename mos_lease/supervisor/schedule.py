@@ -10,7 +10,9 @@ lease at the observed epoch, back off with jitter, and campaign again after a lo
 :meth:`Schedule.due` returns the calls due at ``now``: renewals grouped by ttl into batches of
 at most :data:`BATCH` leases (one ``heartbeat_many`` round trip each), and campaign calls one
 per binding. Each call's outcome goes back through :meth:`Schedule.renewed` or
-:meth:`Schedule.campaigned`, which return the changes to report.
+:meth:`Schedule.campaigned`, which return the changes to report. The values it decides with
+are in :mod:`~mos_lease.supervisor.slots` (the bindings, their slots and the calls) and
+:mod:`~mos_lease.supervisor.changes` (what is reported).
 """
 
 from __future__ import annotations
@@ -28,7 +30,6 @@ from mos_lease.holder.waiting import RETRY_REASONS, pause_for
 from mos_lease.identity import LeaseIdentity
 from mos_lease.keeper import (
     KeeperState,
-    KeeperTiming,
     LeaseLoss,
     LossCause,
     after_renewal,
@@ -39,6 +40,17 @@ from mos_lease.keeper import (
 from mos_lease.keeper.schedule import ReportLoss
 from mos_lease.records import LeaseHandle
 from mos_lease.results import HolderView, LeaseResult
+from mos_lease.supervisor.changes import BindingLost, BindingStarted, Change, NewHolder
+from mos_lease.supervisor.slots import (
+    Acquire,
+    Binding,
+    Campaign,
+    Due,
+    ReadHolder,
+    Renew,
+    Slot,
+    Takeover,
+)
 from mos_lease.vocabulary import LeaseState, Reason
 
 log = logging.getLogger("mos_lease.supervisor")
@@ -53,127 +65,6 @@ deadline only moves later: it is counted from the start of the renewing call), a
 gathers the leases of a process into one tick instead of one round trip per lease."""
 
 OVERDUE_RENEWAL: Final = "renewal still running when the earliest deadline came; abandoned"
-
-
-# --- what the gateway registered, and the state of each binding ----------------------------
-
-
-@attrs.frozen(slots=True)
-class Binding:
-    """A binding the supervisor runs: who, as which connector, with which scopes and timing.
-    The scopes are those :func:`~mos_lease.identity.normalize_scopes` returned."""
-
-    identity: LeaseIdentity
-    connector_id: str
-    scopes: tuple[str, ...]
-    timing: KeeperTiming
-
-
-class Slot:
-    """One registered binding: either holding (``state`` without a loss) or campaigning
-    (``step`` is tried at ``try_at``). ``busy`` while a call for it is in flight. Compared by
-    identity: a call whose slot was removed (or replaced by a new registration) is stale."""
-
-    __slots__ = ("binding", "busy", "failures", "observed", "probing", "removed", "seen",
-                 "state", "step", "try_at")
-
-    def __init__(self, binding: Binding, now: float) -> None:
-        self.binding = binding
-        self.state: KeeperState | None = None  # the held lease (until lost)
-        self.step: type[Acquire] | type[ReadHolder] | int = Acquire  # int: take over at it
-        self.observed: HolderView | None = None  # the view a takeover acts on
-        self.try_at = now
-        self.failures = 0
-        self.probing = True  # a refused first acquire is how the state is learnt: no pause
-        self.seen: tuple[str, int] | None = None  # the last (connector_id, epoch) reported
-        self.busy = False
-        self.removed = False
-
-    @property
-    def holding(self) -> bool:
-        return self.state is not None and self.state.loss is None
-
-
-# --- the calls the schedule asks a driver to make ------------------------------------------
-
-
-@attrs.frozen(slots=True, eq=False)
-class Acquire:
-    slot: Slot
-
-
-@attrs.frozen(slots=True, eq=False)
-class Takeover:
-    """Take over at ``expected_epoch``, passing ``observed`` (the coordinator's own view at
-    that epoch, so the takeover needs no read of its own)."""
-
-    slot: Slot
-    expected_epoch: int
-    observed: HolderView | None
-
-
-@attrs.frozen(slots=True, eq=False)
-class ReadHolder:
-    slot: Slot
-
-
-Campaign = Acquire | Takeover | ReadHolder
-
-
-@attrs.frozen(slots=True, eq=False)
-class Renew:
-    """One ``heartbeat_many`` call for ``leases`` (of ``slots``, in order) with ``ttl``; it
-    must return within ``timeout`` seconds of its start, when the earliest local deadline of
-    the held leases comes (set by the turn as the call starts)."""
-
-    slots: tuple[Slot, ...]
-    leases: tuple[LeaseHandle, ...]
-    ttl: float
-    timeout: float
-    tick: float  # when the tick that sends it was decided: the next is due from there
-
-
-@attrs.frozen(slots=True)
-class Due:
-    """What :meth:`Schedule.due` found: changes to report (losses at their deadline), the
-    renewals and campaign calls to make now, and when to look again if nothing happens."""
-
-    changes: list[Change]
-    renewals: list[Renew]
-    campaigns: list[Campaign]
-    wake_at: float
-
-
-# --- the changes reported for a binding ------------------------------------------------------
-
-
-@attrs.frozen(slots=True)
-class BindingStarted:
-    """The binding now holds ``lease`` (acquired or taken over)."""
-
-    identity: LeaseIdentity
-    lease: LeaseHandle
-
-
-@attrs.frozen(slots=True)
-class BindingLost:
-    """The binding lost ``lease``; ``loss`` says why and when, as a keeper reports it. The
-    supervisor campaigns again unless the binding was removed (cause ``STOPPED``)."""
-
-    identity: LeaseIdentity
-    lease: LeaseHandle
-    loss: LeaseLoss
-
-
-@attrs.frozen(slots=True)
-class NewHolder:
-    """Another holder (or another epoch of the lease) was observed while campaigning."""
-
-    identity: LeaseIdentity
-    holder: HolderView
-
-
-Change = BindingStarted | BindingLost | NewHolder
 
 
 # --- the schedule ----------------------------------------------------------------------------

@@ -11,16 +11,14 @@ overwritten or shrunk: a partition of that name whose rows differ from it is ref
 (:class:`ArchiveConflict`, naming what differs). Each drop records the boundary retention has
 passed, and from then on the database refuses any audit row before it (migration 0004), so a
 month once archived never receives a row again. ``verify`` checks a directory against its
-manifest, without a database.
+manifest, without a database: it and the archive's files and manifest are
+:mod:`mos_lease_pg.admin.archive_files`, whose public names are exported here too.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any, Final
@@ -29,20 +27,31 @@ import attrs
 import psycopg
 from psycopg import sql
 
-from mos_lease.errors import ConfigurationError, MosLeaseError
+from mos_lease.errors import ConfigurationError
+from mos_lease_pg.admin.archive_files import (
+    MANIFEST,
+    ArchiveError,
+    Digest,
+    Entry,
+    Summing,
+    digest_lines,
+    file_lines,
+    read_manifest,
+    scan,
+    verify,
+    write_durably,
+    write_manifest,
+)
 from mos_lease_pg.statements import schema_query
 
+__all__ = ["AUDIT", "MANIFEST", "MONTHS_AHEAD", "ArchiveConflict", "ArchiveError",
+           "ArchiveReport", "Digest", "Entry", "NotOwner", "Partition", "archive",
+           "make_partitions", "partitions", "read_manifest", "verify"]
+
 AUDIT: Final = "connector_lease_audit_log"
-MANIFEST: Final = "manifest.json"
-FORMAT: Final = 1
 MONTHS_AHEAD: Final = 3
 _FETCH: Final = 10_000
 _BOUND: Final = re.compile(r"FOR VALUES FROM \((MINVALUE|'[^']*')\) TO \((MAXVALUE|'[^']*')\)")
-
-
-class ArchiveError(MosLeaseError):
-    """Archiving was refused or failed; no partition whose export did not verify was
-    dropped."""
 
 
 class ArchiveConflict(ArchiveError):
@@ -62,38 +71,6 @@ class Partition:
     low: datetime | None
     high: datetime | None
     default: bool = False
-
-
-@attrs.frozen(slots=True)
-class Digest:
-    """What a partition's rows, as JSON lines, add up to."""
-
-    rows: int
-    sha256: str
-    first_seq: int | None
-    last_seq: int | None
-    size: int = attrs.field(default=0, eq=False)  # bytes, for throughput figures only
-
-
-@attrs.frozen(slots=True)
-class Entry:
-    """One archived partition in the manifest."""
-
-    partition: str
-    file: str
-    low: str | None
-    high: str
-    digest: Digest
-
-    def as_json(self) -> dict[str, Any]:
-        return {"partition": self.partition, "file": self.file, "from": self.low,
-                "to": self.high, "rows": self.digest.rows, "sha256": self.digest.sha256,
-                "first_seq": self.digest.first_seq, "last_seq": self.digest.last_seq}
-
-    @classmethod
-    def of(cls, data: dict[str, Any]) -> Entry:
-        return cls(data["partition"], data["file"], data["from"], data["to"],
-                   Digest(data["rows"], data["sha256"], data["first_seq"], data["last_seq"]))
 
 
 @attrs.frozen(slots=True)
@@ -164,48 +141,6 @@ def make_partitions(conninfo: str, schema: str, ahead: int = MONTHS_AHEAD) -> li
             raise ArchiveError(f"partition maintenance failed: {exc}") from exc
 
 
-def _seq_of(line: bytes, number: int) -> int:
-    """The seq of one archived line, or ValueError naming the line: a file is checked line
-    by line, and any JSON value (a list, an object without seq) may be found there."""
-    try:
-        row = json.loads(line)
-    except ValueError as bad:  # not JSON, or not UTF-8
-        raise ValueError(f"line {number}: not JSON ({bad})") from None
-    if not isinstance(row, dict):
-        raise ValueError(f"line {number}: a JSON {type(row).__name__}, not an audit row")
-    seq = row.get("seq")
-    if type(seq) is not int:  # bool is an int subclass, and no seq
-        raise ValueError(f"line {number}: no integer seq ({seq!r}), not an audit row")
-    return seq
-
-
-class _Summing:
-    """Running :class:`Digest` of lines fed one by one."""
-
-    def __init__(self) -> None:
-        self.hash = hashlib.sha256()
-        self.rows = 0
-        self.size = 0
-        self.first: int | None = None
-        self.last: int | None = None
-
-    def add(self, line: bytes) -> None:
-        """Count and hash ``line``, then raise ValueError if it is not an audit row in seq
-        order (counted all the same, so a checker may go on to the next line)."""
-        number = self.rows + 1
-        self.hash.update(line + b"\n")
-        self.rows += 1
-        self.size += len(line) + 1
-        seq = _seq_of(line, number)
-        if self.last is not None and seq <= self.last:
-            raise ValueError(f"line {number}: seq {seq!r} does not follow {self.last}")
-        self.first = seq if self.first is None else self.first
-        self.last = seq
-
-    def digest(self) -> Digest:
-        return Digest(self.rows, self.hash.hexdigest(), self.first, self.last, self.size)
-
-
 def _table_lines(conn: psycopg.Connection[Any], schema: str, part: str) -> Iterator[bytes]:
     # A server-side cursor: a partition can hold far more rows than fit in memory.
     with conn.cursor(name=f"mos_lease_archive_{part}") as cur:
@@ -213,61 +148,6 @@ def _table_lines(conn: psycopg.Connection[Any], schema: str, part: str) -> Itera
         cur.execute(_sql(schema, "lines.sql", partition=part))
         for (line,) in cur:
             yield line.encode("utf-8")
-
-
-def _file_lines(path: Path) -> Iterator[bytes]:
-    with path.open("rb") as handle:
-        for raw in handle:
-            if not raw.endswith(b"\n"):
-                raise ValueError("the last line is cut short (no newline)")
-            yield raw[:-1]
-
-
-def _digest(lines: Iterable[bytes]) -> Digest:
-    summing = _Summing()
-    for line in lines:
-        summing.add(line)
-    return summing.digest()
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_durably(path: Path, chunks: Iterable[bytes]) -> None:
-    """Write ``path`` whole or not at all: a temporary file, fsynced, renamed over it."""
-    partial = path.with_name(path.name + ".partial")
-    with partial.open("wb") as handle:
-        for chunk in chunks:
-            handle.write(chunk)
-        handle.flush()
-        os.fsync(handle.fileno())
-    partial.replace(path)
-    _fsync_dir(path.parent)
-
-
-def read_manifest(directory: Path) -> dict[str, Entry]:
-    """The entries of ``directory``'s manifest by partition (none if it has no manifest)."""
-    path = directory / MANIFEST
-    if not path.exists():
-        return {}
-    try:
-        data = json.loads(path.read_text("utf-8"))
-        if data.get("format") != FORMAT:
-            raise ValueError(f"format {data.get('format')!r}, expected {FORMAT}")
-        return {e["partition"]: Entry.of(e) for e in data["partitions"]}
-    except (ValueError, KeyError, TypeError) as bad:
-        raise ArchiveError(f"{path} is not a mos-lease archive manifest: {bad}") from None
-
-
-def _write_manifest(directory: Path, entries: dict[str, Entry]) -> None:
-    data = {"format": FORMAT, "hash": "sha256 of the file's bytes (each line ends with \\n)",
-            "partitions": [entries[k].as_json() for k in sorted(entries)]}
-    _write_durably(directory / MANIFEST, [json.dumps(data, indent=2).encode() + b"\n"])
 
 
 def _iso(value: datetime | None) -> str | None:
@@ -295,36 +175,36 @@ def _archive_one(conn: psycopg.Connection[Any], schema: str, part: Partition,
         conn.execute(_sql(schema, "lock_partition.sql", partition=part.name))
         old = entries.get(part.name)
         if old is None:
-            summing = _Summing()
+            summing = Summing()
 
             def exported() -> Iterator[bytes]:
                 for line in _table_lines(conn, schema, part.name):
                     summing.add(line)
                     yield line + b"\n"
 
-            _write_durably(target, exported())
+            write_durably(target, exported())
             entry = Entry(part.name, target.name, _iso(part.low), part.high.isoformat(),
                           summing.digest())
             # The entry is on disk before the drop: a crash after the drop keeps it.
             entries[part.name] = entry
-            _write_manifest(directory, entries)
+            write_manifest(directory, entries)
         else:
             # Archived already (a rerun after a crash between the manifest and the drop): an
             # entry is never rewritten, so the partition must hold exactly what it records.
-            differs = _differences(old.digest, _digest(_table_lines(conn, schema, part.name)))
+            differs = _differences(old.digest, digest_lines(_table_lines(conn, schema, part.name)))
             if differs:
                 raise ArchiveConflict(
                     f"{directory / MANIFEST} already holds partition {part.name} and the "
                     f"table's rows differ from it ({differs}): an archive entry is never "
                     "overwritten or shrunk; nothing was changed")
             entry = old
-            if not target.exists() or _scan(target) != (entry.digest, []):
+            if not target.exists() or scan(target) != (entry.digest, []):
                 # The same rows as the entry records, so the same bytes.
-                _write_durably(target, (line + b"\n"
+                write_durably(target, (line + b"\n"
                                         for line in _table_lines(conn, schema, part.name)))
         # Verify: the table read again against the file read back from disk.
-        in_table = _digest(_table_lines(conn, schema, part.name))
-        on_disk = _digest(_file_lines(target))
+        in_table = digest_lines(_table_lines(conn, schema, part.name))
+        on_disk = digest_lines(file_lines(target))
         if not in_table == on_disk == entry.digest:
             raise ArchiveError(f"{target} does not match partition {part.name} (table "
                                f"{in_table}, file {on_disk}): not dropped")
@@ -385,49 +265,3 @@ def archive(conninfo: str, schema: str, before: date, directory: Path) -> Archiv
                 raise ArchiveError(f"archiving {part.name} failed, it was not dropped: "
                                    f"{exc}") from exc
         return ArchiveReport(tuple(archived), tuple(kept))
-
-
-def _scan(path: Path) -> tuple[Digest, list[str]]:
-    """Every line of an archived file, checked on its own: the digest of all of them and
-    each line that is cut short or not an audit row in seq order (by line number)."""
-    summing = _Summing()
-    bad = []
-    with path.open("rb") as handle:
-        for number, raw in enumerate(handle, start=1):
-            if not raw.endswith(b"\n"):
-                bad.append(f"line {number}: cut short (no newline)")
-            try:
-                summing.add(raw.removesuffix(b"\n"))
-            except ValueError as why:
-                bad.append(str(why))
-    return summing.digest(), bad
-
-
-def verify(directory: Path) -> tuple[list[Entry], list[str]]:
-    """Check every file of ``directory`` against its manifest: the entries checked and the
-    problems found (a changed, cut, missing or extra line; a missing or unlisted file)."""
-    problems = []
-    if not (directory / MANIFEST).exists():
-        return [], [f"{directory} has no {MANIFEST}"]
-    entries = read_manifest(directory)
-    for entry in entries.values():
-        path = directory / entry.file
-        if not path.exists():
-            problems.append(f"{entry.file}: missing")
-            continue
-        found, bad_lines = _scan(path)
-        problems.extend(f"{entry.file}: {bad}" for bad in bad_lines)
-        if found.rows != entry.digest.rows:
-            problems.append(f"{entry.file}: {found.rows} lines, the manifest says "
-                            f"{entry.digest.rows}")
-        elif (found.first_seq, found.last_seq) != (entry.digest.first_seq,
-                                                   entry.digest.last_seq):
-            problems.append(f"{entry.file}: seq {found.first_seq}..{found.last_seq}, the "
-                            f"manifest says {entry.digest.first_seq}..{entry.digest.last_seq}")
-        if found.sha256 != entry.digest.sha256:
-            problems.append(f"{entry.file}: SHA-256 {found.sha256} differs from the "
-                            f"manifest's {entry.digest.sha256}")
-    listed = {entry.file for entry in entries.values()}
-    problems.extend(f"{path.name}: not in the manifest"
-                    for path in sorted(directory.glob("*.jsonl")) if path.name not in listed)
-    return list(entries.values()), problems

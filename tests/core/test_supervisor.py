@@ -41,14 +41,8 @@ from mos_lease.supervisor import (
     NewHolder,
     Supervisor,
 )
-from mos_lease.supervisor.schedule import (
-    BATCH,
-    Acquire,
-    ReadHolder,
-    Renew,
-    Schedule,
-    Takeover,
-)
+from mos_lease.supervisor.schedule import BATCH, Schedule
+from mos_lease.supervisor.slots import Acquire, ReadHolder, Renew, Takeover
 from mos_lease.vocabulary import LeaseState, Outcome
 from mos_lease_memory import AsyncInMemoryLeaseStore, InMemoryLeaseStore
 

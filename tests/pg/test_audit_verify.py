@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from mos_lease_pg.admin import archive as retention
+from mos_lease_pg.admin import archive_files
 from tests.pg.test_pg_cli import run
 
 
@@ -18,7 +19,7 @@ def _archived(directory: Path, name: str, first_seq: int, rows: int) -> retentio
              for seq in range(first_seq, first_seq + rows)]
     (directory / f"{name}.jsonl").write_bytes(b"".join(line + b"\n" for line in lines))
     return retention.Entry(name, f"{name}.jsonl", None, "2026-01-01T00:00:00+00:00",
-                           retention._digest(lines))
+                           archive_files.digest_lines(lines))
 
 
 def _replace_line(path: Path, number: int, text: bytes) -> None:
@@ -31,7 +32,7 @@ def test_every_line_that_is_no_audit_row_is_named_and_the_other_files_checked(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     entries = {name: _archived(tmp_path, name, first, 6)
                for name, first in (("p_a", 1), ("p_b", 7), ("p_c", 13))}
-    retention._write_manifest(tmp_path, entries)
+    archive_files.write_manifest(tmp_path, entries)
     assert run("audit", "verify", str(tmp_path)) == 0
     capsys.readouterr()
     _replace_line(tmp_path / "p_a.jsonl", 2, b"[1]")

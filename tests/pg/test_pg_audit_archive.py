@@ -17,6 +17,7 @@ import pytest
 from psycopg import sql
 
 from mos_lease_pg.admin import archive as retention
+from mos_lease_pg.admin import archive_files
 from tests.pg.test_pg_audit_partitions import AUDIT, _insert_old_rows, _partitions, _rows
 from tests.pg.test_pg_cli import run
 from tests.pg.test_pg_roles import Layout, role_layout
@@ -125,19 +126,19 @@ def test_a_file_that_does_not_verify_is_never_dropped(
         aged: PgSchema, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     before = _rows(aged.dsn, aged.schema)
     names = _partitions(aged.dsn, aged.schema)
-    real = retention._file_lines
+    real = archive_files.file_lines
 
     def damaged(path: Path) -> Iterator[bytes]:
         for number, line in enumerate(real(path)):
             yield line + b" " if number == 7 else line  # the disk gave back other bytes
 
-    monkeypatch.setattr(retention, "_file_lines", damaged)
+    monkeypatch.setattr(retention, "file_lines", damaged)
     with pytest.raises(retention.ArchiveError, match="does not match"):
         retention.archive(aged.dsn, aged.schema, _this_month(), tmp_path)
     assert _partitions(aged.dsn, aged.schema) == names
     assert _rows(aged.dsn, aged.schema) == before
     # A rerun (the disk healthy again) redoes that partition and finishes.
-    monkeypatch.setattr(retention, "_file_lines", real)
+    monkeypatch.setattr(retention, "file_lines", real)
     report = retention.archive(aged.dsn, aged.schema, _this_month(), tmp_path)
     assert len(report.archived) == 2
     assert retention.verify(tmp_path)[1] == []

@@ -12,8 +12,7 @@ import psycopg
 import pytest
 
 from mos_lease.errors import StoreUnavailable
-from mos_lease_pg import AsyncPostgresLeaseStore, ConnectionSettings, PostgresLeaseStore
-from mos_lease_pg import store as store_module
+from mos_lease_pg import AsyncPostgresLeaseStore, ConnectionSettings, PostgresLeaseStore, store_core
 from mos_lease_pg.deadline import Watch, Watchdog
 
 pytestmark = pytest.mark.pg
@@ -49,7 +48,7 @@ def test_a_successful_call_builds_no_resend_flow(
     def forbidden(*_args: object) -> None:
         raise AssertionError("a call that succeeded built its resend flow")
 
-    monkeypatch.setattr(store_module, "resending", forbidden)
+    monkeypatch.setattr(store_core, "resending", forbidden)
     store.now()
 
 

@@ -1,0 +1,180 @@
+"""The asyncio supervisor: :class:`AsyncSupervisor` runs the turns of ``flow.py`` as one task
+on the running loop and performs the calls they yield, each store call as a task of its own,
+abandoned past the earliest local deadline (:func:`mos_lease.bounded.bounded_async`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import random as _random
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import timedelta
+from typing import Any
+
+from mos_lease.bounded import bounded_async
+from mos_lease.coordinator import AsyncConnectorLeaseCoordinator
+from mos_lease.flowdrive import Drive, outcome_of_async
+from mos_lease.identity import LeaseIdentity
+from mos_lease.results import GrantResult, LeaseResult
+from mos_lease.supervisor.base import _Supervisor
+from mos_lease.supervisor.changes import Change
+from mos_lease.supervisor.flow import (
+    Attempt,
+    Call,
+    IssueGrant,
+    Release,
+    Sleep,
+    issue_grant,
+    turn,
+    turn_failed,
+)
+from mos_lease.supervisor.slots import Acquire, ReadHolder, Renew, Takeover
+
+log = logging.getLogger("mos_lease.supervisor")
+
+
+class AsyncSupervisor(_Supervisor[AsyncConnectorLeaseCoordinator]):
+    """The asyncio supervisor, for an :class:`~mos_lease.AsyncConnectorLeaseCoordinator`:
+    one task on the running loop (started by the first :meth:`add`). A store call runs as a
+    task of its own, waited for until the earliest local deadline and abandoned past it
+    (cancelled, never trusted later). Call every method on the loop. ``changes()`` is an
+    async iterator; the other options are :class:`Supervisor`'s."""
+
+    _kind = AsyncConnectorLeaseCoordinator
+
+    def __init__(self, coordinator: AsyncConnectorLeaseCoordinator, *,
+                 on_change: Callable[[Change], object] | None = None,
+                 clock: Callable[[], float] | None = None,
+                 sleep: Callable[[float], Awaitable[object]] | None = None,
+                 random: Callable[[], float] = _random.random,
+                 background: bool = True) -> None:
+        super().__init__(coordinator, on_change=on_change, clock=clock, random=random,
+                         background=background)
+        self._wakeup = asyncio.Event()
+        self._sleep = sleep if sleep is not None else self._wait_for_wakeup
+        self._task: asyncio.Task[None] | None = None
+        self._abandoned: set[asyncio.Future[Any]] = set()
+
+    def _started(self) -> None:
+        self._wakeup.set()
+        if self._background and self._task is None:
+            self._task = asyncio.get_running_loop().create_task(
+                self._run(), name="mos-lease-supervisor")
+
+    async def _wait_for_wakeup(self, seconds: float) -> None:
+        if math.isinf(seconds):
+            await self._wakeup.wait()
+            return
+        try:
+            async with asyncio.timeout(seconds):
+                await self._wakeup.wait()
+        except TimeoutError:
+            pass
+
+    async def _run(self) -> None:
+        while not self._core.closing:
+            self._wakeup.clear()
+            try:
+                await self.turn()
+            except Exception as error:
+                turn_failed(self._core, error)
+                await asyncio.sleep(0.1)
+
+    async def turn(self) -> None:
+        """One turn: renew what is due, make the campaign calls due, or sleep."""
+        drive = Drive(turn(self._core), ())
+        for call in drive:
+            drive.send(await self._perform(call))
+
+    async def _perform(self, call: Call) -> object:
+        if isinstance(call, Sleep):
+            return await self._sleep(call.seconds)
+        if isinstance(call, Renew):
+            return await self._bounded(
+                self.coordinator.heartbeat_many(call.leases, ttl=call.ttl), call.timeout)
+        if isinstance(call, Attempt):
+            return await self._bounded(self._campaign(call), call.timeout)
+        assert isinstance(call, Release)
+        try:
+            return await self.coordinator.release(call.lease)
+        except Exception as error:
+            return error
+
+    async def _campaign(self, attempt: Attempt) -> object:
+        call, binding = attempt.call, attempt.call.slot.binding
+        if isinstance(call, ReadHolder):
+            return await self.coordinator.current_holder(binding.identity)
+        if isinstance(call, Acquire):
+            return await self.coordinator.acquire(binding.identity, binding.connector_id,
+                                                  scopes=binding.scopes,
+                                                  ttl=binding.timing.ttl)
+        assert isinstance(call, Takeover)
+        return await self.coordinator.takeover(binding.identity, binding.connector_id,
+                                               scopes=binding.scopes, ttl=binding.timing.ttl,
+                                               expected_epoch=call.expected_epoch,
+                                               observed=call.observed)
+
+    async def _bounded(self, call: Awaitable[object], timeout: float) -> object:
+        return await bounded_async(call, timeout, self._abandoned)
+
+    async def issue_grant(self, identity: LeaseIdentity, *, scopes: object,
+                          ttl: float | timedelta, correlation_id: str | None = None
+                          ) -> GrantResult:
+        """As :meth:`Supervisor.issue_grant`."""
+        drive = Drive(issue_grant(self._core, identity, scopes, ttl, correlation_id))
+        for call in drive:
+            drive.send(await outcome_of_async(self._grant, call))
+        return drive.result
+
+    async def _grant(self, call: IssueGrant) -> GrantResult:
+        return await self.coordinator.issue_grant(call.lease, scopes=call.scopes, ttl=call.ttl,
+                                                  correlation_id=call.correlation_id)
+
+    async def remove(self, identity: LeaseIdentity) -> LeaseResult | None:
+        """As :meth:`Supervisor.remove`."""
+        lease = self._take(identity)
+        return None if lease is None else await self.coordinator.release(lease)
+
+    async def close(self) -> None:
+        """Cancel the task and release every held lease (each reported lost, ``STOPPED``)."""
+        with self._core.lock:
+            self._core.closing = True
+        task = self._task
+        if task is not None and task is not asyncio.current_task():
+            task.cancel()
+            # Waited for without awaiting it, so a cancellation of the caller is not lost
+            # (the asyncio keeper's stop() explains why).
+            await asyncio.wait((task,))
+        for lease in self._close_all():
+            outcome = await self._perform(Release(lease))
+            if isinstance(outcome, BaseException):
+                log.warning(
+                    "mos_lease: could not release %s on close: %r", lease.identity, outcome)
+
+    def changes(self) -> AsyncIterator[Change]:
+        """As :meth:`Supervisor.changes`, for ``async for``."""
+        box: asyncio.Queue[Change | None] = asyncio.Queue()
+        with self._core.lock:
+            closed = self._core.closing
+            self._core.listeners.append(box.put_nowait)
+        return self._read(box, closed)
+
+    async def _read(self, box: asyncio.Queue[Change | None], closed: bool
+                    ) -> AsyncIterator[Change]:
+        try:
+            while not closed:
+                change = await box.get()
+                if change is None:
+                    return
+                yield change
+        finally:
+            with self._core.lock:
+                self._core.listeners.remove(box.put_nowait)
+
+    async def __aenter__(self) -> AsyncSupervisor:
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        await self.close()

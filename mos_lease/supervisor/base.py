@@ -1,0 +1,107 @@
+"""What the two supervisors share: checking the coordinator they are given, registering and
+removing bindings, reading the lease held for one, and the core their turns run on.
+:class:`~mos_lease.supervisor.thread_supervisor.Supervisor` runs the turns of ``flow.py`` on
+one thread, :class:`~mos_lease.supervisor.asyncio_supervisor.AsyncSupervisor` as one asyncio
+task; each only performs the calls a turn yields, which is where threads and asyncio differ.
+"""
+
+from __future__ import annotations
+
+import random as _random
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any, Generic, TypeVar
+
+from mos_lease.coordinator import AsyncConnectorLeaseCoordinator, ConnectorLeaseCoordinator
+from mos_lease.errors import ConfigurationError
+from mos_lease.identity import LeaseIdentity, check_id, check_identity, normalize_scopes
+from mos_lease.keeper import KeeperTiming
+from mos_lease.records import LeaseHandle
+from mos_lease.supervisor.changes import Change
+from mos_lease.supervisor.flow import Core
+from mos_lease.supervisor.slots import Binding
+
+C = TypeVar("C", ConnectorLeaseCoordinator, AsyncConnectorLeaseCoordinator)
+
+_CLOSED: Any = None  # what a listener is sent when the supervisor closes
+
+
+def _binding(identity: LeaseIdentity, connector_id: str, scopes: object,
+             ttl: float | timedelta, options: dict[str, float | None]) -> Binding:
+    seconds = ttl.total_seconds() if isinstance(ttl, timedelta) else ttl
+    timing = KeeperTiming(seconds, **{k: v for k, v in options.items() if v is not None})
+    return Binding(check_identity("identity", identity), check_id("connector_id", connector_id),
+                   normalize_scopes("scopes", scopes), timing)
+
+
+class _Supervisor(Generic[C]):
+    """What both supervisors share: registering, reading, and the core."""
+
+    _kind: type[C]
+
+    def __init__(self, coordinator: C, *,
+                 on_change: Callable[[Change], object] | None = None,
+                 clock: Callable[[], float] | None = None,
+                 random: Callable[[], float] = _random.random,
+                 background: bool = True) -> None:
+        if not isinstance(coordinator, self._kind):
+            raise ConfigurationError(f"{type(self).__name__} needs a {self._kind.__name__}, "
+                                     f"not {type(coordinator).__name__}")
+        if on_change is not None and not callable(on_change):
+            raise ConfigurationError("on_change must be callable")
+        self.coordinator: C = coordinator
+        # Deadlines are kept on the coordinator's monotonic clock unless told otherwise.
+        self._core = Core(clock if clock is not None else coordinator.monotonic, random,
+                          on_change)
+        self._background = background
+
+    def add(self, identity: LeaseIdentity, connector_id: str, *, scopes: object,
+            ttl: float | timedelta, safety_margin: float | None = None,
+            clock_step: float | None = None, renew_fraction: float | None = None,
+            jitter: float = 0.0, min_backoff: float | None = None,
+            max_backoff: float | None = None) -> None:
+        """Run ``identity`` as ``connector_id``: campaign for its lease, hold it, and
+        campaign again after a loss, until :meth:`remove` or :meth:`close`. The timing
+        options are :class:`~mos_lease.keeper.KeeperTiming`'s (``docs/keeper.md``), except
+        that ``jitter`` defaults to 0: a process's renewals are meant to go out together."""
+        binding = _binding(identity, connector_id, scopes, ttl, {
+            "safety_margin": safety_margin, "clock_step": clock_step,
+            "renew_fraction": renew_fraction, "jitter": jitter,
+            "min_backoff": min_backoff, "max_backoff": max_backoff})
+        with self._core.lock:
+            if self._core.closing:
+                raise ConfigurationError("the supervisor is closed")
+            self._core.schedule.add(binding, self._core.clock())
+        self._started()
+
+    def lease(self, identity: LeaseIdentity) -> LeaseHandle | None:
+        """The lease held for ``identity`` now, or ``None`` (campaigning, or its local
+        deadline has passed: then the loss is recorded and reported here)."""
+        with self._core.lock:
+            lease, changes = self._core.schedule.lease(identity, self._core.clock())
+        self._core.report(changes)
+        return lease
+
+    @property
+    def bindings(self) -> list[LeaseIdentity]:
+        """The identities registered, held or not."""
+        with self._core.lock:
+            return list(self._core.schedule.slots)
+
+    def _started(self) -> None:
+        """A binding was added: wake the loop (and start it, if it does not run yet)."""
+        raise NotImplementedError
+
+    def _take(self, identity: LeaseIdentity) -> LeaseHandle | None:
+        with self._core.lock:
+            lease, changes = self._core.schedule.remove(identity, self._core.clock())
+        self._core.report(changes)
+        return lease
+
+    def _close_all(self) -> list[LeaseHandle]:
+        with self._core.lock:
+            identities = list(self._core.schedule.slots)
+        leases = [lease for lease in map(self._take, identities) if lease is not None]
+        for listener in list(self._core.listeners):
+            listener(_CLOSED)
+        return leases

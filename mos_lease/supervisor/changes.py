@@ -1,0 +1,42 @@
+"""The changes a supervisor reports for a binding (:data:`Change`): it started holding a
+lease, lost it, or saw another holder while campaigning. What a gateway reads from
+``on_change`` or ``changes()``, apart from the schedule that finds them.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from mos_lease.identity import LeaseIdentity
+from mos_lease.keeper import LeaseLoss
+from mos_lease.records import LeaseHandle
+from mos_lease.results import HolderView
+
+
+@attrs.frozen(slots=True)
+class BindingStarted:
+    """The binding now holds ``lease`` (acquired or taken over)."""
+
+    identity: LeaseIdentity
+    lease: LeaseHandle
+
+
+@attrs.frozen(slots=True)
+class BindingLost:
+    """The binding lost ``lease``; ``loss`` says why and when, as a keeper reports it. The
+    supervisor campaigns again unless the binding was removed (cause ``STOPPED``)."""
+
+    identity: LeaseIdentity
+    lease: LeaseHandle
+    loss: LeaseLoss
+
+
+@attrs.frozen(slots=True)
+class NewHolder:
+    """Another holder (or another epoch of the lease) was observed while campaigning."""
+
+    identity: LeaseIdentity
+    holder: HolderView
+
+
+Change = BindingStarted | BindingLost | NewHolder

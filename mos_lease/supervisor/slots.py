@@ -1,0 +1,104 @@
+"""The supervisor's bindings and the calls it makes for them: :class:`Binding` (what the
+gateway registered), :class:`Slot` (one binding's state, held or campaigning) and the calls
+:meth:`~mos_lease.supervisor.schedule.Schedule.due` asks a driver to make (a campaign call
+for one slot, a renewal for a batch of them). Plain values, apart from the schedule that
+decides with them.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from mos_lease.identity import LeaseIdentity
+from mos_lease.keeper import KeeperState, KeeperTiming
+from mos_lease.records import LeaseHandle
+from mos_lease.results import HolderView
+from mos_lease.supervisor.changes import Change
+
+# --- what the gateway registered, and the state of each binding ----------------------------
+
+
+@attrs.frozen(slots=True)
+class Binding:
+    """A binding the supervisor runs: who, as which connector, with which scopes and timing.
+    The scopes are those :func:`~mos_lease.identity.normalize_scopes` returned."""
+
+    identity: LeaseIdentity
+    connector_id: str
+    scopes: tuple[str, ...]
+    timing: KeeperTiming
+
+
+class Slot:
+    """One registered binding: either holding (``state`` without a loss) or campaigning
+    (``step`` is tried at ``try_at``). ``busy`` while a call for it is in flight. Compared by
+    identity: a call whose slot was removed (or replaced by a new registration) is stale."""
+
+    __slots__ = ("binding", "busy", "failures", "observed", "probing", "removed", "seen",
+                 "state", "step", "try_at")
+
+    def __init__(self, binding: Binding, now: float) -> None:
+        self.binding = binding
+        self.state: KeeperState | None = None  # the held lease (until lost)
+        self.step: type[Acquire] | type[ReadHolder] | int = Acquire  # int: take over at it
+        self.observed: HolderView | None = None  # the view a takeover acts on
+        self.try_at = now
+        self.failures = 0
+        self.probing = True  # a refused first acquire is how the state is learnt: no pause
+        self.seen: tuple[str, int] | None = None  # the last (connector_id, epoch) reported
+        self.busy = False
+        self.removed = False
+
+    @property
+    def holding(self) -> bool:
+        return self.state is not None and self.state.loss is None
+
+
+# --- the calls the schedule asks a driver to make ------------------------------------------
+
+
+@attrs.frozen(slots=True, eq=False)
+class Acquire:
+    slot: Slot
+
+
+@attrs.frozen(slots=True, eq=False)
+class Takeover:
+    """Take over at ``expected_epoch``, passing ``observed`` (the coordinator's own view at
+    that epoch, so the takeover needs no read of its own)."""
+
+    slot: Slot
+    expected_epoch: int
+    observed: HolderView | None
+
+
+@attrs.frozen(slots=True, eq=False)
+class ReadHolder:
+    slot: Slot
+
+
+Campaign = Acquire | Takeover | ReadHolder
+
+
+@attrs.frozen(slots=True, eq=False)
+class Renew:
+    """One ``heartbeat_many`` call for ``leases`` (of ``slots``, in order) with ``ttl``; it
+    must return within ``timeout`` seconds of its start, when the earliest local deadline of
+    the held leases comes (set by the turn as the call starts)."""
+
+    slots: tuple[Slot, ...]
+    leases: tuple[LeaseHandle, ...]
+    ttl: float
+    timeout: float
+    tick: float  # when the tick that sends it was decided: the next is due from there
+
+
+@attrs.frozen(slots=True)
+class Due:
+    """What :meth:`Schedule.due` found: changes to report (losses at their deadline), the
+    renewals and campaign calls to make now, and when to look again if nothing happens."""
+
+    changes: list[Change]
+    renewals: list[Renew]
+    campaigns: list[Campaign]
+    wake_at: float

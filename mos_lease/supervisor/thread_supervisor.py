@@ -1,0 +1,182 @@
+"""The thread supervisor: :class:`Supervisor` runs the turns of ``flow.py`` on one thread and
+performs the calls they yield, each store call on a short-lived thread of its own so that
+one hanging past the earliest local deadline is abandoned (:func:`mos_lease.bounded.bounded`).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import random as _random
+import threading
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+
+from mos_lease.bounded import bounded
+from mos_lease.coordinator import ConnectorLeaseCoordinator
+from mos_lease.flowdrive import Drive, outcome_of
+from mos_lease.identity import LeaseIdentity
+from mos_lease.results import GrantResult, LeaseResult
+from mos_lease.supervisor.base import _Supervisor
+from mos_lease.supervisor.changes import Change
+from mos_lease.supervisor.flow import (
+    Attempt,
+    Call,
+    IssueGrant,
+    Release,
+    Sleep,
+    issue_grant,
+    turn,
+    turn_failed,
+)
+from mos_lease.supervisor.slots import Acquire, ReadHolder, Renew, Takeover
+
+log = logging.getLogger("mos_lease.supervisor")
+
+
+class Supervisor(_Supervisor[ConnectorLeaseCoordinator]):
+    """Runs many bindings for a :class:`~mos_lease.ConnectorLeaseCoordinator` on one thread.
+
+    Typical use::
+
+        with Supervisor(coordinator, on_change=print) as supervisor:
+            supervisor.add(identity, "gateway-a", scopes=["tool:run"], ttl=30)
+            ...
+            lease = supervisor.lease(identity)  # the handle to mint grants with, or None
+
+    Every held lease is renewed by one ``heartbeat_many`` round trip per 1,000 leases per
+    tick, each judged on its own with the keeper's deadline rule. A call runs on a
+    short-lived daemon thread so that one hanging past the earliest local deadline is
+    abandoned and that deadline still reported; at most two threads run at once.
+    ``on_change`` is called with each :data:`~mos_lease.supervisor.Change`, from the
+    supervisor thread (or from the thread whose call found it). With ``background=False``
+    no thread is started and :meth:`turn` drives the supervisor by hand; ``clock``
+    (default: the coordinator's ``monotonic``), ``sleep`` and ``random`` are injectable.
+    """
+
+    _kind = ConnectorLeaseCoordinator
+
+    def __init__(self, coordinator: ConnectorLeaseCoordinator, *,
+                 on_change: Callable[[Change], object] | None = None,
+                 clock: Callable[[], float] | None = None,
+                 sleep: Callable[[float], object] | None = None,
+                 random: Callable[[], float] = _random.random,
+                 background: bool = True) -> None:
+        super().__init__(coordinator, on_change=on_change, clock=clock, random=random,
+                         background=background)
+        self._wakeup = threading.Event()
+        self._sleep = sleep if sleep is not None else self._wakeup.wait
+        self._thread: threading.Thread | None = None
+
+    def _started(self) -> None:
+        self._wakeup.set()
+        if self._background and self._thread is None:
+            with self._core.lock:
+                if self._thread is None:
+                    self._thread = threading.Thread(target=self._run, daemon=True,
+                                                    name="mos-lease-supervisor")
+                    self._thread.start()
+
+    def _run(self) -> None:
+        while not self._core.closing:
+            self._wakeup.clear()  # before the turn reads the schedule: no add is missed
+            try:
+                self.turn()
+            except Exception as error:
+                turn_failed(self._core, error)
+                self._sleep(0.1)
+
+    def turn(self) -> None:
+        """One turn: renew what is due, make the campaign calls due, or sleep."""
+        drive = Drive(turn(self._core), ())
+        for call in drive:
+            drive.send(self._perform(call))
+
+    def _perform(self, call: Call) -> object:
+        if isinstance(call, Sleep):
+            return self._sleep(min(call.seconds, threading.TIMEOUT_MAX))
+        if isinstance(call, Renew):
+            return bounded(lambda: self.coordinator.heartbeat_many(call.leases, ttl=call.ttl),
+                           call.timeout, name="mos-lease-supervisor-renewal")
+        if isinstance(call, Attempt):
+            return bounded(lambda: self._campaign(call), call.timeout,
+                           name="mos-lease-supervisor-campaign")
+        assert isinstance(call, Release)
+        try:
+            return self.coordinator.release(call.lease)
+        except Exception as error:
+            return error
+
+    def _campaign(self, attempt: Attempt) -> object:
+        call, binding = attempt.call, attempt.call.slot.binding
+        if isinstance(call, ReadHolder):
+            return self.coordinator.current_holder(binding.identity)
+        if isinstance(call, Acquire):
+            return self.coordinator.acquire(binding.identity, binding.connector_id,
+                                            scopes=binding.scopes, ttl=binding.timing.ttl)
+        assert isinstance(call, Takeover)
+        return self.coordinator.takeover(binding.identity, binding.connector_id,
+                                         scopes=binding.scopes, ttl=binding.timing.ttl,
+                                         expected_epoch=call.expected_epoch,
+                                         observed=call.observed)
+
+    def issue_grant(self, identity: LeaseIdentity, *, scopes: object, ttl: float | timedelta,
+                    correlation_id: str | None = None) -> GrantResult:
+        """Mint a grant for the lease held for ``identity``, or refuse locally when none is
+        held; the local deadline is judged before and after the store call, as a keeper's
+        ``issue_grant`` does. Store errors are raised, as the coordinator raises them."""
+        drive = Drive(issue_grant(self._core, identity, scopes, ttl, correlation_id))
+        for call in drive:
+            drive.send(outcome_of(self._grant, call))
+        return drive.result
+
+    def _grant(self, call: IssueGrant) -> GrantResult:
+        return self.coordinator.issue_grant(call.lease, scopes=call.scopes, ttl=call.ttl,
+                                            correlation_id=call.correlation_id)
+
+    def remove(self, identity: LeaseIdentity) -> LeaseResult | None:
+        """Stop running ``identity`` and release its lease if held (the release result,
+        or ``None``); reports the loss with cause ``STOPPED``."""
+        lease = self._take(identity)
+        return None if lease is None else self.coordinator.release(lease)
+
+    def close(self, *, timeout: float | None = 10.0) -> None:
+        """Stop the thread and release every held lease (each reported lost, ``STOPPED``).
+        A release that fails is logged; the lease then expires at its ttl."""
+        with self._core.lock:
+            self._core.closing = True
+        self._wakeup.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+        for lease in self._close_all():
+            outcome = self._perform(Release(lease))
+            if isinstance(outcome, BaseException):
+                log.warning(
+                    "mos_lease: could not release %s on close: %r", lease.identity, outcome)
+
+    def changes(self) -> Iterator[Change]:
+        """Every change from this call on, as it happens; the iteration ends when the
+        supervisor closes. Changes wait in an unbounded queue until read: keep reading."""
+        box: queue.SimpleQueue[Change | None] = queue.SimpleQueue()
+        with self._core.lock:
+            closed = self._core.closing
+            self._core.listeners.append(box.put)
+        return self._read(box, closed)
+
+    def _read(self, box: queue.SimpleQueue[Change | None], closed: bool) -> Iterator[Change]:
+        try:
+            while not closed:
+                change = box.get()
+                if change is None:
+                    return
+                yield change
+        finally:
+            with self._core.lock:
+                self._core.listeners.remove(box.put)
+
+    def __enter__(self) -> Supervisor:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()

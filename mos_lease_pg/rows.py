@@ -1,0 +1,113 @@
+"""The rows the store's statements return, mapped to the core's records: a lease row to
+:class:`~mos_lease.records.LeaseRow`, an audit row to :class:`~mos_lease.records.AuditRecord`,
+and the ``parse_*`` functions each :class:`~mos_lease_pg.statements.Call` reads its result
+with. Apart from :mod:`mos_lease_pg.statements`, which says what is sent, because this is
+what comes back; both stores use it unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from mos_lease.identity import LeaseIdentity
+from mos_lease.records import AuditEntry, AuditRecord, LeaseRow, Snapshot, WriteOutcome
+from mos_lease.vocabulary import LifecycleEvent, Outcome, Reason
+
+Row = tuple[Any, ...]
+
+
+def _utc(value: datetime) -> datetime:
+    # The session time zone decides how timestamptz arrives; the core works in UTC. A UTC
+    # session (the default settings) delivers them in UTC already: no conversion then.
+    return value if value.tzinfo is UTC else value.astimezone(UTC)
+
+
+def _maybe_utc(value: datetime | None) -> datetime | None:
+    return None if value is None else _utc(value)
+
+
+def lease_row(identity: LeaseIdentity, cols: Sequence[Any]) -> LeaseRow:
+    """Map (lease_id, connector_id, allowed_scopes, epoch, acquired_at, heartbeat_at,
+    expires_at, released_at, updated_at) to a :class:`LeaseRow`."""
+    lease_id, connector_id, scopes, epoch, acquired, heartbeat, expires, released, updated = cols
+    return LeaseRow(
+        identity=identity, lease_id=lease_id, connector_id=connector_id,
+        scopes=tuple(scopes), epoch=epoch, acquired_at=_utc(acquired),
+        heartbeat_at=_utc(heartbeat), expires_at=_utc(expires),
+        released_at=_maybe_utc(released), updated_at=_utc(updated),
+    )
+
+
+def _single(rows: Sequence[Row]) -> Row:
+    if len(rows) != 1:
+        raise AssertionError(f"expected exactly one row, got {len(rows)}")
+    return rows[0]
+
+
+def _time_and_row(identity: LeaseIdentity, rows: Sequence[Row]) -> tuple[datetime, LeaseRow | None]:
+    now, *cols = _single(rows)
+    # lease_id is NOT NULL in the table, so a NULL here means "no row" (LEFT JOIN).
+    return _utc(now), None if cols[0] is None else lease_row(identity, cols)
+
+
+def parse_snapshot(identity: LeaseIdentity, rows: Sequence[Row]) -> Snapshot:
+    now, row = _time_and_row(identity, rows)
+    return Snapshot(row, now)
+
+
+def parse_write_outcome(identity: LeaseIdentity, rows: Sequence[Row], *,
+                   finds_row: bool = False) -> WriteOutcome:
+    """A guarded write's row: the time, its new lease columns, and (``finds_row``: for the
+    writes that lock an existing row) the row it found, which names a refusal."""
+    now, *cols = _single(rows)
+    written = cols[:9]
+    if written[0] is not None:  # lease_id is NOT NULL: a NULL means the guard did not hold
+        return WriteOutcome(lease_row(identity, written), _utc(now))
+    found = cols[9:18]
+    if not finds_row or len(found) != 9:
+        return WriteOutcome(None, _utc(now))
+    row = None if found[0] is None else lease_row(identity, found)
+    return WriteOutcome(None, _utc(now), found=Snapshot(row, _utc(now)))
+
+
+def parse_nothing(rows: Sequence[Row]) -> None:
+    return None
+
+
+def parse_flag(rows: Sequence[Row]) -> bool:
+    return bool(_single(rows)[0])
+
+
+def parse_time(rows: Sequence[Row]) -> datetime:
+    return _utc(_single(rows)[0])
+
+
+def parse_lease_rows(rows: Sequence[Row]) -> list[LeaseRow]:
+    return [lease_row(LeaseIdentity(*row[:3]), row[3:]) for row in rows]
+
+
+def audit_record(row: Row) -> AuditRecord:
+    """Map one ``audit.sql`` row to an :class:`AuditRecord`."""
+    (seq, event_id, event, outcome, reason, tenant_id, agent_id, binding_id, connector_id,
+     epoch, correlation_id, recorded_at) = row
+    entry = AuditEntry(
+        event_id=event_id, event=LifecycleEvent(event), outcome=Outcome(outcome),
+        reason=None if reason is None else Reason(reason),
+        identity=LeaseIdentity(tenant_id, agent_id, binding_id), connector_id=connector_id,
+        epoch=epoch, correlation_id=correlation_id,
+    )
+    return AuditRecord(seq, entry, _utc(recorded_at))
+
+
+def parse_audit_records(rows: Sequence[Row]) -> list[AuditRecord]:
+    return [audit_record(row) for row in rows]
+
+
+def parse_write_outcomes(identities: Sequence[LeaseIdentity],
+                    rows: Sequence[Row]) -> list[WriteOutcome]:
+    if len(rows) != len(identities):
+        raise AssertionError(f"expected {len(identities)} rows, got {len(rows)}")
+    return [parse_write_outcome(identity, (row,)) for identity, row in zip(identities, rows,
+                                                                       strict=True)]
