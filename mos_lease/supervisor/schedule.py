@@ -37,6 +37,7 @@ from mos_lease.keeper import (
     next_action,
 )
 from mos_lease.keeper.schedule import ReportLoss
+from mos_lease.metadata import EMPTY_METADATA, Metadata
 from mos_lease.records import LeaseHandle
 from mos_lease.results import HolderView, LeaseResult
 from mos_lease.vocabulary import LeaseState, Reason
@@ -61,12 +62,14 @@ OVERDUE_RENEWAL: Final = "renewal still running when the earliest deadline came;
 @attrs.frozen(slots=True)
 class Binding:
     """A binding the supervisor runs: who, as which connector, with which scopes and timing.
-    The scopes are those :func:`~mos_lease.identity.normalize_scopes` returned."""
+    The scopes are those :func:`~mos_lease.identity.normalize_scopes` returned; ``metadata``
+    is the holder metadata each of its acquires and takeovers sets."""
 
     identity: LeaseIdentity
     connector_id: str
     scopes: tuple[str, ...]
     timing: KeeperTiming
+    metadata: Metadata = EMPTY_METADATA
 
 
 class Slot:
