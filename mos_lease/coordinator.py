@@ -15,7 +15,7 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any, Final, Generic, TypeVar
 from uuid import UUID
@@ -156,24 +156,33 @@ class AsyncConnectorLeaseCoordinator(_Coordinator[AsyncLeaseStore]):
                     seen.called(op, started, None)
 
     async def acquire(self, identity: LeaseIdentity, connector_id: str, *, scopes: object,
-                      ttl: timedelta | float, correlation_id: str | None = None) -> LeaseResult:
+                      ttl: timedelta | float, correlation_id: str | None = None,
+                      metadata: Mapping[str, str] | None = None) -> LeaseResult:
         """Insert-only first acquisition (epoch 1). Never recovers an expired or released
-        lease: that needs :meth:`takeover`."""
-        return await self._run(
-            self._flows.acquire(identity, connector_id, scopes, ttl, correlation_id))
+        lease: that needs :meth:`takeover`.
+
+        ``metadata`` is a small ``str -> str`` payload the holder shows to whoever reads the
+        lease (``current_holder()``, ``mos-lease status``), such as the endpoint a gateway
+        routes this binding's requests to; never audited (:mod:`mos_lease.metadata` has its
+        bounds). Heartbeats and the release keep it."""
+        return await self._run(self._flows.acquire(
+            identity, connector_id, scopes, ttl, correlation_id, metadata))
 
     async def takeover(self, identity: LeaseIdentity, connector_id: str, *, scopes: object,
                        ttl: timedelta | float, expected_epoch: int,
                        correlation_id: str | None = None,
-                       observed: HolderView | None = None) -> LeaseResult:
+                       observed: HolderView | None = None,
+                       metadata: Mapping[str, str] | None = None) -> LeaseResult:
         """Compare-and-set on ``expected_epoch``: rotates the lease id, epoch + 1.
 
         The policy is told the lease's current state and holder, which costs a read before
         the write, unless ``observed`` is the :class:`HolderView` this coordinator just
         returned for the identity at ``expected_epoch`` (``current_holder()``, or a refused
-        acquire's ``result.holder``): then the takeover is one round trip."""
+        acquire's ``result.holder``): then the takeover is one round trip. ``metadata``
+        replaces the previous holder's, as for :meth:`acquire` (``None``: none)."""
         return await self._run(self._flows.takeover(
-            identity, connector_id, scopes, ttl, expected_epoch, correlation_id, observed))
+            identity, connector_id, scopes, ttl, expected_epoch, correlation_id, observed,
+            metadata))
 
     async def heartbeat(self, lease: LeaseHandle, *, ttl: timedelta | float,
                         correlation_id: str | None = None) -> LeaseResult:
@@ -296,24 +305,33 @@ class ConnectorLeaseCoordinator(_Coordinator[LeaseStore]):
                     seen.called(op, started, None)
 
     def acquire(self, identity: LeaseIdentity, connector_id: str, *, scopes: object,
-                ttl: timedelta | float, correlation_id: str | None = None) -> LeaseResult:
+                ttl: timedelta | float, correlation_id: str | None = None,
+                metadata: Mapping[str, str] | None = None) -> LeaseResult:
         """Insert-only first acquisition (epoch 1). Never recovers an expired or released
-        lease: that needs :meth:`takeover`."""
-        return self._run(
-            self._flows.acquire(identity, connector_id, scopes, ttl, correlation_id))
+        lease: that needs :meth:`takeover`.
+
+        ``metadata`` is a small ``str -> str`` payload the holder shows to whoever reads the
+        lease (``current_holder()``, ``mos-lease status``), such as the endpoint a gateway
+        routes this binding's requests to; never audited (:mod:`mos_lease.metadata` has its
+        bounds). Heartbeats and the release keep it."""
+        return self._run(self._flows.acquire(
+            identity, connector_id, scopes, ttl, correlation_id, metadata))
 
     def takeover(self, identity: LeaseIdentity, connector_id: str, *, scopes: object,
                  ttl: timedelta | float, expected_epoch: int,
                  correlation_id: str | None = None,
-                 observed: HolderView | None = None) -> LeaseResult:
+                 observed: HolderView | None = None,
+                 metadata: Mapping[str, str] | None = None) -> LeaseResult:
         """Compare-and-set on ``expected_epoch``: rotates the lease id, epoch + 1.
 
         The policy is told the lease's current state and holder, which costs a read before
         the write, unless ``observed`` is the :class:`HolderView` this coordinator just
         returned for the identity at ``expected_epoch`` (``current_holder()``, or a refused
-        acquire's ``result.holder``): then the takeover is one round trip."""
+        acquire's ``result.holder``): then the takeover is one round trip. ``metadata``
+        replaces the previous holder's, as for :meth:`acquire` (``None``: none)."""
         return self._run(self._flows.takeover(
-            identity, connector_id, scopes, ttl, expected_epoch, correlation_id, observed))
+            identity, connector_id, scopes, ttl, expected_epoch, correlation_id, observed,
+            metadata))
 
     def heartbeat(self, lease: LeaseHandle, *, ttl: timedelta | float,
                   correlation_id: str | None = None) -> LeaseResult:

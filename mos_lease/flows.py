@@ -58,6 +58,7 @@ from mos_lease.machine import (
     success_epoch,
     success_outcome,
 )
+from mos_lease.metadata import check_metadata
 from mos_lease.policy import PolicyRequest
 from mos_lease.reconciliation import is_own_write, reconciled_row
 from mos_lease.records import AuditEntry, LeaseHandle, Snapshot, WriteOutcome
@@ -78,25 +79,27 @@ class Flows(GrantFlows):
     # -- lifecycle ---------------------------------------------------------------------------
 
     def acquire(self, identity: object, connector_id: object, scopes: object, ttl: object,
-                correlation_id: object) -> Flow[LeaseResult]:
+                correlation_id: object, metadata: object = None) -> Flow[LeaseResult]:
         identity = self.inputs.identity("identity", identity)
         connector_id = check_id("connector_id", connector_id)
         norm_scopes = self.inputs.scopes("scopes", scopes)
         norm_ttl = normalize_ttl("ttl", ttl, self.lease_ttl_cap)
+        checked_metadata = check_metadata("metadata", metadata)
         command = Acquire(identity, connector_id, norm_scopes, norm_ttl, self.ids(),
-                          self.ids(), self.correlation(correlation_id))
+                          self.ids(), self.correlation(correlation_id), checked_metadata)
         verdict = self.verdict(PolicyRequest(LifecycleEvent.ACQUIRE, identity, connector_id,
                                               norm_scopes, norm_ttl))
         return (yield from self._lifecycle(command, verdict, None))
 
     def takeover(self, identity: object, connector_id: object, scopes: object, ttl: object,
                  expected_epoch: object, correlation_id: object,
-                 observed: object = None) -> Flow[LeaseResult]:
+                 observed: object = None, metadata: object = None) -> Flow[LeaseResult]:
         identity = self.inputs.identity("identity", identity)
         connector_id = check_id("connector_id", connector_id)
         norm_scopes = self.inputs.scopes("scopes", scopes)
         norm_ttl = normalize_ttl("ttl", ttl, self.lease_ttl_cap)
         epoch = check_epoch("expected_epoch", expected_epoch)
+        checked_metadata = check_metadata("metadata", metadata)
         view = self.views.check(observed, identity, epoch)
         correlation = self.correlation(correlation_id)
         # The policy is told the lease's state and holder, so a takeover reads before it
@@ -116,7 +119,8 @@ class Flows(GrantFlows):
             current_connector_id=None if view is None else view.connector_id))
         command = Takeover(identity, connector_id, norm_scopes, norm_ttl, epoch,
                            preempt_active=preempts(verdict, state), new_lease_id=self.ids(),
-                           event_id=self.ids(), correlation_id=correlation)
+                           event_id=self.ids(), correlation_id=correlation,
+                           metadata=checked_metadata)
         return (yield from self._lifecycle(command, verdict, snapshot))
 
     def heartbeat(self, lease: object, ttl: object,

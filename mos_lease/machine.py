@@ -28,6 +28,7 @@ from uuid import UUID
 import attrs
 
 from mos_lease.identity import MAX_EPOCH, LeaseIdentity, Scopes
+from mos_lease.metadata import EMPTY_METADATA, Metadata
 from mos_lease.records import AuditEntry, LeaseRow
 from mos_lease.vocabulary import LeaseState, LifecycleEvent, Outcome, Reason
 
@@ -46,6 +47,8 @@ class Acquire:
     new_lease_id: UUID
     event_id: UUID
     correlation_id: str
+    # What the new holder says of itself (mos_lease.metadata); set on the row it creates.
+    metadata: Metadata = EMPTY_METADATA
 
 
 @attrs.frozen(slots=True)
@@ -61,6 +64,8 @@ class Takeover:
     new_lease_id: UUID
     event_id: UUID
     correlation_id: str
+    # Replaces the row's metadata (none given: the row's becomes empty).
+    metadata: Metadata = EMPTY_METADATA
 
 
 @attrs.frozen(slots=True)
@@ -110,6 +115,7 @@ class Insert:
     connector_id: str
     scopes: Scopes
     ttl: timedelta
+    metadata: Metadata = EMPTY_METADATA
 
 
 @attrs.frozen(slots=True)
@@ -146,6 +152,7 @@ class Rotate:
     connector_id: str
     scopes: Scopes
     ttl: timedelta
+    metadata: Metadata = EMPTY_METADATA
 
 
 Write = Insert | Renew | Close | Rotate
@@ -202,8 +209,10 @@ def apply_write(write: Write, row: LeaseRow | None, now: datetime) -> LeaseRow:
             identity=write.identity, lease_id=write.lease_id, connector_id=write.connector_id,
             scopes=write.scopes, epoch=1, acquired_at=now, heartbeat_at=now,
             expires_at=now + write.ttl, released_at=None, updated_at=now,
+            metadata=write.metadata,
         )
     assert row is not None
+    # A renewal and a release keep the holder's metadata: the row still says who held it.
     if isinstance(write, Renew):
         return attrs.evolve(row, heartbeat_at=now, expires_at=now + write.ttl, updated_at=now)
     if isinstance(write, Close):
@@ -212,6 +221,7 @@ def apply_write(write: Write, row: LeaseRow | None, now: datetime) -> LeaseRow:
         identity=row.identity, lease_id=write.new_lease_id, connector_id=write.connector_id,
         scopes=write.scopes, epoch=row.epoch + 1, acquired_at=now, heartbeat_at=now,
         expires_at=now + write.ttl, released_at=None, updated_at=now,
+        metadata=write.metadata,
     )
 
 
@@ -288,10 +298,11 @@ def plan(command: Command) -> Write | None:
     """The guarded write ``command`` performs if it succeeds; ``None`` for grant issue."""
     if isinstance(command, Acquire):
         return Insert(command.identity, command.new_lease_id, command.connector_id,
-                      command.scopes, command.ttl)
+                      command.scopes, command.ttl, command.metadata)
     if isinstance(command, Takeover):
         return Rotate(command.identity, command.expected_epoch, command.preempt_active,
-                      command.new_lease_id, command.connector_id, command.scopes, command.ttl)
+                      command.new_lease_id, command.connector_id, command.scopes, command.ttl,
+                      command.metadata)
     if isinstance(command, Heartbeat):
         return Renew(command.identity, command.connector_id, command.lease_id, command.epoch,
                      command.ttl)

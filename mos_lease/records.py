@@ -8,12 +8,16 @@ from uuid import UUID
 import attrs
 
 from mos_lease.identity import LeaseIdentity, Scopes
+from mos_lease.metadata import EMPTY_METADATA, Metadata
 from mos_lease.vocabulary import LeaseState, LifecycleEvent, Outcome, Reason
 
 
 @attrs.frozen(slots=True)
 class LeaseRow:
-    """The durable current lease of one identity: one row, never deleted."""
+    """The durable current lease of one identity: one row, never deleted.
+
+    ``metadata`` is what the holder said of itself when it acquired or took over (see
+    :mod:`mos_lease.metadata`); renewals and a release keep it."""
 
     identity: LeaseIdentity
     lease_id: UUID
@@ -25,6 +29,7 @@ class LeaseRow:
     expires_at: datetime
     released_at: datetime | None
     updated_at: datetime
+    metadata: Metadata = EMPTY_METADATA
 
     def state(self, now: datetime) -> LeaseState:
         """The row's state at ``now`` (the store's time): released, expired (``expires_at <=

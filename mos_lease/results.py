@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Generic, TypeVar
 
@@ -9,6 +10,7 @@ import attrs
 
 from mos_lease.context import ConnectorExecutionContext
 from mos_lease.grants import ExecutionGrant
+from mos_lease.metadata import EMPTY_METADATA, Metadata
 from mos_lease.records import LeaseHandle, LeaseRow
 from mos_lease.vocabulary import LeaseState, Outcome, Reason
 
@@ -113,6 +115,8 @@ class HolderView:
     anywhere, and what is not here cannot be used to heartbeat, release or mint grants.
     ``state`` is judged at ``now``, the store's time of the same read; ``expires_at`` is
     the store's expiry of the row (for a released row, the expiry it had when released).
+    ``metadata`` is what the holder set when it acquired or took over (an empty mapping if
+    it set none), read-only: where a gateway routes requests for this binding, for example.
     """
 
     connector_id: str
@@ -120,9 +124,11 @@ class HolderView:
     state: LeaseState
     expires_at: datetime
     now: datetime
+    # Kept as a Metadata even when a view is built by hand: a view is never changed in place.
+    metadata: Mapping[str, str] = attrs.field(default=EMPTY_METADATA, converter=Metadata)
 
     @classmethod
     def of(cls, row: LeaseRow, now: datetime) -> HolderView:
         """What may be shown of ``row`` read at store time ``now``."""
         return cls(connector_id=row.connector_id, epoch=row.epoch, state=row.state(now),
-                   expires_at=row.expires_at, now=now)
+                   expires_at=row.expires_at, now=now, metadata=row.metadata)

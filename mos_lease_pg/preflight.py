@@ -70,7 +70,7 @@ _VERSION_IN_COMMENT: Final = re.compile(r"^mos-lease schema version (\d+)$")
 # and of settling). ``None``: the privilege on the whole table.
 _WRITTEN_COLUMNS: Final = ("lease_id", "connector_id", "allowed_scopes", "epoch",
                            "acquired_at", "heartbeat_at", "expires_at", "released_at",
-                           "updated_at")
+                           "updated_at", "holder_metadata")
 NEEDED: Final[tuple[tuple[str, str, str | None], ...]] = (
     (LEASES, "SELECT", None), (LEASES, "INSERT", None),
     *((LEASES, "UPDATE", column) for column in _WRITTEN_COLUMNS),

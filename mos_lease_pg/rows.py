@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Final
 
 from mos_lease.identity import LeaseIdentity
+from mos_lease.metadata import EMPTY_METADATA, Metadata
 from mos_lease.records import AuditEntry, AuditRecord, LeaseRow, Snapshot, WriteOutcome
 from mos_lease.vocabulary import LifecycleEvent, Outcome, Reason
 
@@ -28,15 +29,22 @@ def _maybe_utc(value: datetime | None) -> datetime | None:
     return None if value is None else _utc(value)
 
 
+LEASE_COLUMNS: Final = 10
+"""How many columns :func:`lease_row` maps (a statement returns them in its order)."""
+
+
 def lease_row(identity: LeaseIdentity, cols: Sequence[Any]) -> LeaseRow:
     """Map (lease_id, connector_id, allowed_scopes, epoch, acquired_at, heartbeat_at,
-    expires_at, released_at, updated_at) to a :class:`LeaseRow`."""
-    lease_id, connector_id, scopes, epoch, acquired, heartbeat, expires, released, updated = cols
+    expires_at, released_at, updated_at, holder_metadata) to a :class:`LeaseRow`."""
+    (lease_id, connector_id, scopes, epoch, acquired, heartbeat, expires, released, updated,
+     metadata) = cols
     return LeaseRow(
         identity=identity, lease_id=lease_id, connector_id=connector_id,
         scopes=tuple(scopes), epoch=epoch, acquired_at=_utc(acquired),
         heartbeat_at=_utc(heartbeat), expires_at=_utc(expires),
         released_at=_maybe_utc(released), updated_at=_utc(updated),
+        # psycopg reads jsonb as a dict; an empty object (no metadata) is the shared empty.
+        metadata=Metadata(metadata) if metadata else EMPTY_METADATA,
     )
 
 
@@ -62,11 +70,11 @@ def parse_write_outcome(identity: LeaseIdentity, rows: Sequence[Row], *,
     """A guarded write's row: the time, its new lease columns, and (``finds_row``: for the
     writes that lock an existing row) the row it found, which names a refusal."""
     now, *cols = _single(rows)
-    written = cols[:9]
+    written = cols[:LEASE_COLUMNS]
     if written[0] is not None:  # lease_id is NOT NULL: a NULL means the guard did not hold
         return WriteOutcome(lease_row(identity, written), _utc(now))
-    found = cols[9:18]
-    if not finds_row or len(found) != 9:
+    found = cols[LEASE_COLUMNS:2 * LEASE_COLUMNS]
+    if not finds_row or len(found) != LEASE_COLUMNS:
         return WriteOutcome(None, _utc(now))
     row = None if found[0] is None else lease_row(identity, found)
     return WriteOutcome(None, _utc(now), found=Snapshot(row, _utc(now)))

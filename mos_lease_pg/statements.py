@@ -1,4 +1,4 @@
-"""The SQL the store sends and the mapping between its rows and the core's records.
+"""The SQL the store sends (how the rows that come back map to records: :mod:`.rows`).
 
 This module is the single source of truth for both stores: :class:`Call` describes one
 statement (its text, parameters, how to read its result and what a lost connection during it
@@ -17,7 +17,6 @@ whose search_path finds another copy of the tables, or none, must neither write 
 nor fail obscurely). The files write ``{schema}.table`` and :meth:`Template.at` substitutes
 the quoted schema of the store (``ConnectionSettings.schema``). Loading refuses a statement
 that names a library table without ``{schema}.`` (see :func:`unqualified`), at import time.
-How the rows that come back map to the core's records is :mod:`mos_lease_pg.rows`.
 """
 
 from __future__ import annotations
@@ -25,6 +24,7 @@ from __future__ import annotations
 import enum
 import functools
 import hashlib
+import json
 import re
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
@@ -38,6 +38,7 @@ from psycopg import sql
 from mos_lease.errors import ConfigurationError, InvalidInput
 from mos_lease.identity import LeaseIdentity
 from mos_lease.machine import Close, Insert, Renew, Rotate, Write
+from mos_lease.metadata import Metadata
 from mos_lease.records import AuditEntry, AuditRecord, LeaseRow, Snapshot, WriteOutcome
 from mos_lease.vocabulary import LifecycleEvent, Outcome
 from mos_lease_pg.rows import (
@@ -302,10 +303,17 @@ def load(identity: LeaseIdentity, offset: timedelta, *,
                 functools.partial(parse_snapshot, identity))
 
 
+def _metadata_json(metadata: Metadata) -> str:
+    # Sent as JSON text and cast in the statement (``%(metadata)s::jsonb``); the checks of
+    # mos_lease.metadata already bounded it, so the text is at most a few KiB.
+    return json.dumps(dict(metadata), ensure_ascii=False, separators=(",", ":"))
+
+
 def _write_params(write: Write) -> dict[str, object]:
     if isinstance(write, Insert):
         return {"lease_id": write.lease_id, "connector_id": write.connector_id,
-                "scopes": list(write.scopes), "ttl": write.ttl}
+                "scopes": list(write.scopes), "ttl": write.ttl,
+                "metadata": _metadata_json(write.metadata)}
     if isinstance(write, Renew):
         return {"connector_id": write.connector_id, "lease_id": write.lease_id,
                 "epoch": write.epoch, "ttl": write.ttl}
@@ -314,7 +322,8 @@ def _write_params(write: Write) -> dict[str, object]:
                 "epoch": write.epoch}
     return {"expected_epoch": write.expected_epoch, "preempt_active": write.preempt_active,
             "new_lease_id": write.new_lease_id, "connector_id": write.connector_id,
-            "scopes": list(write.scopes), "ttl": write.ttl}
+            "scopes": list(write.scopes), "ttl": write.ttl,
+            "metadata": _metadata_json(write.metadata)}
 
 
 def apply(write: Write, entry: AuditEntry, offset: timedelta, *,

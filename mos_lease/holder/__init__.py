@@ -133,6 +133,9 @@ def hold(coordinator: ConnectorLeaseCoordinator | AsyncConnectorLeaseCoordinator
       ``"never"`` only acquires an identity that never had a lease, ``"preempt"`` also
       takes over an active one if the coordinator's policy allows it (if it refuses once,
       the holder waits like ``"expired"``).
+    * ``metadata``: the holder metadata every acquire and takeover of the wait sets (a
+      small ``str -> str`` mapping, such as the endpoint this process serves the binding
+      on; see :mod:`mos_lease.metadata`); ``None``: none.
     * ``timing``: a :class:`HoldTiming`: the backoff bounds, the ``clock_step`` the keeper's
       safety margin covers and ``expiring_within``.
     * ``callbacks``: a :class:`HoldCallbacks`: ``on_started``, ``on_stopped``,

@@ -10,7 +10,7 @@ import enum
 import logging
 import math
 import random as _random
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Final, Protocol, TypedDict, TypeVar, Unpack
 
 import attrs
@@ -29,6 +29,7 @@ from mos_lease.identity import (
 )
 from mos_lease.keeper import KeeperTiming, LeaseLoss
 from mos_lease.keeper.calls import AcquireCall, TakeoverCall
+from mos_lease.metadata import EMPTY_METADATA, Metadata, check_metadata
 from mos_lease.records import LeaseHandle
 from mos_lease.results import HolderView
 from mos_lease.vocabulary import Reason
@@ -163,17 +164,21 @@ class HoldOptions:
     notices: NoticeSource | None = None
     clock: MonotonicClock | None = None  # None: the coordinator's
     random: Callable[[], float] = _random.random
+    metadata: Metadata = EMPTY_METADATA  # set by every acquire and takeover of the wait
 
     @property
     def ttl(self) -> float:
         return self.timing.ttl
 
+    # No metadata goes out as None, the calls' own "none", so a call compares equal
+    # whichever way it was made.
     def acquire_call(self) -> AcquireCall:
-        return AcquireCall(self.identity, self.connector_id, self.scopes, self.ttl)
+        return AcquireCall(self.identity, self.connector_id, self.scopes, self.ttl,
+                           metadata=self.metadata or None)
 
     def takeover_call(self, expected_epoch: int) -> TakeoverCall:
         return TakeoverCall(self.identity, self.connector_id, self.scopes, self.ttl,
-                            expected_epoch)
+                            expected_epoch, metadata=self.metadata or None)
 
 
 def _check_wait(value: object) -> float | None:
@@ -273,6 +278,7 @@ class HoldKeywords(TypedDict, total=False):
     notices: NoticeSource | None  # None: waiters poll, holders learn of loss by renewing
     clock: MonotonicClock | None  # None: the coordinator's monotonic clock
     random: Callable[[], float]  # random.random
+    metadata: Mapping[str, str] | None  # None: the holder sets no metadata
 
 
 def check_options(identity: object, connector_id: object, *, scopes: object, ttl: object,
@@ -311,7 +317,8 @@ def check_options(identity: object, connector_id: object, *, scopes: object, ttl
     _check_callable("random", random)
     if not isinstance(cancel_on_loss, bool):
         raise InvalidInput("cancel_on_loss", "must be a bool")
+    metadata = check_metadata("metadata", options.get("metadata"))
     return HoldOptions(checked_identity, checked_connector, norm_scopes, _check_wait(wait),
                        _check_takeover(takeover), keeper_timing, within, told,
                        cancel_on_loss, _check_notices(options.get("notices")), clock,
-                       random)
+                       random, metadata)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import timedelta
 from typing import Any
 
@@ -67,17 +67,22 @@ class AsyncLeaseKeeper(_Keeper[AsyncConnectorLeaseCoordinator,
                                    self._abandoned, log=log)
 
     async def acquire(self, identity: LeaseIdentity, connector_id: str, *, scopes: object,
-                      correlation_id: str | None = None) -> LeaseResult:
-        """As :meth:`LeaseKeeper.acquire`: acquire with the keeper's ttl, and on success
-        hold the lease and start the renewing task."""
-        return await self._start(self._acquire(identity, connector_id, scopes, correlation_id))
+                      correlation_id: str | None = None,
+                      metadata: Mapping[str, str] | None = None) -> LeaseResult:
+        """As :meth:`LeaseKeeper.acquire`: acquire with the keeper's ttl (and the holder
+        ``metadata``, if given), and on success hold the lease and start the renewing
+        task."""
+        return await self._start(self._acquire(identity, connector_id, scopes, correlation_id,
+                                               metadata))
 
     async def takeover(self, identity: LeaseIdentity, connector_id: str, *, scopes: object,
-                       expected_epoch: int, correlation_id: str | None = None) -> LeaseResult:
+                       expected_epoch: int, correlation_id: str | None = None,
+                       metadata: Mapping[str, str] | None = None) -> LeaseResult:
         """As :meth:`LeaseKeeper.takeover`: take over at ``expected_epoch`` with the
-        keeper's ttl, and on success hold the lease and start the renewing task."""
+        keeper's ttl (and the holder ``metadata``, if given), and on success hold the lease
+        and start the renewing task."""
         return await self._start(self._takeover(identity, connector_id, scopes,
-                                                expected_epoch, correlation_id))
+                                                expected_epoch, correlation_id, metadata))
 
     async def adopt(self, lease: LeaseHandle, *, obtained_at: float) -> None:
         """As :meth:`LeaseKeeper.adopt`: keep a lease obtained elsewhere; ``obtained_at`` is

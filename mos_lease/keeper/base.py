@@ -10,7 +10,7 @@ deadline), which is where threads and asyncio differ.
 from __future__ import annotations
 
 import random as _random
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import Any, Generic, TypeVar
 
@@ -132,14 +132,16 @@ class _Keeper(Generic[C, S]):
     # -- which steps the public methods run ---------------------------------------------
 
     def _acquire(self, identity: LeaseIdentity, connector_id: str, scopes: object,
-                 correlation_id: str | None) -> Steps[Any]:
+                 correlation_id: str | None,
+                 metadata: Mapping[str, str] | None = None) -> Steps[Any]:
         return steps.start(self._core, AcquireCall(identity, connector_id, scopes, self.ttl,
-                                                   correlation_id))
+                                                   correlation_id, metadata))
 
     def _takeover(self, identity: LeaseIdentity, connector_id: str, scopes: object,
-                  expected_epoch: int, correlation_id: str | None) -> Steps[Any]:
+                  expected_epoch: int, correlation_id: str | None,
+                  metadata: Mapping[str, str] | None = None) -> Steps[Any]:
         return steps.start(self._core, TakeoverCall(identity, connector_id, scopes, self.ttl,
-                                                    expected_epoch, correlation_id))
+                                                    expected_epoch, correlation_id, metadata))
 
     def _adopt(self, lease: LeaseHandle, obtained_at: float) -> Steps[Any]:
         return steps.start(self._core, _adopted(lease), obtained_at)

@@ -30,7 +30,7 @@ coordinator call, with its policy check, its audit row and its retries.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Generator
+from collections.abc import Awaitable, Callable, Generator, Mapping
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -71,26 +71,31 @@ class _Claim:
 
 @attrs.frozen(slots=True)
 class AcquireCall(_Claim):
-    """``coordinator.acquire``: wins when the identity never had a lease."""
+    """``coordinator.acquire``: wins when the identity never had a lease. ``metadata`` is
+    the holder metadata the acquire sets (checked by the coordinator)."""
 
     correlation_id: str | None = None
+    metadata: Mapping[str, str] | None = None
 
     def on(self, coordinator: Coordinator) -> Any:
         return coordinator.acquire(self.identity, self.connector_id, scopes=self.scopes,
-                                   ttl=self.ttl, correlation_id=self.correlation_id)
+                                   ttl=self.ttl, correlation_id=self.correlation_id,
+                                   metadata=self.metadata)
 
 
 @attrs.frozen(slots=True)
 class TakeoverCall(_Claim):
-    """``coordinator.takeover`` at ``expected_epoch``, the epoch last observed."""
+    """``coordinator.takeover`` at ``expected_epoch``, the epoch last observed, setting
+    ``metadata`` in place of the previous holder's."""
 
     expected_epoch: int
     correlation_id: str | None = None
+    metadata: Mapping[str, str] | None = None
 
     def on(self, coordinator: Coordinator) -> Any:
         return coordinator.takeover(self.identity, self.connector_id, scopes=self.scopes,
                                     ttl=self.ttl, expected_epoch=self.expected_epoch,
-                                    correlation_id=self.correlation_id)
+                                    correlation_id=self.correlation_id, metadata=self.metadata)
 
 
 @attrs.frozen(slots=True)

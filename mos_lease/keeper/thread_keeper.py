@@ -5,7 +5,7 @@ abandoned at the deadline."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import Any
 
@@ -84,18 +84,22 @@ class LeaseKeeper(_Keeper[ConnectorLeaseCoordinator, Callable[[float], object]])
     # -- getting a lease -----------------------------------------------------------------
 
     def acquire(self, identity: LeaseIdentity, connector_id: str, *, scopes: object,
-                correlation_id: str | None = None) -> LeaseResult:
-        """:meth:`ConnectorLeaseCoordinator.acquire` with the keeper's ttl; on success the
-        keeper holds the lease and starts renewing it. A refusal leaves the keeper unused."""
-        return self._start(self._acquire(identity, connector_id, scopes, correlation_id))
+                correlation_id: str | None = None,
+                metadata: Mapping[str, str] | None = None) -> LeaseResult:
+        """:meth:`ConnectorLeaseCoordinator.acquire` with the keeper's ttl (and the holder
+        ``metadata``, if given); on success the keeper holds the lease and starts renewing
+        it. A refusal leaves the keeper unused."""
+        return self._start(self._acquire(identity, connector_id, scopes, correlation_id,
+                                         metadata))
 
     def takeover(self, identity: LeaseIdentity, connector_id: str, *, scopes: object,
-                 expected_epoch: int, correlation_id: str | None = None) -> LeaseResult:
+                 expected_epoch: int, correlation_id: str | None = None,
+                 metadata: Mapping[str, str] | None = None) -> LeaseResult:
         """:meth:`ConnectorLeaseCoordinator.takeover` at ``expected_epoch`` with the
-        keeper's ttl; on success the keeper holds the lease and starts renewing it. A
-        refusal leaves the keeper unused."""
+        keeper's ttl (and the holder ``metadata``, if given); on success the keeper holds
+        the lease and starts renewing it. A refusal leaves the keeper unused."""
         return self._start(self._takeover(identity, connector_id, scopes, expected_epoch,
-                                          correlation_id))
+                                          correlation_id, metadata))
 
     def adopt(self, lease: LeaseHandle, *, obtained_at: float) -> None:
         """Keep a lease obtained elsewhere with this keeper's ttl. ``obtained_at`` must be

@@ -109,12 +109,13 @@ class AsyncSupervisor(_Supervisor[AsyncConnectorLeaseCoordinator]):
         if isinstance(call, Acquire):
             return await self.coordinator.acquire(binding.identity, binding.connector_id,
                                                   scopes=binding.scopes,
-                                                  ttl=binding.timing.ttl)
+                                                  ttl=binding.timing.ttl,
+                                                  metadata=binding.metadata)
         assert isinstance(call, Takeover)
         return await self.coordinator.takeover(binding.identity, binding.connector_id,
                                                scopes=binding.scopes, ttl=binding.timing.ttl,
                                                expected_epoch=call.expected_epoch,
-                                               observed=call.observed)
+                                               observed=call.observed, metadata=binding.metadata)
 
     async def _bounded(self, call: Awaitable[object], timeout: float) -> object:
         return await bounded_async(call, timeout, self._abandoned)

@@ -8,7 +8,7 @@ task; each only performs the calls a turn yields, which is where threads and asy
 from __future__ import annotations
 
 import random as _random
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import Any, Generic, TypeVar
 
@@ -16,6 +16,7 @@ from mos_lease.coordinator import AsyncConnectorLeaseCoordinator, ConnectorLease
 from mos_lease.errors import ConfigurationError
 from mos_lease.identity import LeaseIdentity, check_id, check_identity, normalize_scopes
 from mos_lease.keeper import KeeperTiming
+from mos_lease.metadata import check_metadata
 from mos_lease.records import LeaseHandle
 from mos_lease.supervisor.changes import Change
 from mos_lease.supervisor.flow import Core
@@ -27,11 +28,13 @@ _CLOSED: Any = None  # what a listener is sent when the supervisor closes
 
 
 def _binding(identity: LeaseIdentity, connector_id: str, scopes: object,
-             ttl: float | timedelta, options: dict[str, float | None]) -> Binding:
+             ttl: float | timedelta, options: dict[str, float | None],
+             metadata: object = None) -> Binding:
     seconds = ttl.total_seconds() if isinstance(ttl, timedelta) else ttl
     timing = KeeperTiming(seconds, **{k: v for k, v in options.items() if v is not None})
     return Binding(check_identity("identity", identity), check_id("connector_id", connector_id),
-                   normalize_scopes("scopes", scopes), timing)
+                   normalize_scopes("scopes", scopes), timing,
+                   check_metadata("metadata", metadata))
 
 
 class _Supervisor(Generic[C]):
@@ -59,15 +62,18 @@ class _Supervisor(Generic[C]):
             ttl: float | timedelta, safety_margin: float | None = None,
             clock_step: float | None = None, renew_fraction: float | None = None,
             jitter: float = 0.0, min_backoff: float | None = None,
-            max_backoff: float | None = None) -> None:
+            max_backoff: float | None = None,
+            metadata: Mapping[str, str] | None = None) -> None:
         """Run ``identity`` as ``connector_id``: campaign for its lease, hold it, and
         campaign again after a loss, until :meth:`remove` or :meth:`close`. The timing
         options are :class:`~mos_lease.keeper.KeeperTiming`'s (``docs/keeper.md``), except
-        that ``jitter`` defaults to 0: a process's renewals are meant to go out together."""
+        that ``jitter`` defaults to 0: a process's renewals are meant to go out together.
+        ``metadata`` is the holder metadata every acquire and takeover of this binding sets
+        (where to route its requests, say); checked here, like every other argument."""
         binding = _binding(identity, connector_id, scopes, ttl, {
             "safety_margin": safety_margin, "clock_step": clock_step,
             "renew_fraction": renew_fraction, "jitter": jitter,
-            "min_backoff": min_backoff, "max_backoff": max_backoff})
+            "min_backoff": min_backoff, "max_backoff": max_backoff}, metadata)
         with self._core.lock:
             if self._core.closing:
                 raise ConfigurationError("the supervisor is closed")

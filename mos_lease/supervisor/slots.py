@@ -11,6 +11,7 @@ import attrs
 
 from mos_lease.identity import LeaseIdentity
 from mos_lease.keeper import KeeperState, KeeperTiming
+from mos_lease.metadata import EMPTY_METADATA, Metadata
 from mos_lease.records import LeaseHandle
 from mos_lease.results import HolderView
 from mos_lease.supervisor.changes import Change
@@ -21,12 +22,14 @@ from mos_lease.supervisor.changes import Change
 @attrs.frozen(slots=True)
 class Binding:
     """A binding the supervisor runs: who, as which connector, with which scopes and timing.
-    The scopes are those :func:`~mos_lease.identity.normalize_scopes` returned."""
+    The scopes are those :func:`~mos_lease.identity.normalize_scopes` returned; ``metadata``
+    is the holder metadata each of its acquires and takeovers sets."""
 
     identity: LeaseIdentity
     connector_id: str
     scopes: tuple[str, ...]
     timing: KeeperTiming
+    metadata: Metadata = EMPTY_METADATA
 
 
 class Slot:

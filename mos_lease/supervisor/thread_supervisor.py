@@ -113,12 +113,13 @@ class Supervisor(_Supervisor[ConnectorLeaseCoordinator]):
             return self.coordinator.current_holder(binding.identity)
         if isinstance(call, Acquire):
             return self.coordinator.acquire(binding.identity, binding.connector_id,
-                                            scopes=binding.scopes, ttl=binding.timing.ttl)
+                                            scopes=binding.scopes, ttl=binding.timing.ttl,
+                                            metadata=binding.metadata)
         assert isinstance(call, Takeover)
         return self.coordinator.takeover(binding.identity, binding.connector_id,
                                          scopes=binding.scopes, ttl=binding.timing.ttl,
                                          expected_epoch=call.expected_epoch,
-                                         observed=call.observed)
+                                         observed=call.observed, metadata=binding.metadata)
 
     def issue_grant(self, identity: LeaseIdentity, *, scopes: object, ttl: float | timedelta,
                     correlation_id: str | None = None) -> GrantResult:

@@ -3,7 +3,9 @@
 Each guarded write is applied to the store and compared with the reference semantics,
 :func:`mos_lease.machine.write_outcome`, evaluated on the row read just before and at the
 time the store reports for the write. The audit row must appear exactly when the write
-applied, stamped with the write's time.
+applied, stamped with the write's time. Holder metadata is part of the row: an insert sets
+it, a takeover replaces it (with none, too), a renewal and a release keep it
+(:func:`_metadata_case`, and the random writes carry some).
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from uuid import UUID, uuid4
 
 from mos_lease.identity import MAX_EPOCH, LeaseIdentity
 from mos_lease.machine import Close, Insert, Renew, Rotate, Write, write_outcome
+from mos_lease.metadata import EMPTY_METADATA, Metadata
+from mos_lease.ports import LeaseStore
 from mos_lease.records import AuditEntry
 from mos_lease.testing.harness import StoreHarness
 from mos_lease.vocabulary import LifecycleEvent, Outcome
@@ -33,6 +37,12 @@ def _entry(write: Write, connector_id: str) -> AuditEntry:
                       "contract")
 
 
+# Payloads the writes carry: none, ASCII, and non-ASCII text with a space and quotes, which
+# a store must hand back as it was given.
+_METADATA = (EMPTY_METADATA, Metadata({"endpoint": "10.0.0.7:8443"}),
+             Metadata({"endpoint": "gw-2:9000", "zone": 'eu "west" ü'}))
+
+
 def _random_write(rng: random.Random, identity: LeaseIdentity, current: tuple[str, UUID, int],
                   ) -> Write:
     connector, lease_id, epoch = current
@@ -46,12 +56,35 @@ def _random_write(rng: random.Random, identity: LeaseIdentity, current: tuple[st
     ttl = timedelta(seconds=rng.choice([5.5, 30.5]))
     kind = rng.choice(["insert", "renew", "close", "rotate", "rotate"])
     if kind == "insert":
-        return Insert(identity, uuid4(), connector, ("a",), ttl)
+        return Insert(identity, uuid4(), connector, ("a",), ttl, rng.choice(_METADATA))
     if kind == "renew":
         return Renew(identity, connector, lease_id, epoch, ttl)
     if kind == "close":
         return Close(identity, connector, lease_id, epoch)
-    return Rotate(identity, epoch, rng.random() < 0.5, uuid4(), connector, ("a", "b"), ttl)
+    return Rotate(identity, epoch, rng.random() < 0.5, uuid4(), connector, ("a", "b"), ttl,
+                  rng.choice(_METADATA))
+
+
+def _metadata_case(store: LeaseStore, identity: LeaseIdentity) -> None:
+    """Holder metadata set, kept and replaced, step by step on one fresh identity."""
+    ttl = timedelta(seconds=30)
+    first, second = _METADATA[1], _METADATA[2]
+
+    def applied(write: Write, expected: Metadata) -> tuple[UUID, int]:
+        row = store.apply(write, _entry(write, write.connector_id)).row
+        assert row is not None, f"metadata case: {write} was refused"
+        assert row.metadata == expected, f"metadata case: {write} left {row.metadata!r}"
+        loaded = store.load(identity).row
+        assert loaded is not None and loaded.metadata == expected, \
+            f"metadata case: after {write} the row reads {loaded!r}"
+        return row.lease_id, row.epoch
+
+    lease_id, epoch = applied(Insert(identity, uuid4(), "c1", (), ttl, first), first)
+    applied(Renew(identity, "c1", lease_id, epoch, ttl), first)  # a heartbeat keeps it
+    lease_id, epoch = applied(Rotate(identity, epoch, True, uuid4(), "c2", (), ttl, second),
+                              second)  # a takeover replaces it
+    applied(Close(identity, "c2", lease_id, epoch), second)  # the released row still shows it
+    applied(Rotate(identity, epoch, False, uuid4(), "c3", (), ttl), EMPTY_METADATA)
 
 
 def run_store_contract(harness_factory: Callable[[], StoreHarness], *, steps: int = 300,
@@ -63,6 +96,7 @@ def run_store_contract(harness_factory: Callable[[], StoreHarness], *, steps: in
     run = uuid4().hex[:12]
     identities = [LeaseIdentity(f"contract-{run}", "agent", f"b{i}") for i in range(3)]
     current = {identity: ("c1", uuid4(), 1) for identity in identities}
+    _metadata_case(store, LeaseIdentity(f"contract-{run}", "agent", "metadata"))
 
     # The bigint ceiling: a takeover at MAX_EPOCH must be refused, never wrap.
     assert not write_outcome(

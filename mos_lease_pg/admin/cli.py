@@ -280,8 +280,15 @@ def _lease_json(row: LeaseRow, now: datetime) -> dict[str, Any]:
         "epoch": row.epoch, "state": row.state(now).value, "scopes": list(row.scopes),
         "acquired_at": _iso(row.acquired_at), "heartbeat_at": _iso(row.heartbeat_at),
         "expires_at": _iso(row.expires_at), "released_at": _iso(row.released_at),
-        "updated_at": _iso(row.updated_at),
+        "updated_at": _iso(row.updated_at), "metadata": dict(row.metadata),
     }
+
+
+def _metadata_text(row: LeaseRow) -> str:
+    # Compact JSON: values may hold spaces, commas or "=", and this reads back unambiguously.
+    if not row.metadata:
+        return "-"
+    return json.dumps(dict(row.metadata), ensure_ascii=False, separators=(",", ":"))
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -306,9 +313,11 @@ def run_status(args: argparse.Namespace) -> int:
     print(f"database time {now.isoformat()}; {len(rows)} lease(s)")
     if rows:
         print(_table(
-            ("TENANT", "AGENT", "BINDING", "CONNECTOR", "EPOCH", "STATE", "EXPIRES"),
+            ("TENANT", "AGENT", "BINDING", "CONNECTOR", "EPOCH", "STATE", "EXPIRES",
+             "METADATA"),
             [(r.identity.tenant_id, r.identity.logical_agent_id, r.identity.binding_id,
-              r.connector_id, str(r.epoch), r.state(now).value, r.expires_at.isoformat())
+              r.connector_id, str(r.epoch), r.state(now).value, r.expires_at.isoformat(),
+              _metadata_text(r))
              for r in rows]))
     return 0
 

@@ -144,6 +144,13 @@ BEGIN
         EXECUTE format('GRANT UPDATE (lease_id, connector_id, allowed_scopes, epoch, '
                        'acquired_at, heartbeat_at, expires_at, released_at, updated_at) '
                        'ON %s TO %I', leases, gateway_role);
+        -- Migration 0007's column; a table not yet migrated that far has none (the
+        -- migration grants it then, to whoever may update lease_id).
+        IF EXISTS (SELECT 1 FROM pg_catalog.pg_attribute AS a
+                   WHERE a.attrelid = leases::regclass AND a.attname = 'holder_metadata'
+                     AND NOT a.attisdropped) THEN
+            EXECUTE format('GRANT UPDATE (holder_metadata) ON %s TO %I', leases, gateway_role);
+        END IF;
     END IF;
     IF to_regclass(audit_log) IS NOT NULL THEN
         EXECUTE format('REVOKE ALL ON %s FROM PUBLIC, %I', audit_log, gateway_role);

@@ -183,7 +183,7 @@ def test_hold_declares_its_keywords_once() -> None:
                      "heartbeat_coordinator", "sleep"}
     assert holder_module.HoldKeywords.__optional_keys__ == {
         "wait", "takeover", "timing", "callbacks", "cancel_on_loss", "notices", "clock",
-        "random"}
+        "random", "metadata"}
 
 
 def test_hold_refuses_a_keyword_it_does_not_take() -> None:

@@ -154,7 +154,7 @@ def test_the_machine_module_imports_nothing_that_tells_time() -> None:
         elif isinstance(node, ast.ImportFrom):
             imported.add(node.module or "")
     assert imported <= {"__future__", "datetime", "uuid", "attrs", "mos_lease.identity",
-                        "mos_lease.records", "mos_lease.vocabulary"}
+                        "mos_lease.metadata", "mos_lease.records", "mos_lease.vocabulary"}
     called = {node.func.attr for node in ast.walk(tree)
               if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)}
     assert not called & {"now", "utcnow", "today", "uuid4", "uuid1", "time", "monotonic",

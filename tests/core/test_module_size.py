@@ -15,7 +15,14 @@ PACKAGES = ("mos_lease", "mos_lease_pg", "mos_lease_memory", "mos_lease_tmux")
 LIMIT = 400
 
 # Module (relative to the project root) -> why it is one idea, kept whole above the limit.
-ALLOWED: dict[str, str] = {}
+ALLOWED: dict[str, str] = {
+    "mos_lease/coordinator.py": "the two facades and nothing else: the asyncio class, and the "
+    "synchronous class tools/async_to_sync.py generates from it, kept in one file so that "
+    "--check compares them",
+    "mos_lease/machine.py": "the protocol's state machine: the commands, the writes they plan "
+    "and every decision on them, the functions specs/transitions.md tabulates and its table "
+    "test reads from this one module",
+}
 
 
 def oversized(root: Path, packages: Iterable[str]) -> dict[str, int]:

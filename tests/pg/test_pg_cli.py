@@ -38,13 +38,14 @@ def run(*argv: str) -> int:
 def history(pg_stores: StoreFactory, pg_tenant: str) -> str:
     gateway = ConnectorLeaseCoordinator(pg_stores(), AllowAllPolicy())
     first = gateway.acquire(LeaseIdentity(pg_tenant, "agent", "b1"), "c1", scopes=["tool:run"],
-                            ttl=60)
+                            ttl=60, metadata={"endpoint": "replaced:1"})
     assert first.lease is not None
     assert not gateway.acquire(LeaseIdentity(pg_tenant, "agent", "b1"), "c2", scopes=[],
                                ttl=60).ok
     assert gateway.takeover(LeaseIdentity(pg_tenant, "agent", "b1"), "c2", scopes=[], ttl=60,
                             expected_epoch=1).ok
-    assert gateway.acquire(LeaseIdentity(pg_tenant, "agent", "b2"), "c3", scopes=[], ttl=60).ok
+    assert gateway.acquire(LeaseIdentity(pg_tenant, "agent", "b2"), "c3", scopes=[], ttl=60,
+                           metadata={"endpoint": "10.0.0.7:8443", "zone": "eu west"}).ok
     return pg_tenant
 
 
@@ -55,6 +56,9 @@ def test_status_json(pg_dsn: str, history: str, capsys: pytest.CaptureFixture[st
             for lease in report["leases"]] == [("b1", "c2", 2, "active"), ("b2", "c3", 1, "active")]
     assert report["now"] and report["leases"][0]["scopes"] == []
     assert "lease_id" not in report["leases"][0]
+    # The takeover replaced c1's metadata with none; c3's is shown as it was set.
+    assert [lease["metadata"] for lease in report["leases"]] == [
+        {}, {"endpoint": "10.0.0.7:8443", "zone": "eu west"}]
 
 
 def test_status_text(pg_dsn: str, history: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -63,8 +67,10 @@ def test_status_text(pg_dsn: str, history: str, capsys: pytest.CaptureFixture[st
     assert "2 lease(s)" in out
     lines = out.splitlines()
     assert lines[1].split() == ["TENANT", "AGENT", "BINDING", "CONNECTOR", "EPOCH", "STATE",
-                                "EXPIRES"]
+                                "EXPIRES", "METADATA"]
     assert lines[2].split()[:6] == [history, "agent", "b1", "c2", "2", "active"]
+    assert lines[2].split()[-1] == "-"
+    assert lines[3].endswith('{"endpoint":"10.0.0.7:8443","zone":"eu west"}')
 
 
 def test_audit_json(pg_dsn: str, history: str, capsys: pytest.CaptureFixture[str]) -> None:

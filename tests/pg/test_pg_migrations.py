@@ -95,11 +95,11 @@ def test_migrations_build_the_schema_described_here(pg_schema_dsn: PgSchema,
 def test_migrate_is_idempotent(pg_schema_dsn: PgSchema) -> None:
     assert _migrate(pg_schema_dsn) == [m.version for m in available_migrations()]
     assert _migrate(pg_schema_dsn) == []
-    assert applied_versions(pg_schema_dsn.dsn, schema=pg_schema_dsn.schema) == list(range(1, 8))
+    assert applied_versions(pg_schema_dsn.dsn, schema=pg_schema_dsn.schema) == list(range(1, 9))
     assert _versions(pg_schema_dsn) == [(1, "initial"), (2, "transitions"),
                                         (3, "audit_partitions"), (4, "audit_integrity"),
                                         (5, "clock_steps"), (6, "fast_legal_writes"),
-                                        (7, "short_fences")]
+                                        (7, "holder_metadata"), (8, "short_fences")]
 
 
 def test_concurrent_migrators_apply_each_version_once(pg_schema_dsn: PgSchema,
@@ -115,7 +115,7 @@ def test_concurrent_migrators_apply_each_version_once(pg_schema_dsn: PgSchema,
     assert _versions(pg_schema_dsn) == [(1, "initial"), (2, "transitions"),
                                         (3, "audit_partitions"), (4, "audit_integrity"),
                                         (5, "clock_steps"), (6, "fast_legal_writes"),
-                                        (7, "short_fences")]
+                                        (7, "holder_metadata"), (8, "short_fences")]
     migrated = _describe(pg_schema_dsn.dsn, pg_schema_dsn.schema)
     assert migrated == _library_part(_describe(pg_dsn), migrated)
 
@@ -145,7 +145,7 @@ def test_a_schema_named_by_a_keyword_is_built_used_and_kept_append_only(
     # quoted: every statement and function that names the schema must quote it once.
     schema = "select"
     try:
-        assert migrate(pg_dsn, schema=schema, allow_second_copy=True) == list(range(1, 8))
+        assert migrate(pg_dsn, schema=schema, allow_second_copy=True) == list(range(1, 9))
         with PostgresLeaseStore(pg_dsn, settings=ConnectionSettings(schema=schema)) as store:
             gateway = ConnectorLeaseCoordinator(store, AllowAllPolicy())
             acquired = gateway.acquire(LeaseIdentity("t", "a", "b"), "c1", scopes=["tool:run"],

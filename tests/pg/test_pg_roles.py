@@ -121,7 +121,7 @@ def test_gateway_privileges_are_exactly_the_documented_ones(
     assert updatable == [
         ("connector_resource_epochs", "highest_epoch,updated_at"),
         ("logical_agent_connector_leases", "acquired_at,allowed_scopes,connector_id,epoch,"
-         "expires_at,heartbeat_at,lease_id,released_at,updated_at")]
+         "expires_at,heartbeat_at,holder_metadata,lease_id,released_at,updated_at")]
     executable = pg_admin.execute(
         "SELECT p.proname FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace"
         " WHERE n.nspname = %s AND has_function_privilege(%s, p.oid, 'EXECUTE')",

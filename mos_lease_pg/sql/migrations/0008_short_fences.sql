@@ -3,8 +3,8 @@
 -- PostgreSQL keeps a row trigger's WHEN clause as stored text and reads and compiles it
 -- again for every execution of a statement that fires the trigger (the compiled form lives
 -- in the executor state of that one execution; a prepared statement does not keep it). The
--- size of the clause is therefore paid by every single heartbeat. 0006's clause, three
--- shapes of write in one, cost about 8% of a heartbeat's throughput against 0002's
+-- size of the clause is therefore paid by every single heartbeat. 0006's clause (0007's
+-- since), three shapes of write in one, cost about 8% of a heartbeat's throughput against 0002's
 -- renewal-only clause (the heartbeat statement on two copies of the schema differing only
 -- in this trigger, interleaved on one connection).
 --
@@ -13,9 +13,9 @@
 -- table changes a row, so a column the UPDATE does not list keeps its old value):
 --
 -- * `logical_agent_connector_leases_fencing` fires for every UPDATE that names an
---   identity, the lease UUID, the epoch, the connector, the scopes, acquired_at or
---   released_at: a takeover, a release, or anything else that would change whose lease
---   the row is. Its clause is 0006's release and takeover branches;
+--   identity, the lease UUID, the epoch, the connector, the scopes, acquired_at,
+--   released_at or the holder metadata: a takeover, a release, or anything else that would
+--   change whose lease the row is. Its clause is 0007's release and takeover branches;
 -- * `logical_agent_connector_leases_times` fires for every UPDATE that names heartbeat_at,
 --   expires_at or updated_at (every write the library makes names updated_at). A renewal
 --   names no column of the first list, so its identity, lease UUID, epoch, connector,
@@ -32,7 +32,7 @@ DROP TRIGGER logical_agent_connector_leases_fencing ON logical_agent_connector_l
 
 CREATE TRIGGER logical_agent_connector_leases_fencing
     BEFORE UPDATE OF tenant_id, logical_agent_id, binding_id, lease_id, epoch, connector_id,
-                     allowed_scopes, acquired_at, released_at
+                     allowed_scopes, acquired_at, released_at, holder_metadata
     ON logical_agent_connector_leases
     FOR EACH ROW
     WHEN (NOT coalesce(
@@ -50,6 +50,7 @@ CREATE TRIGGER logical_agent_connector_leases_fencing
                    AND NEW.acquired_at = OLD.acquired_at
                    AND NEW.heartbeat_at = OLD.heartbeat_at
                    AND NEW.expires_at = OLD.expires_at
+                   AND NEW.holder_metadata = OLD.holder_metadata
                    AND OLD.released_at IS NULL
                    AND NEW.released_at = NEW.updated_at)
                   -- a takeover: epoch + 1, a new lease UUID, stamped with one time

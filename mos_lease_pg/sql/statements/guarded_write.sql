@@ -40,7 +40,7 @@ t AS MATERIALIZED (
 written AS (
 {write}
     RETURNING l.lease_id, l.connector_id, l.allowed_scopes, l.epoch, l.acquired_at,
-              l.heartbeat_at, l.expires_at, l.released_at, l.updated_at
+              l.heartbeat_at, l.expires_at, l.released_at, l.updated_at, l.holder_metadata
 ),
 audited AS (
 {audit}
@@ -49,8 +49,8 @@ notified AS MATERIALIZED (
 {notify}
 )
 SELECT t.now, w.lease_id, w.connector_id, w.allowed_scopes, w.epoch, w.acquired_at,
-       w.heartbeat_at, w.expires_at, w.released_at, w.updated_at,
+       w.heartbeat_at, w.expires_at, w.released_at, w.updated_at, w.holder_metadata,
        k.lease_id, k.connector_id, k.allowed_scopes, k.epoch, k.acquired_at,
-       k.heartbeat_at, k.expires_at, k.released_at, k.updated_at
+       k.heartbeat_at, k.expires_at, k.released_at, k.updated_at, k.holder_metadata
 FROM t LEFT JOIN written AS w ON true LEFT JOIN locked AS k ON true
 CROSS JOIN (SELECT count(*) FROM notified) AS sent

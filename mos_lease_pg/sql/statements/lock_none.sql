@@ -5,5 +5,5 @@
            NULL::text[] AS allowed_scopes, NULL::bigint AS epoch,
            NULL::timestamptz AS acquired_at, NULL::timestamptz AS heartbeat_at,
            NULL::timestamptz AS expires_at, NULL::timestamptz AS released_at,
-           NULL::timestamptz AS updated_at
+           NULL::timestamptz AS updated_at, NULL::jsonb AS holder_metadata
     WHERE false

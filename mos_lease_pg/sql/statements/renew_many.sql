@@ -42,12 +42,13 @@ written AS (
       AND k.binding_id = l.binding_id
     RETURNING r.ord, r.event_id, r.correlation_id, l.tenant_id, l.logical_agent_id,
               l.binding_id, l.lease_id, l.connector_id, l.allowed_scopes, l.epoch,
-              l.acquired_at, l.heartbeat_at, l.expires_at, l.released_at, l.updated_at
+              l.acquired_at, l.heartbeat_at, l.expires_at, l.released_at, l.updated_at,
+              l.holder_metadata
 ),
 audited AS (
 {audit}
 )
 SELECT t.now, w.lease_id, w.connector_id, w.allowed_scopes, w.epoch, w.acquired_at,
-       w.heartbeat_at, w.expires_at, w.released_at, w.updated_at
+       w.heartbeat_at, w.expires_at, w.released_at, w.updated_at, w.holder_metadata
 FROM t CROSS JOIN req AS r LEFT JOIN written AS w ON w.ord = r.ord
 ORDER BY r.ord
