@@ -83,6 +83,20 @@ def _add_layout(parser: argparse.ArgumentParser) -> None:
                              f"(default {roles.DEFAULT_LOCK_TIMEOUT})")
 
 
+def _add_effect_tables(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--effect-table", action="append", default=[], metavar="SCHEMA.TABLE",
+        dest="effect_tables",
+        help="an application table gateways write in fenced effects "
+             "(mos_lease_pg.effects.fenced_transaction): grant the gateway role "
+             "--effect-privileges on it, USAGE on its schema and on its serial columns' "
+             "sequences, in the same transaction; repeat for each table")
+    parser.add_argument(
+        "--effect-privileges", default=",".join(roles.EFFECT_PRIVILEGES),
+        help="privileges granted on each --effect-table, separated by commas (at most "
+             f"{','.join(roles.EFFECT_PRIVILEGES)}, the default)")
+
+
 def _layout(args: argparse.Namespace) -> dict[str, str]:
     return {"owner_role": args.owner_role, "gateway_role": args.gateway_role,
             "schema_name": args.schema, "statement_timeout": args.statement_timeout,
@@ -109,6 +123,7 @@ def add_setup(commands: Commands) -> None:
                               help="connect as the owner for the migrations instead of "
                                    "SET ROLE on --dsn")
     _add_second_copy(setup_parser)
+    _add_effect_tables(setup_parser)
     setup_parser.set_defaults(func=run_setup)
 
 
@@ -119,9 +134,12 @@ def add_roles(commands: Commands) -> None:
         description="Apply the least-privilege role layout shipped in the package "
                     "(mos_lease_pg/sql/roles.sql) as a superuser, or print it with --print. "
                     "Idempotent; before the first migrate it can only create the roles and "
-                    "the schema, so run it again after migrate (setup does both).")
+                    "the schema, so run it again after migrate (setup does both). With "
+                    "--effect-table it also lets the gateway role write the application's "
+                    "tables that fenced effects write.")
     _add_dsn(roles_parser, required=False)
     _add_layout(roles_parser)
+    _add_effect_tables(roles_parser)
     roles_parser.add_argument("--print", action="store_true",
                               help="print the script with these values instead of running it "
                                    "(for psql -f - or review)")
@@ -233,16 +251,24 @@ def run_roles(args: argparse.Namespace) -> int:
     try:
         if args.print:
             print(roles.role_script(**_layout(args)), end="")
+            print(roles.effect_table_script(
+                args.effect_tables, gateway_role=args.gateway_role, schema_name=args.schema,
+                privileges=args.effect_privileges), end="")
             return 0
         if args.dsn is None:
             raise ConfigurationError(f"--dsn (or ${DSN_ENV}) is required unless --print")
-        notices = roles.run_roles(args.dsn, **_layout(args))
+        notices = roles.run_roles(args.dsn, effect_tables=args.effect_tables,
+                                  privileges=args.effect_privileges, **_layout(args))
     except MosLeaseError as error:
         return _fail(error)
     for notice in notices:
         print(notice)
     print(f"roles: {args.owner_role} owns schema {args.schema}; {args.gateway_role} holds "
           "its privileges on the tables that exist")
+    if args.effect_tables:
+        print(f"roles: {args.gateway_role} may "
+              f"{', '.join(roles.effect_privileges(args.effect_privileges))} on effect "
+              f"tables {', '.join(args.effect_tables)}")
     return 0
 
 
@@ -252,7 +278,8 @@ def run_setup(args: argparse.Namespace) -> int:
             args.dsn, owner_role=args.owner_role, gateway_role=args.gateway_role,
             schema=args.schema, statement_timeout=args.statement_timeout,
             lock_timeout=args.lock_timeout, owner_conninfo=args.owner_dsn,
-            allow_second_copy=args.allow_second_copy)
+            allow_second_copy=args.allow_second_copy, effect_tables=args.effect_tables,
+            privileges=args.effect_privileges)
     except MosLeaseError as error:
         return _fail(error)
     for step in report.steps:
