@@ -11,6 +11,7 @@ change made to the one is made to the other.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import time
@@ -23,7 +24,7 @@ from uuid import UUID
 from mos_lease.checks import check_adapter
 from mos_lease.clock import MonotonicClock, default_clock
 from mos_lease.context import ConnectorExecutionContext
-from mos_lease.errors import MosLeaseError
+from mos_lease.errors import ConfigurationError, MosLeaseError
 from mos_lease.events import EventHook, emitter, store_system
 from mos_lease.flow_options import DEFAULT_MAX_CONFLICT_RETRIES
 from mos_lease.flows import Flows
@@ -64,8 +65,33 @@ os.register_at_fork(after_in_child=_forked)
 _UNTIMED: Final = (0, 0.0)
 
 
+def check_store_kind(store: object, coordinator: type[object], asynchronous: bool) -> None:
+    """Refuse a store of the other kind than ``coordinator`` (asyncio when ``asynchronous``)
+    when the coordinator is built, rather than at its first call (a coroutine where a
+    snapshot was expected, or a snapshot awaited). The kind is read from the store's
+    ``load``: a coroutine function makes an asyncio store."""
+    load = getattr(store, "load", None)
+    if not callable(load):
+        raise ConfigurationError(f"{coordinator.__name__} needs a lease store (an object with "
+                                 f"load(), apply(), ...), not {type(store).__name__}")
+    if inspect.iscoroutinefunction(load) == asynchronous:
+        return
+    name = type(store).__name__
+    if asynchronous:
+        raise ConfigurationError(
+            f"{name} is a synchronous store (its load() is not a coroutine function) and "
+            f"{coordinator.__name__} needs an asyncio one: use ConnectorLeaseCoordinator "
+            "with it, or an asyncio store (AsyncInMemoryLeaseStore, AsyncPostgresLeaseStore)")
+    raise ConfigurationError(
+        f"{name} is an asyncio store (its load() is a coroutine function) and "
+        f"{coordinator.__name__} needs a synchronous one: use AsyncConnectorLeaseCoordinator "
+        "with it, or a synchronous store (InMemoryLeaseStore, PostgresLeaseStore)")
+
+
 class _Coordinator(Generic[S]):
     """What both coordinators share: the flows, the options and the process they live in."""
+
+    _run: Callable[..., Any]  # each facade's driver: a coroutine function in the asyncio one
 
     def __init__(
         self,
@@ -79,6 +105,8 @@ class _Coordinator(Generic[S]):
         monotonic_clock: MonotonicClock = default_clock,
         on_event: EventHook | None = None,
     ) -> None:
+        # The facade's own _run tells its kind: the asyncio one is a coroutine function.
+        check_store_kind(store, type(self), inspect.iscoroutinefunction(type(self)._run))
         self.store = store
         self._emit = emitter(on_event)
         self._flows = Flows(policy, lease_ttl_cap=lease_ttl_cap, grant_ttl_cap=grant_ttl_cap,
@@ -119,9 +147,10 @@ class AsyncConnectorLeaseCoordinator(_Coordinator[AsyncLeaseStore]):
     """The asyncio coordinator. One instance per gateway process.
 
     ``store`` is the lease store (``mos_lease_memory.AsyncInMemoryLeaseStore`` in one
-    process, ``mos_lease_pg.AsyncPostgresLeaseStore`` across processes); ``policy`` defaults
-    to deny-all. The TTL caps (``lease_ttl_cap``: 5 minutes, ``grant_ttl_cap``: 30 seconds)
-    may only be lowered.
+    process, ``mos_lease_pg.AsyncPostgresLeaseStore`` across processes); a store of the
+    other kind is refused here with a :class:`~mos_lease.errors.ConfigurationError` naming
+    the coordinator it needs. ``policy`` defaults to deny-all. The TTL caps
+    (``lease_ttl_cap``: 5 minutes, ``grant_ttl_cap``: 30 seconds) may only be lowered.
     ``id_source`` makes the lease, event and grant ids (default ``uuid.uuid4``);
     ``max_conflict_retries`` bounds the reads and writes of one operation that keeps losing
     races (default 8); ``monotonic_clock`` measures time in flight. ``on_event`` (default
@@ -268,9 +297,10 @@ class ConnectorLeaseCoordinator(_Coordinator[LeaseStore]):
     """The synchronous coordinator. One instance per gateway process.
 
     ``store`` is the lease store (``mos_lease_memory.InMemoryLeaseStore`` in one
-    process, ``mos_lease_pg.PostgresLeaseStore`` across processes); ``policy`` defaults
-    to deny-all. The TTL caps (``lease_ttl_cap``: 5 minutes, ``grant_ttl_cap``: 30 seconds)
-    may only be lowered.
+    process, ``mos_lease_pg.PostgresLeaseStore`` across processes); a store of the
+    other kind is refused here with a :class:`~mos_lease.errors.ConfigurationError` naming
+    the coordinator it needs. ``policy`` defaults to deny-all. The TTL caps
+    (``lease_ttl_cap``: 5 minutes, ``grant_ttl_cap``: 30 seconds) may only be lowered.
     ``id_source`` makes the lease, event and grant ids (default ``uuid.uuid4``);
     ``max_conflict_retries`` bounds the reads and writes of one operation that keeps losing
     races (default 8); ``monotonic_clock`` measures time in flight. ``on_event`` (default

@@ -38,6 +38,15 @@ class LeaseStore(Protocol):
       write whose commit outcome was lost is reconciled.
     * Rows are never deleted and audit entries never changed or removed.
 
+    Optional: a ``clock_can_step`` attribute, ``False`` for a store whose time no failover
+    can move to another host's clock (the in-memory store). Keepers, ``hold()`` and the
+    supervisor then add no clock-step margin (:func:`mos_lease.keeper.default_clock_step`);
+    a store without it is treated as ``True``.
+
+    Synchronous or asyncio is read from ``load``: a coroutine function makes an asyncio
+    store, which only :class:`~mos_lease.AsyncConnectorLeaseCoordinator` takes; the
+    coordinators refuse the other kind when they are built.
+
     Failures before the outcome is decided raise :class:`~mos_lease.errors.StoreUnavailable`;
     a write whose outcome is unknown raises :class:`~mos_lease.errors.CommitOutcomeUnknown`.
     """

@@ -29,6 +29,10 @@ class InMemoryLeaseStore:
 
     # Telemetry names the store by this (``mos_lease.events.store_system``).
     db_system: ClassVar[str] = "memory"
+    clock_can_step: ClassVar[bool] = False
+    """Its time is this process's clock, which no failover can swap for another host's:
+    keepers, ``hold()`` and the supervisor add no clock-step margin over it
+    (:func:`mos_lease.keeper.default_clock_step`)."""
 
     def __init__(self, clock: Clock | None = None) -> None:
         self.clock: Clock = clock if clock is not None else SystemClock()
@@ -120,6 +124,8 @@ class AsyncInMemoryLeaseStore:
     """The same store behind the asyncio store protocol (operations never block long)."""
 
     db_system: ClassVar[str] = "memory"
+    clock_can_step: ClassVar[bool] = False
+    """As :attr:`InMemoryLeaseStore.clock_can_step`."""
 
     def __init__(self, store: InMemoryLeaseStore | None = None) -> None:
         self.sync = store if store is not None else InMemoryLeaseStore()

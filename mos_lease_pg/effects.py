@@ -32,10 +32,17 @@ fence's own ``expires_at``: for a tool that runs longer than the 30 s grant cap 
 lease is held and renewed. Every check of the row stays, so the first effect after a
 takeover, a release or the lease's expiry is still refused (``docs/adapters.md``, "Tools that
 outlive a grant").
+
+A missing table and a missing privilege are configuration, not a state of the world: no
+retry can help, so they are raised as :class:`~mos_lease.errors.ConfigurationError`
+naming the fix (the psycopg error is its ``__cause__``), as the store raises them. For the
+lease table: the ``schema=`` or the set-up; for the effect's own tables: ``mos-lease roles
+--effect-table schema.table``, which grants the gateway role what fenced effects need.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator, Iterable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from datetime import datetime
@@ -46,7 +53,7 @@ from psycopg.pq import TransactionStatus
 from psycopg.rows import tuple_row
 
 from mos_lease.context import ConnectorExecutionContext
-from mos_lease.errors import InvalidInput
+from mos_lease.errors import ConfigurationError, InvalidInput
 from mos_lease.fencing import FenceCheck, ValidUntil, fence_check
 from mos_lease.identity import LeaseIdentity
 from mos_lease.records import LeaseRow
@@ -85,6 +92,57 @@ def judge_locked_row(check: FenceCheck,
     return now, check.refusal(current, now)
 
 
+# The object a refusal names, from the server's message (its diagnostics carry no table
+# name for these): 'permission denied for table outbox', 'relation "app.outbox" does not
+# exist', 'schema "app" does not exist'.
+_DENIED_OBJECT = re.compile(r"permission denied for (table|sequence|schema|relation) (\S+)")
+_MISSING_OBJECT = re.compile(r'(relation|schema) "([^"]+)" does not exist')
+_LEASE_TABLE: Final = "logical_agent_connector_leases"
+MISCONFIGURED_EFFECT_ERRORS: Final = (psycopg.errors.InsufficientPrivilege,
+                                      psycopg.errors.UndefinedTable,
+                                      psycopg.errors.InvalidSchemaName)
+"""The psycopg errors a fenced transaction raises as :class:`ConfigurationError`."""
+
+
+def misconfigured(exc: psycopg.Error, *, in_effect: bool, schema: str,
+                  user: str) -> ConfigurationError:
+    """The :class:`ConfigurationError` for a privilege or missing-table error ``exc`` of a
+    fenced transaction: raised by the lease check (``in_effect`` false) or by a statement
+    of the effect (true), on a connection of ``user``."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    denied = isinstance(exc, psycopg.errors.InsufficientPrivilege)
+    if not in_effect:
+        if denied:
+            return ConfigurationError(
+                f"fenced transaction: {text}: role {user} may not read the lease table "
+                f"{schema}.{_LEASE_TABLE}; connect as the gateway role `mos-lease roles` "
+                "makes (mos_lease_gateway by default)")
+        return ConfigurationError(
+            f"fenced transaction: {text}: no lease table {schema}.{_LEASE_TABLE}; pass the "
+            "schema the store uses (schema=, as ConnectionSettings.schema), or set the "
+            f"database up (`mos-lease setup --schema {schema}`)")
+    if denied:
+        found = _DENIED_OBJECT.search(text)
+        kind, name = (found[1], found[2]) if found else ("table", "TABLE")
+        if kind == "schema":
+            table = f"{name}.TABLE"
+        elif kind == "sequence":  # a serial column's: granted with the table that owns it
+            table = "SCHEMA.TABLE"
+        else:  # the server names the table without its schema
+            table = name if "." in name else f"SCHEMA.{name}"
+        return ConfigurationError(
+            f"fenced effect: {text}: role {user} may not write this {kind}; as a superuser, "
+            f"`mos-lease roles --effect-table {table}` grants the gateway role what fenced "
+            "effects need on an application table (USAGE on its schema, SELECT, INSERT, "
+            "UPDATE, DELETE, its serial sequences; --effect-privileges to narrow)")
+    found = _MISSING_OBJECT.search(text)
+    name = found[2] if found else "the table"
+    return ConfigurationError(
+        f"fenced effect: {text}: create {name} (as its owner) before gateways write it, and "
+        "name it with its schema (schema.table): a fenced transaction does not depend on "
+        f"the search_path; then `mos-lease roles --effect-table schema.table`")
+
+
 def _check_idle(status: TransactionStatus) -> None:
     if status != TransactionStatus.IDLE:
         # Nested in a caller's transaction, the check would be a savepoint: the caller's
@@ -116,19 +174,28 @@ def fenced_transaction(conn: psycopg.Connection[Any], context: Fence, *, scopes:
     Raises :class:`~mos_lease.fencing.FencedEffectRefused` (with a lease
     :class:`~mos_lease.vocabulary.Reason`) after rolling back if any check fails. The
     transaction commits when the block exits normally and rolls back if it raises. The
-    caller owns the connection, so psycopg's own errors reach it unchanged.
+    caller owns the connection, so psycopg's own errors reach it unchanged, except a
+    missing privilege or table (of the lease check or of the block's statements): that
+    is :class:`~mos_lease.errors.ConfigurationError` naming the fix (for an effect table,
+    ``mos-lease roles --effect-table schema.table``), the psycopg error its cause.
     """
     check = fence_check(context, scopes, identity, valid_until)
     _check_idle(conn.info.transaction_status)
-    with conn.transaction():
-        with conn.cursor(row_factory=tuple_row) as lock:
-            lock.execute(LOCK_CURRENT_LEASE.at(schema).text, _params(check))
-            row = lock.fetchone()
-        _, reason = judge_locked_row(check, row)
-        if reason is not None:
-            raise check.refused(reason)
-        with conn.cursor() as cur:
-            yield cur
+    in_effect = False
+    try:
+        with conn.transaction():
+            with conn.cursor(row_factory=tuple_row) as lock:
+                lock.execute(LOCK_CURRENT_LEASE.at(schema).text, _params(check))
+                row = lock.fetchone()
+            _, reason = judge_locked_row(check, row)
+            if reason is not None:
+                raise check.refused(reason)
+            in_effect = True
+            with conn.cursor() as cur:
+                yield cur
+    except MISCONFIGURED_EFFECT_ERRORS as exc:  # rolled back by now
+        raise misconfigured(exc, in_effect=in_effect, schema=schema,
+                            user=conn.info.user) from exc
 
 
 @asynccontextmanager
@@ -141,12 +208,18 @@ async def fenced_transaction_async(conn: psycopg.AsyncConnection[Any], context: 
     """The asyncio twin of :func:`fenced_transaction`."""
     check = fence_check(context, scopes, identity, valid_until)
     _check_idle(conn.info.transaction_status)
-    async with conn.transaction():
-        async with conn.cursor(row_factory=tuple_row) as lock:
-            await lock.execute(LOCK_CURRENT_LEASE.at(schema).text, _params(check))
-            row = await lock.fetchone()
-        _, reason = judge_locked_row(check, row)
-        if reason is not None:
-            raise check.refused(reason)
-        async with conn.cursor() as cur:
-            yield cur
+    in_effect = False
+    try:
+        async with conn.transaction():
+            async with conn.cursor(row_factory=tuple_row) as lock:
+                await lock.execute(LOCK_CURRENT_LEASE.at(schema).text, _params(check))
+                row = await lock.fetchone()
+            _, reason = judge_locked_row(check, row)
+            if reason is not None:
+                raise check.refused(reason)
+            in_effect = True
+            async with conn.cursor() as cur:
+                yield cur
+    except MISCONFIGURED_EFFECT_ERRORS as exc:  # rolled back by now
+        raise misconfigured(exc, in_effect=in_effect, schema=schema,
+                            user=conn.info.user) from exc

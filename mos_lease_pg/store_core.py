@@ -52,6 +52,9 @@ class _StoreCore:
     db_system: ClassVar[str] = "postgresql"  # for telemetry (mos_lease.events)
     # Every call's bound counts from mos_lease.operation.SHARED_START when it is set.
     shares_bound: ClassVar[bool] = True
+    # A failover hands the tables to a standby with its own clock: keepers, hold() and the
+    # supervisor keep a clock-step margin (mos_lease.keeper.default_clock_step).
+    clock_can_step: ClassVar[bool] = True
 
     settings: ConnectionSettings  # set by each store; its ``schema`` is in every call
     _clock: MonotonicClock  # the only clock the store reads (deadlines, polls)

@@ -74,6 +74,7 @@ from mos_lease.holder.waiting import (
     waiting,
 )
 from mos_lease.identity import LeaseIdentity
+from mos_lease.keeper import default_clock_step
 
 __all__ = [
     "MAX_WAIT", "RETRY_REASONS", "Acquired", "AsyncHolder", "HoldCallbacks", "HoldKeywords",
@@ -136,8 +137,13 @@ def hold(coordinator: ConnectorLeaseCoordinator | AsyncConnectorLeaseCoordinator
     * ``metadata``: the holder metadata every acquire and takeover of the wait sets (a
       small ``str -> str`` mapping, such as the endpoint this process serves the binding
       on; see :mod:`mos_lease.metadata`); ``None``: none.
-    * ``timing``: a :class:`HoldTiming`: the backoff bounds, the ``clock_step`` the keeper's
-      safety margin covers and ``expiring_within``.
+    * ``timing``: a :class:`HoldTiming`: the backoff bounds, the keeper's
+      ``safety_margin`` and the ``clock_step`` it covers, and ``expiring_within``. The
+      keeper stops ``safety_margin`` before the lease's expiry, by default ``ttl / 10 +
+      clock_step``, where ``clock_step`` is 2 s over a store that can fail over
+      (PostgreSQL) and 0 over one that cannot (the in-memory store); so over PostgreSQL a
+      ``ttl`` of 4 s or less needs ``HoldTiming(clock_step=0)`` (one database host, no
+      failover) or ``HoldTiming(safety_margin=...)``, and is refused naming them.
     * ``callbacks``: a :class:`HoldCallbacks`: ``on_started``, ``on_stopped``,
       ``on_new_holder``, ``on_lost``, ``on_expiring`` and the keeper's ``on_event``.
     * ``cancel_on_loss`` (asyncio only): cancel the block's task when the lease is lost;
@@ -165,9 +171,12 @@ def hold(coordinator: ConnectorLeaseCoordinator | AsyncConnectorLeaseCoordinator
 
     Every argument is checked here, before anything is read or written: bad input raises
     :class:`~mos_lease.errors.InvalidInput` (:class:`~mos_lease.errors.ConfigurationError`
-    for backoff bounds that contradict each other).
+    for backoff bounds that contradict each other, or a ``ttl`` too short for the safety
+    margin).
     """
-    checked = check_options(identity, connector_id, scopes=scopes, ttl=ttl, **options)
+    checked = check_options(identity, connector_id, scopes=scopes, ttl=ttl,
+                            default_clock_step=default_clock_step(
+                                getattr(coordinator, "store", None)), **options)
     if not (sleep is None or callable(sleep)):
         raise InvalidInput("sleep", f"must be callable or None, not {type(sleep).__name__}")
     if isinstance(coordinator, ConnectorLeaseCoordinator):

@@ -104,6 +104,7 @@ class _HolderBase(Generic[K]):
         timing = self.options.timing
         self._keeper = kind(self.coordinator, ttl=timing.ttl, min_backoff=timing.min_backoff,
                             max_backoff=timing.max_backoff, clock_step=timing.clock_step,
+                            safety_margin=timing.safety_margin,
                             on_lost=self._keeper_lost, clock=self._clock, random=self._random,
                             heartbeat_coordinator=self._heartbeat_coordinator,
                             on_event=self._callbacks.on_event)

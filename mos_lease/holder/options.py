@@ -27,7 +27,7 @@ from mos_lease.identity import (
     normalize_scopes,
     normalize_ttl,
 )
-from mos_lease.keeper import KeeperTiming, LeaseLoss
+from mos_lease.keeper import DEFAULT_CLOCK_STEP, KeeperTiming, LeaseLoss
 from mos_lease.keeper.calls import AcquireCall, TakeoverCall
 from mos_lease.metadata import EMPTY_METADATA, Metadata, check_metadata
 from mos_lease.records import LeaseHandle
@@ -92,8 +92,13 @@ class HoldTiming:
       (exponential, with jitter; never past the expiry of the lease last seen, nor the end
       of the wait) and of the keeper's retries (defaults 0.05 and 2).
     * ``clock_step``: the step in database time the keeper's safety margin covers (default
-      2 s, a failover to a host whose clock differs; ``0`` for one database host and no
+      2 s, a failover to a host whose clock differs, over a store that can fail over; 0
+      over one that cannot, the in-memory store; give ``0`` for one database host and no
       failover), as for the keepers.
+    * ``safety_margin``: how long before the lease's expiry the keeper's local deadline
+      falls, in [0, ttl) (default ``ttl / 10 + clock_step``), as for the keepers. A ``ttl``
+      too short for the default margin (under about ``2 * clock_step``) is refused naming
+      this and ``clock_step``.
     * ``expiring_within``: ``on_expiring`` is called when the keeper's local deadline is
       this close (default: half the closest a healthy lease comes to it).
     """
@@ -101,6 +106,7 @@ class HoldTiming:
     min_backoff: float | None = None
     max_backoff: float | None = None
     clock_step: float | None = None
+    safety_margin: float | None = None
     expiring_within: float | None = None
 
 
@@ -247,12 +253,12 @@ def _seconds_or_none(field: str, value: object) -> float | None:
     return float(value)
 
 
-def _clock_step(value: object) -> float | None:
+def _non_negative(field: str, value: object) -> float | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float) \
             or not math.isfinite(value) or value < 0:
-        raise InvalidInput("clock_step", "must be a non-negative number of seconds, or None")
+        raise InvalidInput(field, "must be a non-negative number of seconds, or None")
     return float(value)
 
 
@@ -281,13 +287,29 @@ class HoldKeywords(TypedDict, total=False):
     metadata: Mapping[str, str] | None  # None: the holder sets no metadata
 
 
+_GROUPED: Final = {field.name: kind.__name__ for kind in (HoldTiming, HoldCallbacks)
+                   for field in attrs.fields(kind)}
+
+
+def _unexpected(keyword: str) -> TypeError:
+    # As Python itself says it of a keyword that is not in a signature, and where it goes.
+    group = _GROUPED.get(keyword)
+    where = "" if group is None else (
+        f"; it is a field of {group}: hold(..., "
+        f"{'timing' if group == 'HoldTiming' else 'callbacks'}={group}({keyword}=...))")
+    return TypeError(f"hold() got an unexpected keyword argument {keyword!r}{where}")
+
+
 def check_options(identity: object, connector_id: object, *, scopes: object, ttl: object,
+                  default_clock_step: float = DEFAULT_CLOCK_STEP,
                   **options: Unpack[HoldKeywords]) -> HoldOptions:
     """Check every argument of :func:`~mos_lease.hold` that does not depend on the
-    coordinator's kind, before anything is read or written, and apply the defaults."""
+    coordinator's kind, before anything is read or written, and apply the defaults
+    (``default_clock_step``: the ``clock_step`` when ``timing`` gives none; ``hold()``
+    passes its store's, :func:`~mos_lease.keeper.default_clock_step`)."""
     unknown = sorted(set(options) - HoldKeywords.__optional_keys__)
-    if unknown:  # as Python itself says it of a keyword that is not in a signature
-        raise TypeError(f"hold() got an unexpected keyword argument {unknown[0]!r}")
+    if unknown:
+        raise _unexpected(unknown[0])
     wait = options.get("wait")
     takeover = options.get("takeover", TakeoverPolicy.EXPIRED)
     cancel_on_loss = options.get("cancel_on_loss", False)
@@ -301,8 +323,11 @@ def check_options(identity: object, connector_id: object, *, scopes: object, ttl
     bounds = {name: seconds for name, seconds in (
         ("min_backoff", _seconds_or_none("min_backoff", paced.min_backoff)),
         ("max_backoff", _seconds_or_none("max_backoff", paced.max_backoff)),
-        ("clock_step", _clock_step(paced.clock_step))) if seconds is not None}
-    keeper_timing = KeeperTiming(norm_ttl, **bounds)  # refuses min_backoff > max_backoff
+        ("safety_margin", _non_negative("safety_margin", paced.safety_margin)),
+        ("clock_step", _non_negative("clock_step", paced.clock_step))) if seconds is not None}
+    bounds.setdefault("clock_step", default_clock_step)
+    # Refuses min_backoff > max_backoff, and a ttl too short for the margin.
+    keeper_timing = KeeperTiming(norm_ttl, **bounds)
     gap = latest_healthy_gap(keeper_timing)
     within = _seconds_or_none("expiring_within", paced.expiring_within)
     if within is None:

@@ -24,7 +24,7 @@ from mos_lease.events import EventHook
 from mos_lease.identity import LeaseIdentity
 from mos_lease.keeper import steps
 from mos_lease.keeper.calls import AcquireCall, Steps, TakeoverCall
-from mos_lease.keeper.schedule import KeeperTiming, LeaseLoss
+from mos_lease.keeper.schedule import KeeperTiming, LeaseLoss, default_clock_step
 from mos_lease.keeper.steps import KeeperCore
 from mos_lease.records import LeaseHandle
 from mos_lease.results import LeaseResult
@@ -46,9 +46,23 @@ def _renewer(coordinator: C, heartbeat_coordinator: C | None, kind: type[C]) -> 
     return heartbeat_coordinator
 
 
-def _timing(ttl: float | timedelta, **options: float | None) -> KeeperTiming:
-    # An option left at None takes KeeperTiming's default.
+def _refuse_other_kind(keeper: str, coordinator: object, kind: type[object]) -> None:
+    # Refused here, not at the first heartbeat (a coroutine never awaited, or an awaited
+    # result that is no awaitable). Only the other kind is refused: a stand-in with the
+    # coordinator's methods (a test's recording double) is taken.
+    other: type[object] = (AsyncConnectorLeaseCoordinator if kind is ConnectorLeaseCoordinator
+                           else ConnectorLeaseCoordinator)
+    if isinstance(coordinator, other):
+        right = "AsyncLeaseKeeper" if other is AsyncConnectorLeaseCoordinator else "LeaseKeeper"
+        raise ConfigurationError(f"{keeper} needs a {kind.__name__}, not "
+                                 f"{type(coordinator).__name__}: use {right} with it")
+
+
+def _timing(store: object, ttl: float | timedelta, **options: float | None) -> KeeperTiming:
+    # An option left at None takes KeeperTiming's default; clock_step the store's.
     seconds = ttl.total_seconds() if isinstance(ttl, timedelta) else ttl
+    if options.get("clock_step") is None:
+        options["clock_step"] = default_clock_step(store)
     return KeeperTiming(seconds, **{k: v for k, v in options.items() if v is not None})
 
 
@@ -76,11 +90,12 @@ class _Keeper(Generic[C, S]):
                  background: bool = True,
                  heartbeat_coordinator: C | None = None,
                  on_event: EventHook | None = None) -> None:
+        _refuse_other_kind(type(self).__name__, coordinator, self._kind)
         signal = self._setup(sleep)
         self.coordinator: C = coordinator
         self.heartbeat_coordinator: C = _renewer(coordinator, heartbeat_coordinator,
                                                  self._kind)
-        timing = _timing(ttl, renew_fraction=renew_fraction, jitter=jitter,
+        timing = _timing(coordinator.store, ttl, renew_fraction=renew_fraction, jitter=jitter,
                          safety_margin=safety_margin, min_backoff=min_backoff,
                          max_backoff=max_backoff, clock_step=clock_step)
         # The coordinator's clock unless told otherwise: deadlines and the coordinator's

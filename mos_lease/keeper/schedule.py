@@ -18,9 +18,10 @@ from mos_lease.results import GrantResult, LeaseResult
 from mos_lease.vocabulary import Outcome, Reason
 
 __all__ = [  # re-exported by mos_lease.keeper
-    "DEFAULT_CLOCK_STEP", "LEASE_GONE_REASONS", "TRANSIENT_ERRORS", "Action", "HeartbeatDue",
-    "KeeperState", "KeeperTiming", "LeaseLoss", "LossCause", "ReportLoss", "Wait",
-    "after_renewal", "grant_loss", "held", "local_refusal", "lose", "next_action",
+    "DEFAULT_CLOCK_STEP", "LEASE_GONE_REASONS", "TIMING_OPTIONS", "TRANSIENT_ERRORS", "Action",
+    "HeartbeatDue", "KeeperState", "KeeperTiming", "LeaseLoss", "LossCause", "ReportLoss",
+    "Wait", "after_renewal", "default_clock_step", "grant_loss", "held", "local_refusal",
+    "lose", "next_action",
 ]
 
 DEFAULT_CLOCK_STEP: Final = 2.0
@@ -28,7 +29,22 @@ DEFAULT_CLOCK_STEP: Final = 2.0
 margin covers. A failover may hand the lease table to a standby whose clock differs from
 the old primary's: measured with the standby's clock 2 s ahead, a rival took over a 10 s
 lease 8.05 s after it was acquired, before a keeper with a ``ttl / 10`` margin (9 s) had
-stopped. Keep the database hosts' clocks within this bound (NTP)."""
+stopped. Keep the database hosts' clocks within this bound (NTP). It is the default only
+for a store whose time can step (:func:`default_clock_step`)."""
+
+TIMING_OPTIONS: Final = (
+    "keyword arguments of LeaseKeeper, AsyncLeaseKeeper and Supervisor.add(), fields of "
+    "HoldTiming for hold(timing=...)")
+"""Where the timing options are given, as the errors about them say."""
+
+
+def default_clock_step(store: object) -> float:
+    """The ``clock_step`` a keeper, ``hold()`` or the supervisor uses over ``store`` when
+    none is given: :data:`DEFAULT_CLOCK_STEP`, or 0 for a store whose ``clock_can_step`` is
+    false. Only a failover moves a store's time to another host's clock; a store that
+    cannot fail over (the in-memory store, one process's clock) says so, and a store that
+    does not say is assumed to step."""
+    return 0.0 if getattr(store, "clock_can_step", True) is False else DEFAULT_CLOCK_STEP
 
 TRANSIENT_ERRORS: Final = (StoreUnavailable, CommitOutcomeUnknown)
 
@@ -77,7 +93,10 @@ class KeeperTiming:
     ``max_backoff``, never more than half the time left, so several tries fit before the
     deadline. The deadline falls ``safety_margin`` before the lease's expiry; by default
     that is ``ttl / 10`` (clock-rate drift) plus ``clock_step``, the largest step in
-    database time a failover may bring (see :data:`DEFAULT_CLOCK_STEP`).
+    database time a failover may bring (see :data:`DEFAULT_CLOCK_STEP`; the keepers,
+    ``hold()`` and the supervisor default it by the store, :func:`default_clock_step`).
+    A ``ttl`` too short for that margin is refused with a :class:`ConfigurationError` that
+    names the options that fix it (a longer ``ttl``, ``safety_margin``, ``clock_step``).
     """
 
     ttl: float
@@ -104,20 +123,27 @@ class KeeperTiming:
         if self.clock_step < 0:
             raise ConfigurationError("clock_step must not be negative")
         margin = self.margin
-        too_short = (f"ttl {self.ttl:g} s is too short for the default safety margin, ttl / 10 "
-                     f"+ clock_step ({self.clock_step:g} s: the step in database time a "
-                     "failover to a host with another clock may bring); use a longer ttl, "
-                     "pass safety_margin, or clock_step=0 for one database host and no "
-                     "failover")
         if not 0 <= margin < self.ttl:
-            raise ConfigurationError(too_short if self.safety_margin is None
+            raise ConfigurationError(self._too_short() if self.safety_margin is None
                                      else "safety_margin must be in [0, ttl)")
         if self.ttl * self.renew_fraction * (1 + self.jitter) >= self.ttl - margin:
             if self.safety_margin is None:
-                raise ConfigurationError(too_short)
+                raise ConfigurationError(self._too_short())
             # The latest first renewal must come before the deadline, with room to retry.
             raise ConfigurationError(
                 "renew_fraction * (1 + jitter) must leave time before ttl - safety_margin")
+
+    def _too_short(self) -> str:
+        # The shortest ttl the default margin allows: the latest first renewal,
+        # ttl * renew_fraction * (1 + jitter), must come before ttl - ttl / 10 - clock_step.
+        room = 0.9 - self.renew_fraction * (1 + self.jitter)
+        longer = (f"a ttl above {self.clock_step / room:.3g} s" if room > 0
+                  else "a smaller renew_fraction or jitter")
+        return (f"ttl {self.ttl:g} s is too short for the default safety margin, ttl / 10 + "
+                f"clock_step ({self.clock_step:g} s: the step in database time a failover to "
+                f"a host with another clock may bring); use {longer}, or safety_margin= (a "
+                "margin of your own, in [0, ttl)), or clock_step=0 for a database of one "
+                f"host and no failover ({TIMING_OPTIONS})")
 
     @property
     def margin(self) -> float:

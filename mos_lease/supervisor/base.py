@@ -15,7 +15,7 @@ from typing import Any, Generic, TypeVar
 from mos_lease.coordinator import AsyncConnectorLeaseCoordinator, ConnectorLeaseCoordinator
 from mos_lease.errors import ConfigurationError
 from mos_lease.identity import LeaseIdentity, check_id, check_identity, normalize_scopes
-from mos_lease.keeper import KeeperTiming
+from mos_lease.keeper import KeeperTiming, default_clock_step
 from mos_lease.metadata import check_metadata
 from mos_lease.records import LeaseHandle
 from mos_lease.supervisor.changes import Change
@@ -27,10 +27,12 @@ C = TypeVar("C", ConnectorLeaseCoordinator, AsyncConnectorLeaseCoordinator)
 _CLOSED: Any = None  # what a listener is sent when the supervisor closes
 
 
-def _binding(identity: LeaseIdentity, connector_id: str, scopes: object,
+def _binding(store: object, identity: LeaseIdentity, connector_id: str, scopes: object,
              ttl: float | timedelta, options: dict[str, float | None],
              metadata: object = None) -> Binding:
     seconds = ttl.total_seconds() if isinstance(ttl, timedelta) else ttl
+    if options.get("clock_step") is None:  # the store says whether its time can step
+        options["clock_step"] = default_clock_step(store)
     timing = KeeperTiming(seconds, **{k: v for k, v in options.items() if v is not None})
     return Binding(check_identity("identity", identity), check_id("connector_id", connector_id),
                    normalize_scopes("scopes", scopes), timing,
@@ -67,10 +69,14 @@ class _Supervisor(Generic[C]):
         """Run ``identity`` as ``connector_id``: campaign for its lease, hold it, and
         campaign again after a loss, until :meth:`remove` or :meth:`close`. The timing
         options are :class:`~mos_lease.keeper.KeeperTiming`'s (``docs/keeper.md``), except
-        that ``jitter`` defaults to 0: a process's renewals are meant to go out together.
-        ``metadata`` is the holder metadata every acquire and takeover of this binding sets
-        (where to route its requests, say); checked here, like every other argument."""
-        binding = _binding(identity, connector_id, scopes, ttl, {
+        that ``jitter`` defaults to 0: a process's renewals are meant to go out together,
+        and ``clock_step`` to 0 over a store that cannot fail over (the in-memory store).
+        A ``ttl`` too short for the default safety margin raises
+        :class:`~mos_lease.errors.ConfigurationError` naming ``safety_margin`` and
+        ``clock_step``. ``metadata`` is the holder metadata every acquire and takeover of
+        this binding sets (where to route its requests, say); checked here, like every other
+        argument."""
+        binding = _binding(self.coordinator.store, identity, connector_id, scopes, ttl, {
             "safety_margin": safety_margin, "clock_step": clock_step,
             "renew_fraction": renew_fraction, "jitter": jitter,
             "min_backoff": min_backoff, "max_backoff": max_backoff}, metadata)

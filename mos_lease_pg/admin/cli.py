@@ -15,14 +15,11 @@ import json
 import os
 import sys
 from collections.abc import Sequence
-from datetime import datetime
-from typing import Any
 
 from mos_lease.cli import AddCommand, Commands
 from mos_lease.errors import ConfigurationError, MosLeaseError
 from mos_lease.ports import MAX_AUDIT_PAGE
-from mos_lease.records import AuditRecord, LeaseRow
-from mos_lease_pg.admin import audit_cli, check, roles
+from mos_lease_pg.admin import audit_cli, check, render, roles
 from mos_lease_pg.admin.migrations import applied_versions, migrate
 from mos_lease_pg.connection import ConnectionSettings
 from mos_lease_pg.statements import DEFAULT_SCHEMA, check_schema
@@ -31,10 +28,6 @@ from mos_lease_pg.versions import available_migrations
 
 DSN_ENV = "MOS_LEASE_DSN"
 SCHEMA_ENV = "MOS_LEASE_SCHEMA"
-
-
-def _iso(value: datetime | None) -> str | None:
-    return None if value is None else value.isoformat()
 
 
 def _add_dsn(parser: argparse.ArgumentParser, *, required: bool = True) -> None:
@@ -83,6 +76,20 @@ def _add_layout(parser: argparse.ArgumentParser) -> None:
                              f"(default {roles.DEFAULT_LOCK_TIMEOUT})")
 
 
+def _add_effect_tables(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--effect-table", action="append", default=[], metavar="SCHEMA.TABLE",
+        dest="effect_tables",
+        help="an application table gateways write in fenced effects "
+             "(mos_lease_pg.effects.fenced_transaction): grant the gateway role "
+             "--effect-privileges on it, USAGE on its schema and on its serial columns' "
+             "sequences, in the same transaction; repeat for each table")
+    parser.add_argument(
+        "--effect-privileges", default=",".join(roles.EFFECT_PRIVILEGES),
+        help="privileges granted on each --effect-table, separated by commas (at most "
+             f"{','.join(roles.EFFECT_PRIVILEGES)}, the default)")
+
+
 def _layout(args: argparse.Namespace) -> dict[str, str]:
     return {"owner_role": args.owner_role, "gateway_role": args.gateway_role,
             "schema_name": args.schema, "statement_timeout": args.statement_timeout,
@@ -109,6 +116,7 @@ def add_setup(commands: Commands) -> None:
                               help="connect as the owner for the migrations instead of "
                                    "SET ROLE on --dsn")
     _add_second_copy(setup_parser)
+    _add_effect_tables(setup_parser)
     setup_parser.set_defaults(func=run_setup)
 
 
@@ -119,9 +127,12 @@ def add_roles(commands: Commands) -> None:
         description="Apply the least-privilege role layout shipped in the package "
                     "(mos_lease_pg/sql/roles.sql) as a superuser, or print it with --print. "
                     "Idempotent; before the first migrate it can only create the roles and "
-                    "the schema, so run it again after migrate (setup does both).")
+                    "the schema, so run it again after migrate (setup does both). With "
+                    "--effect-table it also lets the gateway role write the application's "
+                    "tables that fenced effects write.")
     _add_dsn(roles_parser, required=False)
     _add_layout(roles_parser)
+    _add_effect_tables(roles_parser)
     roles_parser.add_argument("--print", action="store_true",
                               help="print the script with these values instead of running it "
                                    "(for psql -f - or review)")
@@ -233,16 +244,24 @@ def run_roles(args: argparse.Namespace) -> int:
     try:
         if args.print:
             print(roles.role_script(**_layout(args)), end="")
+            print(roles.effect_table_script(
+                args.effect_tables, gateway_role=args.gateway_role, schema_name=args.schema,
+                privileges=args.effect_privileges), end="")
             return 0
         if args.dsn is None:
             raise ConfigurationError(f"--dsn (or ${DSN_ENV}) is required unless --print")
-        notices = roles.run_roles(args.dsn, **_layout(args))
+        notices = roles.run_roles(args.dsn, effect_tables=args.effect_tables,
+                                  privileges=args.effect_privileges, **_layout(args))
     except MosLeaseError as error:
         return _fail(error)
     for notice in notices:
         print(notice)
     print(f"roles: {args.owner_role} owns schema {args.schema}; {args.gateway_role} holds "
           "its privileges on the tables that exist")
+    if args.effect_tables:
+        print(f"roles: {args.gateway_role} may "
+              f"{', '.join(roles.effect_privileges(args.effect_privileges))} on effect "
+              f"tables {', '.join(args.effect_tables)}")
     return 0
 
 
@@ -252,7 +271,8 @@ def run_setup(args: argparse.Namespace) -> int:
             args.dsn, owner_role=args.owner_role, gateway_role=args.gateway_role,
             schema=args.schema, statement_timeout=args.statement_timeout,
             lock_timeout=args.lock_timeout, owner_conninfo=args.owner_dsn,
-            allow_second_copy=args.allow_second_copy)
+            allow_second_copy=args.allow_second_copy, effect_tables=args.effect_tables,
+            privileges=args.effect_privileges)
     except MosLeaseError as error:
         return _fail(error)
     for step in report.steps:
@@ -273,30 +293,6 @@ def run_check(args: argparse.Namespace) -> int:
     return code
 
 
-def _lease_json(row: LeaseRow, now: datetime) -> dict[str, Any]:
-    return {
-        "tenant_id": row.identity.tenant_id, "logical_agent_id": row.identity.logical_agent_id,
-        "binding_id": row.identity.binding_id, "connector_id": row.connector_id,
-        "epoch": row.epoch, "state": row.state(now).value, "scopes": list(row.scopes),
-        "acquired_at": _iso(row.acquired_at), "heartbeat_at": _iso(row.heartbeat_at),
-        "expires_at": _iso(row.expires_at), "released_at": _iso(row.released_at),
-        "updated_at": _iso(row.updated_at), "metadata": dict(row.metadata),
-    }
-
-
-def _metadata_text(row: LeaseRow) -> str:
-    # Compact JSON: values may hold spaces, commas or "=", and this reads back unambiguously.
-    if not row.metadata:
-        return "-"
-    return json.dumps(dict(row.metadata), ensure_ascii=False, separators=(",", ":"))
-
-
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    widths = [max(len(cell) for cell in column) for column in zip(header, *rows, strict=True)]
-    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True))
-                     .rstrip() for line in (header, *rows))
-
-
 def run_status(args: argparse.Namespace) -> int:
     # The lease UUID is deliberately not shown: together with connector and epoch it is
     # what a heartbeat or release matches.
@@ -307,33 +303,19 @@ def run_status(args: argparse.Namespace) -> int:
     except MosLeaseError as error:
         return _fail(error)
     if args.json:
-        print(json.dumps({"now": _iso(now), "leases": [_lease_json(r, now) for r in rows]},
-                         indent=2))
+        leases = [render.lease_json(r, now) for r in rows]
+        print(json.dumps({"now": render.iso(now), "leases": leases}, indent=2))
         return 0
     print(f"database time {now.isoformat()}; {len(rows)} lease(s)")
     if rows:
-        print(_table(
+        print(render.table(
             ("TENANT", "AGENT", "BINDING", "CONNECTOR", "EPOCH", "STATE", "EXPIRES",
              "METADATA"),
             [(r.identity.tenant_id, r.identity.logical_agent_id, r.identity.binding_id,
               r.connector_id, str(r.epoch), r.state(now).value, r.expires_at.isoformat(),
-              _metadata_text(r))
+              render.metadata_text(r))
              for r in rows]))
     return 0
-
-
-def _audit_json(record: AuditRecord) -> dict[str, Any]:
-    entry = record.entry
-    return {
-        "seq": record.seq, "recorded_at": _iso(record.recorded_at),
-        "event_id": str(entry.event_id), "event": entry.event.value,
-        "outcome": entry.outcome.value,
-        "reason": None if entry.reason is None else entry.reason.value,
-        "tenant_id": entry.identity.tenant_id,
-        "logical_agent_id": entry.identity.logical_agent_id,
-        "binding_id": entry.identity.binding_id, "connector_id": entry.connector_id,
-        "epoch": entry.epoch, "correlation_id": entry.correlation_id,
-    }
 
 
 def run_audit(args: argparse.Namespace) -> int:
@@ -348,13 +330,13 @@ def run_audit(args: argparse.Namespace) -> int:
         return _fail(error)
     last = records[-1].seq if records else args.after_seq
     if args.json:
-        print(json.dumps({"records": [_audit_json(r) for r in records], "last_seq": last},
+        print(json.dumps({"records": [render.audit_json(r) for r in records], "last_seq": last},
                          indent=2))
         return 0
     if not records:
         print("no audit records")
         return 0
-    print(_table(
+    print(render.table(
         ("SEQ", "RECORDED", "EVENT", "OUTCOME", "REASON", "IDENTITY", "CONNECTOR", "EPOCH",
          "CORRELATION"),
         [(str(r.seq), r.recorded_at.isoformat(), r.entry.event.value, r.entry.outcome.value,

@@ -211,7 +211,8 @@ def test_loss_is_reported_within_a_second_of_the_deadline_when_renewals_fail() -
     rig.settle()
     lease = rig.supervisor.lease(ident(0))
     assert lease is not None
-    deadline = rig.time.mono + TTL - (TTL / 10 + 2.0)  # acquired at "now": random 0.5
+    # acquired at "now" (random 0.5); no clock step over the in-memory store
+    deadline = rig.time.mono + TTL - TTL / 10
     rig.store.down = True
     rig.run(30, step=0.1)
     lost = rig.of(BindingLost)
@@ -228,7 +229,7 @@ def test_after_a_deadline_loss_the_campaign_takes_the_lease_back_once_it_expires
     rig.add(2)
     rig.settle()
     rig.store.down = True
-    rig.run(26, step=0.1)
+    rig.run(28, step=0.1)  # the deadline: ttl - ttl / 10 (no clock step in memory)
     assert len(rig.of(BindingLost)) == 2
     rig.store.down = False
     rig.run(10, step=0.25)  # the old lease (ttl 30 from its last renewal) expires meanwhile
@@ -285,7 +286,8 @@ def test_inputs_are_checked_when_a_binding_is_added() -> None:
     with pytest.raises(InvalidInput):
         rig.supervisor.add(ident(0), "gw-a", scopes=["not a scope!"], ttl=TTL)
     with pytest.raises(ConfigurationError):
-        rig.supervisor.add(ident(0), "gw-a", scopes=SCOPES, ttl=1)  # margin >= ttl
+        rig.supervisor.add(ident(0), "gw-a", scopes=SCOPES, ttl=1,
+                           clock_step=2)  # margin >= ttl
     rig.supervisor.add(ident(0), "gw-a", scopes=SCOPES, ttl=TTL)
     with pytest.raises(InvalidInput):
         rig.supervisor.add(ident(0), "gw-a", scopes=SCOPES, ttl=TTL)
@@ -524,7 +526,7 @@ def test_grants_are_minted_for_held_bindings_and_refused_locally_otherwise() -> 
     assert again.reason is refused.reason and rig.store.total() == calls  # local: no call
     # Past the local deadline (renewals failing), a grant is refused locally too.
     rig.store.down = True
-    rig.run(26, step=0.5)
+    rig.run(28, step=0.5)  # past ttl - ttl / 10 (no clock step in memory)
     rig.store.down = False
     calls = rig.store.total()
     late = rig.supervisor.issue_grant(ident(2), scopes=SCOPES, ttl=10)
