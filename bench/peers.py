@@ -69,6 +69,10 @@ from mos_lease import (
 from mos_lease_pg import AsyncPostgresLeaseStore, PostgresLeaseStore
 
 CALLERS = (1, 32)
+# Each case's name in bench/run.py's table, by (side, op).
+SHORT = {("redis", "extend"): "redis Lock.extend", ("redis", "check"): "redis Lock.owned",
+         ("postgres", "check"): "advisory held?", ("postgres", "try_lock"): "advisory try+unlock",
+         ("ours", "validate"): "validate()"}
 DEFAULT_REDIS = "redis://127.0.0.1:6379/0"
 GRANT_TTL = 30  # the cap; grants are minted again before every round
 CONNECTOR = "bench-peer"
