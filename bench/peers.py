@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
+import importlib.util
 import itertools
 import os
 import secrets
@@ -46,15 +47,11 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import ExitStack
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import _path  # noqa: F401  (the repository's own mos_lease, before anything imports it)
 import attrs
 import psycopg
-import redis
-import redis.asyncio
-import redis.asyncio.lock
-import redis.lock
 import supervisor
 from common import LEASE_TTL, SCOPES, BenchError, CorrectnessError, server, throwaway_database
 
@@ -67,6 +64,12 @@ from mos_lease import (
     LeaseIdentity,
 )
 from mos_lease_pg import AsyncPostgresLeaseStore, PostgresLeaseStore
+
+if TYPE_CHECKING:  # imported where used: without redis-py, the rest of the run still runs
+    import redis
+    import redis.asyncio
+    import redis.asyncio.lock
+    import redis.lock
 
 CALLERS = (1, 32)
 # Each case's name in bench/run.py's table, by (side, op).
@@ -187,6 +190,11 @@ def require(ok: bool, what: str) -> None:
 
 def redis_absent(url: str) -> str | None:
     """``None`` when Redis answers at ``url``, else the line that says it was skipped."""
+    if importlib.util.find_spec("redis") is None:
+        return (f"skipped: no Redis client for {url} (redis-py is not installed: the bench "
+                "extra, pip install -e '.[bench]')")
+    import redis
+
     client = redis.Redis.from_url(url, socket_connect_timeout=1, socket_timeout=2)
     try:
         client.ping()
@@ -199,6 +207,8 @@ def redis_absent(url: str) -> str | None:
 
 def redis_durability(client: redis.Redis) -> str:
     """What this Redis keeps on disk, from its own configuration."""
+    import redis
+
     try:
         config = {**client.config_get("appendonly"), **client.config_get("appendfsync"),
                   **client.config_get("save")}
@@ -216,6 +226,10 @@ def redis_durability(client: redis.Redis) -> str:
 
 def redis_cases(url: str, prefix: str, stack: ExitStack, runner: asyncio.Runner,
                 ttl: int) -> list[Case]:
+    import redis
+    import redis.asyncio.lock
+    import redis.lock
+
     n = max(CALLERS)
     client = redis.Redis.from_url(url, max_connections=2 * n)
     stack.callback(client.close)
@@ -274,6 +288,8 @@ def _delete_keys(client: redis.Redis, prefix: str) -> None:
 
 async def _async_client(url: str, connections: int) -> redis.asyncio.Redis:
     # Made on the runner's loop: an asyncio client belongs to the loop it first runs on.
+    import redis.asyncio
+
     return redis.asyncio.Redis.from_url(url, max_connections=connections)
 
 
@@ -465,6 +481,8 @@ def run(dsn: str, tenant: str, size: PeerSize, supervisor_leases_per_s: float,
     with asyncio.Runner() as runner, ExitStack() as stack:
         cases: list[Case] = []
         if skipped is None:
+            import redis
+
             cases += redis_cases(redis_url, prefix, stack, runner, LEASE_TTL)
             with redis.Redis.from_url(redis_url) as client:
                 redis_line = redis_durability(client)
