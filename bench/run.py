@@ -1,7 +1,7 @@
 """mos-lease benchmark: the library against floors measured in the same run.
 
     python bench/run.py [--quick] [--json PATH] [--check] [--cpu N] [--no-pin]
-                        [--only stamps|single]
+                        [--only stamps|single|peers] [--redis URL]
 
 Finds PostgreSQL exactly as the tests do (``MOS_LEASE_TEST_DSN``, then a trust-auth server on
 127.0.0.1:5432, testcontainers, a throwaway initdb cluster), works in throwaway databases it
@@ -35,11 +35,13 @@ import contention
 import event_ids
 import grant_memory
 import notices
+import peers
 import psycopg
 import purecore
 import scale
 import single
 import stamps
+import supervisor
 import telemetry
 from common import BenchError, CorrectnessError, server, store_connection, throwaway_database
 from measure import Series, throughput_ratio
@@ -69,17 +71,20 @@ class Mode:
     audit_rows: int
     audit_rounds: int
     audit_per_round: int
+    supervisor: supervisor.Size
+    peers: peers.PeerSize
 
 
 FULL = Mode("full", single.FULL, contention_rounds=800, contention_blocks=8,
             scale_small=1_000, scale_large=1_000_000, scale_rounds=20, scale_per_round=1000,
             core_decisions=200_000, core_repeats=7, memory_small=10_000,
             memory_large=1_000_000, notice_trials=20, audit_rows=20_000_000, audit_rounds=20,
-            audit_per_round=500)
+            audit_per_round=500, supervisor=supervisor.FULL_SIZE, peers=peers.FULL)
 QUICK = Mode("quick", single.QUICK, contention_rounds=40, contention_blocks=4,
              scale_small=1_000, scale_large=20_000, scale_rounds=4, scale_per_round=200,
              core_decisions=20_000, core_repeats=3, memory_small=1_000, memory_large=20_000,
-             notice_trials=5, audit_rows=20_000, audit_rounds=4, audit_per_round=100)
+             notice_trials=5, audit_rows=20_000, audit_rounds=4, audit_per_round=100,
+             supervisor=supervisor.QUICK_SIZE, peers=peers.QUICK)
 
 
 @attrs.frozen
@@ -102,10 +107,12 @@ class Report:
     notes: list[str] = attrs.field(factory=list)
     shapes: list[str] = attrs.field(factory=list)
     partial: bool = False  # --only: the targets of the figures not measured are left out
+    skipped: set[str] = attrs.field(factory=set)  # figures whose peer was absent (no Redis)
 
     def judged(self) -> list[tuple[Any, float, bool]]:
         return [(t, value, met) for t, value, met in evaluate(self.figures)
-                if not self.partial or t.figure in self.figures]
+                if (not self.partial or t.figure in self.figures)
+                and t.figure not in self.skipped]
 
     def series(self, op: str, case: str, s: Series, unit: str, ratios: str = "") -> None:
         self.rows.append(Row(op, case, s.ops_per_s, unit, s.p50_us, s.p99_us, ratios))
@@ -135,6 +142,8 @@ def measure_all(srv: PgServer, mode: Mode, args: argparse.Namespace,
                 progress: Callable[[str], None]) -> Report:
     report = Report(mode)
     tenant = f"bench-{secrets.token_hex(4)}"
+    if args.only == "peers":
+        return _peers_only(report, srv, tenant, args, progress)
     with throwaway_database(srv, "mos_lease_bench") as dsn:
         with PostgresLeaseStore(dsn) as store:
             conn = store_connection(store)
@@ -194,6 +203,8 @@ def measure_all(srv: PgServer, mode: Mode, args: argparse.Namespace,
     _notice_figures(report, pushed)
     _audit_figures(report, audited)
     _event_id_figures(report, claimed)
+    # Last: the supervisor's database of its own, then the peers beside it.
+    _many_figures(report, *_many_bindings(srv, tenant, mode, args, progress))
     report.environment.append(f"load average at end {os.getloadavg()[0]:.2f}")
     return report
 
@@ -433,18 +444,98 @@ def _event_id_figures(report: Report, claimed: event_ids.EventIdResult) -> None:
         "schema at version 3, interleaved on one connection")
 
 
+def _peers_only(report: Report, srv: PgServer, tenant: str, args: argparse.Namespace,
+                progress: Callable[[str], None]) -> Report:
+    """``--only peers``: the supervisor and its peers, nothing else."""
+    report.environment = [f"mode {report.mode.name}; PostgreSQL via {srv.how}",
+                          f"{os.cpu_count()} CPUs, load average at start "
+                          f"{os.getloadavg()[0]:.2f}"]
+    _many_figures(report, *_many_bindings(srv, tenant, report.mode, args, progress))
+    report.environment.append(f"load average at end {os.getloadavg()[0]:.2f}")
+    report.partial = True
+    return report
+
+
+def _many_bindings(srv: PgServer, tenant: str, mode: Mode, args: argparse.Namespace,
+                   progress: Callable[[str], None]) -> tuple[supervisor.Summary,
+                                                             peers.PeerResult]:
+    """The supervisor holding many bindings (threads, then asyncio), then its peers, in a
+    database of their own; the peers' renewal ratio uses this run's supervisor figure."""
+    size = mode.supervisor
+    with throwaway_database(srv, "mos_lease_bench_many") as dsn:
+        progress(f"supervisor: {size.bindings:,} bindings, a Supervisor then an "
+                 f"AsyncSupervisor, {size.rounds} renewal ticks each (ttl {size.ttl:g} s)")
+        held = supervisor.run(dsn, size)
+        progress("peers: redis-py Lock, PostgreSQL advisory locks and validate, "
+                 f"{' and '.join(map(str, peers.CALLERS))} callers")
+        beside = peers.run(dsn, f"{tenant}-peers", mode.peers, held.leases_per_s, args.redis,
+                           progress)
+    return held, beside
+
+
+def _many_figures(report: Report, held: supervisor.Summary, beside: peers.PeerResult) -> None:
+    figures = report.figures
+    n = held.bindings
+    size = "" if n == 10_000 else f" (measured at {n:,} bindings)"
+    figures["supervisor_threads_10k"] = held.peak
+    figures["supervisor_renewal_round_trips_10k"] = held.round_trips
+    figures["supervisor_leases_per_s"] = held.leases_per_s
+    figures["supervisor_leases_vs_single"] = held.ratio
+    report.rows.append(Row("supervisor", f"renewal tick, {n:,} leases", held.leases_per_s,
+                           "leases/s", ratios=_ratio_text(held.ratio, "single heartbeats")))
+    report.rows.append(Row("supervisor", "heartbeat() one by one", held.singles_per_s,
+                           "leases/s"))
+    for one in held.per_kind:
+        unit = "threads" if one.kind == "sync" else "tasks"
+        trips = ", ".join(f"{t.round_trips} ({t.leases:,} leases)" for t in one.ticks)
+        report.notes.append(
+            f"supervisor ({one.kind}): {n:,} bindings held in {one.acquire_seconds:.1f} s; "
+            f"{unit} of the library at once, at most {one.peak}"
+            + (f" ({', '.join(one.names)})" if one.names else "")
+            + f"; round trips per renewal tick: {trips}; median "
+            f"{statistics.median(one.ratios()):.1f}x single heartbeats, "
+            f"{statistics.median(one.overhead()):.2f}x heartbeat_many called directly; "
+            f"no binding lost{size}")
+
+    for key in beside.rates:
+        side, op, callers, kind = key.split(":")
+        report.rows.append(Row("peers", f"{peers.SHORT[side, op]}, {callers} {kind}",
+                               beside.median(key), "ops/s"))
+    report.rows.append(Row("peers", "supervisor renewals", beside.supervisor_leases_per_s,
+                           "leases/s"))
+    if beside.redis_skipped is not None:
+        report.notes.append(f"peers: {beside.redis_skipped}")
+        report.skipped |= {"renewal_vs_redis_extend", "validate_vs_redis_check"}
+    else:
+        assert beside.renewal_vs_redis_extend is not None
+        assert beside.validate_vs_redis_check is not None
+        figures["renewal_vs_redis_extend"] = beside.renewal_vs_redis_extend
+        figures["validate_vs_redis_check"] = beside.validate_vs_redis_check
+        by_kind = ", ".join(f"{k} {v:.2f}" for k, v in beside.validate_by_kind.items())
+        report.notes.append(
+            "peers: renewal_vs_redis_extend = the supervisor's leases/s over the fastest "
+            "redis-py Lock.extend rate (1 or 32 callers, threads or tasks); "
+            f"validate_vs_redis_check = validate over Lock.owned at {max(peers.CALLERS)} "
+            f"callers, the faster kind of each side (same kind: {by_kind})")
+    report.notes.append("peers: what each side guarantees")
+    for side, durability, fencing, audit in beside.guarantees:
+        report.notes.append(f"  {side}: durability {durability}; fencing token {fencing}; "
+                            f"audit {audit}")
+
+
 def _num(value: float, digits: int = 0) -> str:
     return "-" if math.isnan(value) else f"{value:,.{digits}f}"
 
 
 def render(report: Report) -> str:
     out = ["mos-lease benchmark", *(f"  {line}" for line in report.environment), ""]
-    header = f"{'operation':<11} {'case':<28} {'rate':>12} {'unit':<10} {'p50 µs':>8} " \
+    case = max([28, *(len(row.case) for row in report.rows)])
+    header = f"{'operation':<11} {'case':<{case}} {'rate':>12} {'unit':<10} {'p50 µs':>8} " \
              f"{'p99 µs':>8}  ratios (same run)"
     out += [header, "-" * len(header)]
     last = ""
     for row in report.rows:
-        out.append(f"{row.op if row.op != last else '':<11} {row.case:<28} "
+        out.append(f"{row.op if row.op != last else '':<11} {row.case:<{case}} "
                    f"{_num(row.rate):>12} {row.unit:<10} {_num(row.p50_us, 1):>8} "
                    f"{_num(row.p99_us, 1):>8}  {row.ratios}")
         last = row.op
@@ -474,10 +565,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="core to pin client and backend to (default: the lowest allowed)")
     parser.add_argument("--no-pin", action="store_true",
                         help="do not pin the single-connection comparisons to one core")
-    parser.add_argument("--only", choices=["stamps", "single"], default=None,
+    parser.add_argument("--only", choices=["stamps", "single", "peers"], default=None,
                         help="run one comparison only (stamps: what the stamp checks cost "
                         "per write; single: validate and the writes, pinned and "
-                        "cross-core), at the mode's counts")
+                        "cross-core; peers: the supervisor holding many bindings, then "
+                        "redis-py's Lock and PostgreSQL advisory locks beside it), at the "
+                        "mode's counts")
+    parser.add_argument("--redis", default=os.environ.get("MOS_LEASE_BENCH_REDIS",
+                                                          peers.DEFAULT_REDIS),
+                        help="the Redis the peers section measures (skipped when none "
+                        "answers; default $MOS_LEASE_BENCH_REDIS or %(default)s)")
     return parser.parse_args(argv)
 
 

@@ -64,9 +64,10 @@ class Census:
         self.started = 0
         self.names: list[str] = []  # the threads running at the peak
         self.running: list[threading.Thread] = []
+        self._original = threading.Thread.run
 
     def install(self) -> None:
-        original = threading.Thread.run
+        original = self._original = threading.Thread.run
         census = self
 
         def run(thread: threading.Thread) -> None:
@@ -85,6 +86,11 @@ class Census:
                     census.running.remove(thread)
 
         threading.Thread.run = run  # type: ignore[method-assign,assignment]
+
+    def uninstall(self) -> None:
+        """Put ``Thread.run`` back: threads started later (another part of the benchmark's
+        run) are not the supervisor's."""
+        threading.Thread.run = self._original  # type: ignore[method-assign]
 
 
 class TaskCensus:
@@ -241,9 +247,16 @@ class Tally:
             self.lost.append(change)
 
 
-def run_sync(dsn: str, args: argparse.Namespace) -> Figures:
+def run_sync(dsn: str, args: Size) -> Figures:
     census = Census()
     census.install()
+    try:
+        return _run_sync(dsn, args, census)
+    finally:
+        census.uninstall()
+
+
+def _run_sync(dsn: str, args: Size, census: Census) -> Figures:
     store = PostgresLeaseStore(dsn)
     recorder = Recorder(store, asynchronous=False)
     coordinator = ConnectorLeaseCoordinator(recorder, AllowAllPolicy())
@@ -291,7 +304,7 @@ def single_rate(coordinator: ConnectorLeaseCoordinator, handles: list[LeaseHandl
     return len(handles) / (time.perf_counter() - t)
 
 
-async def run_async(dsn: str, args: argparse.Namespace) -> Figures:
+async def run_async(dsn: str, args: Size) -> Figures:
     census = TaskCensus()
     census.install()
     store = AsyncPostgresLeaseStore(dsn)
@@ -377,32 +390,99 @@ def report(figures: Figures) -> list[str]:
     return lines
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
+@attrs.frozen
+class Summary:
+    """The three figures of the issue, over both kinds (the worse of the two where they
+    differ), as ``bench/run.py`` reports them."""
+
+    bindings: int
+    peak: int  # threads (sync) or tasks (asyncio) the library ran at once, the larger
+    # Round trips of one renewal tick, the most over every tick observed (a tick that renewed
+    # only some leases makes fewer; full_ticks says how many renewed them all).
+    round_trips: int
+    full_ticks: int
+    leases_per_s: float  # median over ticks, the slower kind
+    singles_per_s: float  # median single heartbeats per second, the same kind
+    ratio: float  # median of per-round ratios to single heartbeats, the lower kind
+    overhead: float  # supervisor tick over heartbeat_many called directly, the lower kind
+    per_kind: list[Figures]
+
+
+def summarize(results: list[Figures]) -> Summary:
+    ticks = [t for f in results for t in f.ticks]
+    slowest = min(results, key=lambda f: statistics.median(t.rate for t in f.ticks))
+    return Summary(
+        bindings=results[0].bindings,
+        peak=max(f.peak for f in results),
+        round_trips=max(t.round_trips for t in ticks),
+        full_ticks=sum(t.leases == f.bindings for f in results for t in f.ticks),
+        leases_per_s=statistics.median(t.rate for t in slowest.ticks),
+        singles_per_s=statistics.median(slowest.singles),
+        ratio=min(statistics.median(f.ratios()) for f in results),
+        overhead=min(statistics.median(f.overhead()) for f in results),
+        per_kind=results)
+
+
+@attrs.frozen
+class Size:
+    """How much one run holds and for how long."""
+
+    bindings: int
+    ttl: float = 15.0
+    rounds: int = 4
+    singles: int = 100
+    gap: float = 0.5  # seconds without a renewal that end a tick
+    asynchronous: bool = True  # the AsyncSupervisor as well as the Supervisor
+
+
+# The issue's size; and bench/run.py --quick's: just enough bindings for two renewal round
+# trips a tick (BATCH is 1,000), a TTL as short as the default safety margin allows
+# (renewals every 2 s), so that the quick run stays short on a busy machine.
+FULL_SIZE = Size(10_000)
+QUICK_SIZE = Size(1_200, ttl=6.0, rounds=2, singles=50, gap=0.3)
+
+
+def run(dsn: str, size: Size) -> Summary:
+    """Both supervisors (the asyncio one unless ``size.asynchronous`` is false), one after
+    the other on the migrated database ``dsn``; raises :class:`CorrectnessError` if a
+    binding was lost while the store was healthy."""
+    results = [run_sync(dsn, size)]
+    if size.asynchronous:
+        results.append(asyncio.run(run_async(dsn, size)))
+    if any(r.lost for r in results):
+        raise CorrectnessError("a binding was lost while the store was healthy")
+    return summarize(results)
+
+
+def parse_args(argv: list[str] | None) -> Size:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--bindings", type=int, default=10_000)
-    parser.add_argument("--ttl", type=float, default=15.0)
-    parser.add_argument("--rounds", type=int, default=4)
-    parser.add_argument("--singles", type=int, default=100)
-    parser.add_argument("--gap", type=float, default=0.5,
+    parser.add_argument("--bindings", type=int, default=FULL_SIZE.bindings)
+    parser.add_argument("--ttl", type=float, default=FULL_SIZE.ttl)
+    parser.add_argument("--rounds", type=int, default=FULL_SIZE.rounds)
+    parser.add_argument("--singles", type=int, default=FULL_SIZE.singles)
+    parser.add_argument("--gap", type=float, default=FULL_SIZE.gap,
                         help="seconds without a renewal that end a tick")
     parser.add_argument("--no-async", action="store_true")
     args = parser.parse_args(argv)
-    args.singles = min(args.singles, args.bindings)
-    return args
+    if args.bindings < 1 or args.rounds < 1 or args.singles < 1:
+        parser.error("--bindings, --rounds and --singles must be at least 1")
+    return Size(args.bindings, ttl=args.ttl, rounds=args.rounds,
+                singles=min(args.singles, args.bindings), gap=args.gap,
+                asynchronous=not args.no_async)
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+    size = parse_args(argv)
     try:
         srv = server()
-        print(f"mos-lease supervisor benchmark: {args.bindings:,} bindings, ttl {args.ttl:g} s,"
-              f" {args.rounds} rounds; load average {os.getloadavg()[0]:.2f}", flush=True)
+        print(f"mos-lease supervisor benchmark: {size.bindings:,} bindings, ttl {size.ttl:g} s,"
+              f" {size.rounds} rounds; load average {os.getloadavg()[0]:.2f}", flush=True)
         with throwaway_database(srv, "mos_lease_bench_sup") as dsn:
-            results = [run_sync(dsn, args)]
+            results = [run_sync(dsn, size)]
             for line in report(results[0]):
                 print(line, flush=True)
-            if not args.no_async:
-                results.append(asyncio.run(run_async(dsn, args)))
+            if size.asynchronous:
+                results.append(asyncio.run(run_async(dsn, size)))
                 for line in report(results[1]):
                     print(line, flush=True)
         print(f"load average at end {os.getloadavg()[0]:.2f} (a shared machine: absolute "

@@ -39,6 +39,12 @@ JSON_KEYS = (
     "event_ids_no_flush_vs_v3",
     "heartbeat_stamp_checks_vs_before",
     "heartbeat_stamp_checks_vs_before_no_flush",
+    "supervisor_threads_10k",
+    "supervisor_renewal_round_trips_10k",
+    "supervisor_leases_per_s",
+    "supervisor_leases_vs_single",
+    "renewal_vs_redis_extend",
+    "validate_vs_redis_check",
 )
 
 
@@ -87,6 +93,15 @@ TARGETS = (
     # judged without the commit flush too, where the CPU the checks add is not hidden.
     Target("heartbeat_stamp_checks_vs_before", ">=", 0.95),
     Target("heartbeat_stamp_checks_vs_before_no_flush", ">=", 0.95),
+    # A gateway holding 10,000 bindings: threads (sync) or tasks (asyncio) of the library at
+    # once, round trips per renewal tick, leases renewed per second over single heartbeats.
+    Target("supervisor_threads_10k", "<=", 3),
+    Target("supervisor_renewal_round_trips_10k", "<=", 11),
+    Target("supervisor_leases_vs_single", ">=", 10.0),
+    # Beside redis-py's Lock on the same machine (bench/peers.py): renewals, and validations
+    # at 32 concurrent callers against its token check.
+    Target("renewal_vs_redis_extend", ">=", 1.5),
+    Target("validate_vs_redis_check", ">=", 1.0),
     # Wire shapes (from the libpq trace): 1 = as required.
     Target("validate_round_trips", "<=", 1),
     Target("validate_parses", "<=", 0),
