@@ -43,7 +43,8 @@ def lease_row(identity: LeaseIdentity, cols: Sequence[Any]) -> LeaseRow:
         scopes=tuple(scopes), epoch=epoch, acquired_at=_utc(acquired),
         heartbeat_at=_utc(heartbeat), expires_at=_utc(expires),
         released_at=_maybe_utc(released), updated_at=_utc(updated),
-        # psycopg reads jsonb as a dict; an empty object (no metadata) is the shared empty.
+        # psycopg reads jsonb as a dict; the statements send NULL for an empty object (no
+        # JSON to parse on the hot paths), which is the shared empty.
         metadata=Metadata(metadata) if metadata else EMPTY_METADATA,
     )
 

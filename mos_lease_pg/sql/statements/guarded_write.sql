@@ -49,8 +49,10 @@ notified AS MATERIALIZED (
 {notify}
 )
 SELECT t.now, w.lease_id, w.connector_id, w.allowed_scopes, w.epoch, w.acquired_at,
-       w.heartbeat_at, w.expires_at, w.released_at, w.updated_at, w.holder_metadata,
+       w.heartbeat_at, w.expires_at, w.released_at, w.updated_at,
+       NULLIF(w.holder_metadata, '{}'::jsonb),
        k.lease_id, k.connector_id, k.allowed_scopes, k.epoch, k.acquired_at,
-       k.heartbeat_at, k.expires_at, k.released_at, k.updated_at, k.holder_metadata
+       k.heartbeat_at, k.expires_at, k.released_at, k.updated_at,
+       NULLIF(k.holder_metadata, '{}'::jsonb)
 FROM t LEFT JOIN written AS w ON true LEFT JOIN locked AS k ON true
 CROSS JOIN (SELECT count(*) FROM notified) AS sent

@@ -49,6 +49,7 @@ audited AS (
 {audit}
 )
 SELECT t.now, w.lease_id, w.connector_id, w.allowed_scopes, w.epoch, w.acquired_at,
-       w.heartbeat_at, w.expires_at, w.released_at, w.updated_at, w.holder_metadata
+       w.heartbeat_at, w.expires_at, w.released_at, w.updated_at,
+       NULLIF(w.holder_metadata, '{}'::jsonb)
 FROM t CROSS JOIN req AS r LEFT JOIN written AS w ON w.ord = r.ord
 ORDER BY r.ord
