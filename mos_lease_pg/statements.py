@@ -222,6 +222,7 @@ def notice_channel(schema: str = DEFAULT_SCHEMA) -> str:
 
 
 LOAD: Final = _statement("load.sql")
+LOAD_MANY: Final = _statement("load_many.sql")
 RECORD: Final = _statement("record.sql")
 EVENT_COMMITTED: Final = _statement("event_committed.sql")
 END_LOST_BACKEND: Final = _statement("end_lost_backend.sql")
@@ -378,6 +379,26 @@ def load(identity: LeaseIdentity, offset: timedelta, *,
          schema: str = DEFAULT_SCHEMA) -> Call[Snapshot]:
     return Call("load", LOAD.at(schema), {"offset": offset, **_identity_params(identity)},
                 functools.partial(_snapshot, identity))
+
+
+def _snapshots(identities: Sequence[LeaseIdentity], rows: Sequence[Row]) -> list[Snapshot]:
+    if len(rows) != len(identities):
+        raise AssertionError(f"expected {len(identities)} rows, got {len(rows)}")
+    # Rows come in the order of the keys (ORDER BY their position): each is its load's row.
+    return [_snapshot(identity, (row[1:],)) for identity, row in zip(identities, rows,
+                                                                    strict=True)]
+
+
+def load_many(identities: Sequence[LeaseIdentity], offset: timedelta, *,
+              schema: str = DEFAULT_SCHEMA) -> Call[list[Snapshot]]:
+    """One statement reading the rows of ``identities`` (duplicates allowed), each as
+    :func:`load` reads it, all at one database time (``load_many.sql``)."""
+    keys = list(identities)
+    params = {"offset": offset, "tenant_ids": [i.tenant_id for i in keys],
+              "logical_agent_ids": [i.logical_agent_id for i in keys],
+              "binding_ids": [i.binding_id for i in keys]}
+    # "load", as a single read says: a failure reads the same to each caller it serves.
+    return Call("load", LOAD_MANY.at(schema), params, functools.partial(_snapshots, keys))
 
 
 def _write_params(write: Write) -> dict[str, object]:
