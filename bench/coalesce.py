@@ -111,7 +111,7 @@ class CoalesceResult:
         return out
 
 
-def _cases() -> list[tuple[str, int, bool]]:
+def cases() -> list[tuple[str, int, bool]]:
     """(case, callers, coalesced) for one round: 1, 8, 32, and 8 and 32 before."""
     return [(str(n), n, True) for n in CALLERS] + [
         (f"{n} before", n, False) for n in CALLERS[1:]]
@@ -179,7 +179,7 @@ async def _async_run(dsn: str, tenant: str, rounds: int, per_block: int, grants:
             progress(f"coalesce: asyncio round {round_no + 1}/{rounds}")
             minted = {coalesced: await _async_grants(c, leases)
                       for coalesced, c in coordinators.items()}
-            for case, callers, coalesced in _rotated(_cases(), round_no):
+            for case, callers, coalesced in _rotated(cases(), round_no):
                 coordinator, own = coordinators[coalesced], minted[coalesced]
 
                 async def validate(i: int, c: AsyncConnectorLeaseCoordinator = coordinator,
@@ -252,7 +252,7 @@ def _thread_run(dsn: str, tenant: str, rounds: int, per_block: int,
                     if grant is None:
                         raise CorrectnessError("grant refused")
                     minted[coalesced].append(grant)
-            for case, callers, coalesced in _rotated(_cases(), round_no):
+            for case, callers, coalesced in _rotated(cases(), round_no):
                 coordinator, own = coordinators[coalesced], minted[coalesced]
 
                 def validate(i: int, c: ConnectorLeaseCoordinator = coordinator,
@@ -282,7 +282,7 @@ def render(result: CoalesceResult) -> str:
                                 ("asyncio grant issue", result.grants, "grants/s")):
         if flavour is None:
             continue
-        for case, _callers, _coalesced in _cases():
+        for case, _callers, _coalesced in cases():
             lines.append(f"{name:<20} {case + ' callers':<18} {flavour.rate(case):>10,.0f} "
                          f"{unit}")
     lines.append("")

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # CI smoke test of the benchmark: runs `bench/run.py --quick` against PostgreSQL (found as
-# the tests find it) and checks that the JSON it writes holds all 20 named figures as finite
+# the tests find it) and checks that the JSON it writes holds all 22 named figures as finite
 # numbers. It checks that the benchmark works, not what it measured: figures from a shared
 # CI machine are noise, so no target is judged here (that is `bench/run.py --check`).
 set -euo pipefail
@@ -26,7 +26,8 @@ KEYS = [
     "core_decisions_per_s", "grant_registry_rss_growth_mib", "telemetry_overhead_validate",
     "notice_to_lost_p50_ms", "notice_to_lost_without_p50_ms", "audit_insert_20m_vs_empty",
     "audit_archive_rows_per_s", "heartbeat_stamp_checks_vs_before",
-    "heartbeat_stamp_checks_vs_before_no_flush",
+    "heartbeat_stamp_checks_vs_before_no_flush", "coalesced_validate_8_vs_single",
+    "coalesced_validate_32_vs_single",
 ]
 with open(sys.argv[1], encoding="utf-8") as f:
     figures = json.load(f)

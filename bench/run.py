@@ -1,7 +1,7 @@
 """mos-lease benchmark: the library against floors measured in the same run.
 
     python bench/run.py [--quick] [--json PATH] [--check] [--cpu N] [--no-pin]
-                        [--only stamps|single]
+                        [--only stamps|single|coalesce]
 
 Finds PostgreSQL exactly as the tests do (``MOS_LEASE_TEST_DSN``, then a trust-auth server on
 127.0.0.1:5432, testcontainers, a throwaway initdb cluster), works in throwaway databases it
@@ -31,6 +31,7 @@ from typing import Any
 import _path  # noqa: F401  (the repository's own mos_lease, before anything imports it)
 import attrs
 import audit_log
+import coalesce
 import contention
 import event_ids
 import grant_memory
@@ -69,6 +70,8 @@ class Mode:
     audit_rows: int
     audit_rounds: int
     audit_per_round: int
+    coalesce_rounds: int = 8
+    coalesce_per_block: int = 960
 
 
 FULL = Mode("full", single.FULL, contention_rounds=800, contention_blocks=8,
@@ -79,7 +82,8 @@ FULL = Mode("full", single.FULL, contention_rounds=800, contention_blocks=8,
 QUICK = Mode("quick", single.QUICK, contention_rounds=40, contention_blocks=4,
              scale_small=1_000, scale_large=20_000, scale_rounds=4, scale_per_round=200,
              core_decisions=20_000, core_repeats=3, memory_small=1_000, memory_large=20_000,
-             notice_trials=5, audit_rows=20_000, audit_rounds=4, audit_per_round=100)
+             notice_trials=5, audit_rows=20_000, audit_rounds=4, audit_per_round=100,
+             coalesce_rounds=2, coalesce_per_block=320)
 
 
 @attrs.frozen
@@ -135,6 +139,8 @@ def measure_all(srv: PgServer, mode: Mode, args: argparse.Namespace,
                 progress: Callable[[str], None]) -> Report:
     report = Report(mode)
     tenant = f"bench-{secrets.token_hex(4)}"
+    if args.only == "coalesce":
+        return _only_coalesce(srv, report, tenant, progress)
     with throwaway_database(srv, "mos_lease_bench") as dsn:
         with PostgresLeaseStore(dsn) as store:
             conn = store_connection(store)
@@ -181,6 +187,7 @@ def measure_all(srv: PgServer, mode: Mode, args: argparse.Namespace,
                                blocks=mode.contention_blocks)
         progress(f"notices: takeover to on_lost, {mode.notice_trials} trials with and without")
         pushed = notices.run(dsn, tenant, trials=mode.notice_trials)
+        _coalesce_figures(report, _coalesce(dsn, f"{tenant}-c", mode, progress))
     audited = audit_log.run(srv, tenant, rows=mode.audit_rows, rounds=mode.audit_rounds,
                             per_round=mode.audit_per_round, progress=progress)
     progress(f"grant registry memory ({mode.memory_large:,} grants, fresh interpreter)")
@@ -433,6 +440,47 @@ def _event_id_figures(report: Report, claimed: event_ids.EventIdResult) -> None:
         "schema at version 3, interleaved on one connection")
 
 
+def _coalesce(dsn: str, tenant: str, mode: Mode,
+              progress: Callable[[str], None]) -> coalesce.CoalesceResult:
+    progress("coalesced validation: 1, 8 and 32 concurrent callers, tasks and threads "
+             "(unpinned)")
+    return coalesce.run(dsn, tenant, rounds=mode.coalesce_rounds,
+                        per_block=mode.coalesce_per_block, progress=progress)
+
+
+def _only_coalesce(srv: PgServer, report: Report, tenant: str,
+                   progress: Callable[[str], None]) -> Report:
+    with throwaway_database(srv, "mos_lease_bench_coalesce") as dsn:
+        _coalesce_figures(report, _coalesce(dsn, tenant, report.mode, progress))
+    report.partial = True
+    return report
+
+
+def _coalesce_figures(report: Report, result: coalesce.CoalesceResult) -> None:
+    figures = result.figures()
+    report.figures.update(figures)
+    for op, flavour, what, suffix, unit in (
+            ("validate", result.tasks, "validate", "", "val/s"),
+            ("val thread", result.threads, "validate", "_threads", "val/s"),
+            ("grant", result.grants, "grant", "", "grants/s")):
+        if flavour is None:
+            continue
+        for case, callers, coalesced in coalesce.cases():
+            ratios = ""
+            if coalesced and callers > 1:
+                single_ratio = figures[f"coalesced_{what}_{callers}_vs_single{suffix}"]
+                before_ratio = figures[f"coalesced_{what}_{callers}_vs_uncoalesced{suffix}"]
+                ratios = (f"{_ratio_text(single_ratio, '1 caller')}, "
+                          f"{_ratio_text(before_ratio, 'uncoalesced')}")
+            report.rows.append(Row(op, f"{case} callers", flavour.rate(case), unit,
+                                   ratios=ratios))
+    report.notes.append(
+        "coalesced validation (unpinned): N callers on one store, asyncio tasks on one "
+        "AsyncConnectorLeaseCoordinator ('validate'), threads on one "
+        "ConnectorLeaseCoordinator ('val thread'); 'before' rows: each load its own round "
+        "trip, as before coalescing")
+
+
 def _num(value: float, digits: int = 0) -> str:
     return "-" if math.isnan(value) else f"{value:,.{digits}f}"
 
@@ -474,10 +522,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="core to pin client and backend to (default: the lowest allowed)")
     parser.add_argument("--no-pin", action="store_true",
                         help="do not pin the single-connection comparisons to one core")
-    parser.add_argument("--only", choices=["stamps", "single"], default=None,
+    parser.add_argument("--only", choices=["stamps", "single", "coalesce"], default=None,
                         help="run one comparison only (stamps: what the stamp checks cost "
                         "per write; single: validate and the writes, pinned and "
-                        "cross-core), at the mode's counts")
+                        "cross-core; coalesce: validations at 1, 8 and 32 concurrent "
+                        "callers), at the mode's counts")
     return parser.parse_args(argv)
 
 

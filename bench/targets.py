@@ -39,6 +39,12 @@ JSON_KEYS = (
     "event_ids_no_flush_vs_v3",
     "heartbeat_stamp_checks_vs_before",
     "heartbeat_stamp_checks_vs_before_no_flush",
+    "coalesced_validate_8_vs_single",
+    "coalesced_validate_32_vs_single",
+    "coalesced_validate_8_vs_single_threads",
+    "coalesced_validate_32_vs_single_threads",
+    "coalesced_grant_8_vs_uncoalesced",
+    "coalesced_grant_32_vs_uncoalesced",
 )
 
 
@@ -87,6 +93,9 @@ TARGETS = (
     # judged without the commit flush too, where the CPU the checks add is not hidden.
     Target("heartbeat_stamp_checks_vs_before", ">=", 0.95),
     Target("heartbeat_stamp_checks_vs_before_no_flush", ">=", 0.95),
+    # Validations that overlap in one process share a round trip (asyncio tasks, one store).
+    Target("coalesced_validate_8_vs_single", ">=", 2.5),
+    Target("coalesced_validate_32_vs_single", ">=", 4.5),
     # Wire shapes (from the libpq trace): 1 = as required.
     Target("validate_round_trips", "<=", 1),
     Target("validate_parses", "<=", 0),
