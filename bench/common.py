@@ -17,7 +17,7 @@ from mos_lease import LeaseIdentity
 from mos_lease.machine import Write
 from mos_lease.records import AuditEntry
 from mos_lease.vocabulary import LifecycleEvent, Outcome
-from mos_lease_pg import PostgresLeaseStore, statements
+from mos_lease_pg import PostgresLeaseStore, sql_files, statements
 from mos_lease_pg.admin import migrate
 from mos_lease_pg.wire import Wire
 from tests.pg_support import (
@@ -93,7 +93,7 @@ class Raw:
     """One statement and its parameters exactly as the store builds them (by
     ``mos_lease_pg.statements`` itself, so a floor cannot drift from the library)."""
 
-    statement: statements.Statement
+    statement: sql_files.Statement
     params: Params
 
 

@@ -1,7 +1,7 @@
 """mos-lease benchmark: the library against floors measured in the same run.
 
     python bench/run.py [--quick] [--json PATH] [--check] [--cpu N] [--no-pin]
-                        [--only stamps|single|peers] [--redis URL]
+                        [--only stamps|single|peers|coalesce] [--redis URL]
 
 Finds PostgreSQL exactly as the tests do (``MOS_LEASE_TEST_DSN``, then a trust-auth server on
 127.0.0.1:5432, testcontainers, a throwaway initdb cluster), works in throwaway databases it
@@ -31,6 +31,7 @@ from typing import Any
 import _path  # noqa: F401  (the repository's own mos_lease, before anything imports it)
 import attrs
 import audit_log
+import coalesce
 import contention
 import event_ids
 import grant_memory
@@ -73,6 +74,8 @@ class Mode:
     audit_per_round: int
     supervisor: supervisor.Size
     peers: peers.PeerSize
+    coalesce_rounds: int = 8
+    coalesce_per_block: int = 960
 
 
 FULL = Mode("full", single.FULL, contention_rounds=800, contention_blocks=8,
@@ -84,7 +87,8 @@ QUICK = Mode("quick", single.QUICK, contention_rounds=40, contention_blocks=4,
              scale_small=1_000, scale_large=20_000, scale_rounds=4, scale_per_round=200,
              core_decisions=20_000, core_repeats=3, memory_small=1_000, memory_large=20_000,
              notice_trials=5, audit_rows=20_000, audit_rounds=4, audit_per_round=100,
-             supervisor=supervisor.QUICK_SIZE, peers=peers.QUICK)
+             supervisor=supervisor.QUICK_SIZE, peers=peers.QUICK, coalesce_rounds=2,
+             coalesce_per_block=320)
 
 
 @attrs.frozen
@@ -144,6 +148,8 @@ def measure_all(srv: PgServer, mode: Mode, args: argparse.Namespace,
     tenant = f"bench-{secrets.token_hex(4)}"
     if args.only == "peers":
         return _peers_only(report, srv, tenant, args, progress)
+    if args.only == "coalesce":
+        return _only_coalesce(srv, report, tenant, progress)
     with throwaway_database(srv, "mos_lease_bench") as dsn:
         with PostgresLeaseStore(dsn) as store:
             conn = store_connection(store)
@@ -203,9 +209,7 @@ def measure_all(srv: PgServer, mode: Mode, args: argparse.Namespace,
     _notice_figures(report, pushed)
     _audit_figures(report, audited)
     _event_id_figures(report, claimed)
-    # Last: the supervisor's database of its own, then the peers beside it.
-    _many_figures(report, *_many_bindings(srv, tenant, mode, args, progress))
-    report.environment.append(f"load average at end {os.getloadavg()[0]:.2f}")
+    _last_sections(report, srv, tenant, mode, args, progress)
     return report
 
 
@@ -456,6 +460,32 @@ def _peers_only(report: Report, srv: PgServer, tenant: str, args: argparse.Names
     return report
 
 
+def _coalesce(dsn: str, tenant: str, mode: Mode,
+              progress: Callable[[str], None]) -> coalesce.CoalesceResult:
+    progress("coalesced validation: 1, 8 and 32 concurrent callers, tasks and threads "
+             "(unpinned)")
+    return coalesce.run(dsn, tenant, rounds=mode.coalesce_rounds,
+                        per_block=mode.coalesce_per_block, progress=progress)
+
+
+def _only_coalesce(srv: PgServer, report: Report, tenant: str,
+                   progress: Callable[[str], None]) -> Report:
+    with throwaway_database(srv, "mos_lease_bench_coalesce") as dsn:
+        _coalesce_figures(report, _coalesce(dsn, tenant, report.mode, progress))
+    report.partial = True
+    return report
+
+
+def _last_sections(report: Report, srv: PgServer, tenant: str, mode: Mode,
+                   args: argparse.Namespace, progress: Callable[[str], None]) -> None:
+    """Coalesced validation, then the supervisor and its peers, each in a database of its
+    own, and the load average at the end of the run."""
+    with throwaway_database(srv, "mos_lease_bench_coalesce") as dsn:
+        _coalesce_figures(report, _coalesce(dsn, f"{tenant}-c", mode, progress))
+    _many_figures(report, *_many_bindings(srv, tenant, mode, args, progress))
+    report.environment.append(f"load average at end {os.getloadavg()[0]:.2f}")
+
+
 def _many_bindings(srv: PgServer, tenant: str, mode: Mode, args: argparse.Namespace,
                    progress: Callable[[str], None]) -> tuple[supervisor.Summary,
                                                              peers.PeerResult]:
@@ -521,6 +551,29 @@ def _many_figures(report: Report, held: supervisor.Summary, beside: peers.PeerRe
     for side, durability, fencing, audit in beside.guarantees:
         report.notes.append(f"  {side}: durability {durability}; fencing token {fencing}; "
                             f"audit {audit}")
+def _coalesce_figures(report: Report, result: coalesce.CoalesceResult) -> None:
+    figures = result.figures()
+    report.figures.update(figures)
+    for op, flavour, what, suffix, unit in (
+            ("validate", result.tasks, "validate", "", "val/s"),
+            ("val thread", result.threads, "validate", "_threads", "val/s"),
+            ("grant", result.grants, "grant", "", "grants/s")):
+        if flavour is None:
+            continue
+        for case, callers, coalesced in coalesce.cases():
+            ratios = ""
+            if coalesced and callers > 1:
+                single_ratio = figures[f"coalesced_{what}_{callers}_vs_single{suffix}"]
+                before_ratio = figures[f"coalesced_{what}_{callers}_vs_uncoalesced{suffix}"]
+                ratios = (f"{_ratio_text(single_ratio, '1 caller')}, "
+                          f"{_ratio_text(before_ratio, 'uncoalesced')}")
+            report.rows.append(Row(op, f"{case} callers", flavour.rate(case), unit,
+                                   ratios=ratios))
+    report.notes.append(
+        "coalesced validation (unpinned): N callers on one store, asyncio tasks on one "
+        "AsyncConnectorLeaseCoordinator ('validate'), threads on one "
+        "ConnectorLeaseCoordinator ('val thread'); 'before' rows: each load its own round "
+        "trip, as before coalescing")
 
 
 def _num(value: float, digits: int = 0) -> str:
@@ -565,12 +618,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="core to pin client and backend to (default: the lowest allowed)")
     parser.add_argument("--no-pin", action="store_true",
                         help="do not pin the single-connection comparisons to one core")
-    parser.add_argument("--only", choices=["stamps", "single", "peers"], default=None,
+    parser.add_argument("--only", choices=["stamps", "single", "peers", "coalesce"],
+                        default=None,
                         help="run one comparison only (stamps: what the stamp checks cost "
                         "per write; single: validate and the writes, pinned and "
                         "cross-core; peers: the supervisor holding many bindings, then "
-                        "redis-py's Lock and PostgreSQL advisory locks beside it), at the "
-                        "mode's counts")
+                        "redis-py's Lock and PostgreSQL advisory locks beside it; coalesce: "
+                        "validations at 1, 8 and 32 concurrent callers), at the mode's counts")
     parser.add_argument("--redis", default=os.environ.get("MOS_LEASE_BENCH_REDIS",
                                                           peers.DEFAULT_REDIS),
                         help="the Redis the peers section measures (skipped when none "

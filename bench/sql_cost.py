@@ -40,7 +40,7 @@ from psycopg import sql
 from mos_lease import LeaseIdentity
 from mos_lease.machine import Insert, Renew, Rotate
 from mos_lease.vocabulary import LifecycleEvent, Outcome
-from mos_lease_pg import statements
+from mos_lease_pg import sql_files, statements
 from mos_lease_pg.admin import migrate
 from mos_lease_pg.admin import migrations as migrations_module
 
@@ -191,7 +191,7 @@ def run(dsn: str, conn: psycopg.Connection[Any], tenant: str, *, rounds: int, pe
         progress: Callable[[str], None]) -> dict[str, dict[str, Series]]:
     progress("sql cost: schemas")
     migrate(dsn)
-    sides = [_Side(conn, "today", statements.DEFAULT_SCHEMA, tenant),
+    sides = [_Side(conn, "today", sql_files.DEFAULT_SCHEMA, tenant),
              _Side(conn, "earlier", "sqlcost_earlier", tenant,
                    _earlier_schema(conn, "sqlcost_earlier"))]
     _at_version(conn, "sqlcost_v5", 5)
@@ -217,7 +217,7 @@ def check_function_time(conn: psycopg.Connection[Any], *, n: int) -> list[str]:
     transaction per schema."""
     lines = []
     for k, (label, schema) in enumerate((("version 5", "sqlcost_v5"),
-                                         ("today", statements.DEFAULT_SCHEMA)) * 2):
+                                         ("today", sql_files.DEFAULT_SCHEMA)) * 2):
         case = _Side(conn, label, schema, f"sqlcost-fn{k}").takeover()
         case.setup(n)
         check = f"{schema}.mos_lease_check_lease_write"

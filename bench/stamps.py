@@ -41,7 +41,7 @@ from mos_lease.machine import Insert, Renew
 from mos_lease.vocabulary import LifecycleEvent, Outcome
 from mos_lease_pg import PostgresLeaseStore, statements
 from mos_lease_pg.admin import migrate
-from mos_lease_pg.statements import DEFAULT_SCHEMA, Template
+from mos_lease_pg.sql_files import DEFAULT_SCHEMA, Template
 
 GUARD_LINE = "      AND l.updated_at <= t.now\n"
 TRIGGER = "logical_agent_connector_leases_stamps_forward"

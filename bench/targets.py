@@ -45,6 +45,12 @@ JSON_KEYS = (
     "supervisor_leases_vs_single",
     "renewal_vs_redis_extend",
     "validate_vs_redis_check",
+    "coalesced_validate_8_vs_single",
+    "coalesced_validate_32_vs_single",
+    "coalesced_validate_8_vs_single_threads",
+    "coalesced_validate_32_vs_single_threads",
+    "coalesced_grant_8_vs_uncoalesced",
+    "coalesced_grant_32_vs_uncoalesced",
 )
 
 
@@ -102,6 +108,9 @@ TARGETS = (
     # at 32 concurrent callers against its token check.
     Target("renewal_vs_redis_extend", ">=", 1.5),
     Target("validate_vs_redis_check", ">=", 1.0),
+    # Validations that overlap in one process share a round trip (asyncio tasks, one store).
+    Target("coalesced_validate_8_vs_single", ">=", 2.5),
+    Target("coalesced_validate_32_vs_single", ">=", 4.5),
     # Wire shapes (from the libpq trace): 1 = as required.
     Target("validate_round_trips", "<=", 1),
     Target("validate_parses", "<=", 0),

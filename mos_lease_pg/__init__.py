@@ -14,7 +14,7 @@ from mos_lease_pg import extra  # noqa: F401
 from mos_lease_pg.connection import ConnectionSettings, connect_kwargs, make_pool, open_async_pool
 from mos_lease_pg.notices import LeaseNotices
 from mos_lease_pg.preflight import SchemaCheck
-from mos_lease_pg.statements import DEFAULT_SCHEMA
+from mos_lease_pg.sql_files import DEFAULT_SCHEMA
 from mos_lease_pg.store import AsyncPostgresLeaseStore, PostgresLeaseStore
 
 __all__ = [

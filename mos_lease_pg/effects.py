@@ -59,7 +59,7 @@ from mos_lease.identity import LeaseIdentity
 from mos_lease.records import LeaseRow
 from mos_lease.token import FencingToken
 from mos_lease.vocabulary import Reason
-from mos_lease_pg.statements import DEFAULT_SCHEMA, Template, statement_text
+from mos_lease_pg.sql_files import DEFAULT_SCHEMA, Template, statement_text
 
 # The CTE is MATERIALIZED so the row lock is taken (waiting for any lease write in flight)
 # before the outer SELECT reads the clock: expiry is judged at the moment the lock is held,

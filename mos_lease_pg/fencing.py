@@ -45,7 +45,7 @@ from mos_lease.fencing import (
 )
 from mos_lease.identity import LeaseIdentity
 from mos_lease.token import FencingToken
-from mos_lease_pg.statements import DEFAULT_SCHEMA, Template, statement_text
+from mos_lease_pg.sql_files import DEFAULT_SCHEMA, Template, statement_text
 from mos_lease_pg.translate import statement_failure
 
 # Guard and refusal: the SQL twin of ``admission_refusal`` (identity, then epoch, then

@@ -47,7 +47,8 @@ from mos_lease.identity import LeaseIdentity, check_identity
 from mos_lease.notice_confirmer import NoticeConfirmer, shared_confirmer
 from mos_lease.notice_gate import NoticeStats
 from mos_lease_pg.connection import ConnectionSettings, connect_kwargs
-from mos_lease_pg.statements import NOTICE_KINDS, notice_channel, query_text
+from mos_lease_pg.sql_files import query_text
+from mos_lease_pg.statements import NOTICE_KINDS, notice_channel
 
 log = logging.getLogger("mos_lease_pg.notices")
 _LISTEN: Final = sql.SQL(query_text("notices", "listen.sql"))

@@ -51,7 +51,7 @@ from mos_lease.flowdrive import Drive, outcome_of, outcome_of_async
 from mos_lease_pg import replication
 from mos_lease_pg.replication import NO_NEEDS, Needs, ReplicationFacts
 from mos_lease_pg.rows import Row
-from mos_lease_pg.statements import query_text, render
+from mos_lease_pg.sql_files import query_text, render
 from mos_lease_pg.translate import pooler_misconfigured, statement_failure
 from mos_lease_pg.versions import available_migrations
 

@@ -52,7 +52,8 @@ from psycopg.errors import Diagnostic
 
 from mos_lease.errors import CommitOutcomeUnknown, ConfigurationError, StoreUnavailable
 from mos_lease_pg.rows import Row
-from mos_lease_pg.statements import Call, Kind, Statement, statement_text
+from mos_lease_pg.sql_files import Statement, statement_text
+from mos_lease_pg.statements import Call, Kind
 from mos_lease_pg.translate import statement_failure
 
 log = logging.getLogger("mos_lease_pg")

@@ -40,6 +40,7 @@ from mos_lease.records import AuditEntry, AuditRecord, LeaseRow, Snapshot, Write
 from mos_lease.sleep import Sleep
 from mos_lease_pg import replication, statements
 from mos_lease_pg.attempts import Covers, Missed, Resend, Sent, needs_discard
+from mos_lease_pg.coalesce import TaskReads, ThreadReads
 from mos_lease_pg.connection import (
     AsyncDedicatedConnection,
     AsyncPooledConnection,
@@ -73,6 +74,7 @@ class PostgresLeaseStore(_StoreCore):
         settings, self._source = _source_of(conninfo, pool, settings, clock,
                                             DedicatedConnection, PooledConnection)
         self._setup(settings, clock)
+        self._reads = ThreadReads(self)  # loads that overlap share a round trip
 
     def _run(self, call: Call[T], *, covers: Covers | None = None,
              deadline: float | None = None) -> T:
@@ -124,8 +126,9 @@ class PostgresLeaseStore(_StoreCore):
 
     def load(self, identity: LeaseIdentity) -> Snapshot:
         """:meth:`mos_lease.LeaseStore.load`: one prepared read of the row with the database
-        clock."""
-        return self._run(statements.load(identity, self._offset, schema=self._schema))
+        clock, shared with the loads of other threads that overlap it
+        (:mod:`mos_lease_pg.coalesce`)."""
+        return self._reads.load(identity)
 
     def apply(self, write: Write, entry: AuditEntry) -> WriteOutcome:
         """:meth:`mos_lease.LeaseStore.apply`: one statement that locks the row, then reads
@@ -202,6 +205,7 @@ class AsyncPostgresLeaseStore(_StoreCore):
         settings, self._source = _source_of(conninfo, pool, settings, clock,
                                             AsyncDedicatedConnection, AsyncPooledConnection)
         self._setup(settings, clock)
+        self._reads = TaskReads(self)  # loads that overlap share a round trip
 
     async def _run(self, call: Call[T], *, covers: Covers | None = None,
                    deadline: float | None = None) -> T:
@@ -250,8 +254,8 @@ class AsyncPostgresLeaseStore(_StoreCore):
         return await self._run(step, deadline=deadline)
 
     async def load(self, identity: LeaseIdentity) -> Snapshot:
-        """As :meth:`PostgresLeaseStore.load`."""
-        return await self._run(statements.load(identity, self._offset, schema=self._schema))
+        """As :meth:`PostgresLeaseStore.load`, shared with the loads of other tasks."""
+        return await self._reads.load(identity)
 
     async def apply(self, write: Write, entry: AuditEntry) -> WriteOutcome:
         """As :meth:`PostgresLeaseStore.apply`."""

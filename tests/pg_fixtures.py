@@ -45,7 +45,7 @@ from psycopg import sql
 from mos_lease_pg import ConnectionSettings
 from mos_lease_pg.admin import migrate
 from mos_lease_pg.admin.roles import DEFAULT_GATEWAY_ROLE, DEFAULT_OWNER_ROLE, set_up
-from mos_lease_pg.statements import DEFAULT_SCHEMA
+from mos_lease_pg.sql_files import DEFAULT_SCHEMA
 from tests.pg_clock import ShiftedPostgresLeaseStore
 from tests.pg_support import (
     FaultProxy,

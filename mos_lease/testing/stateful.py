@@ -9,6 +9,8 @@ and that the step appended exactly the audit row the model expects.
 
 from __future__ import annotations
 
+import threading
+from collections import Counter
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
@@ -26,6 +28,7 @@ from mos_lease.policy import StaticConnectorPolicy
 from mos_lease.records import AuditRecord, LeaseHandle
 from mos_lease.testing.harness import StoreHarness
 from mos_lease.testing.oracle import Expected, ModelLease, ModelRule, Oracle
+from mos_lease.vocabulary import LifecycleEvent, Outcome
 
 SCOPES = ("a", "b", "c")
 LEASE_TTLS = (10.5, 30.5, 90.5)  # half seconds: never exactly on a whole-second step,
@@ -225,6 +228,114 @@ def make_lease_machine(harness_factory: Callable[[], StoreHarness]) -> type[Rule
                 assert result.context.scopes == tuple(sorted(requested))
             self._check_audit(expected, target,
                               grant.connector_id if recognized else "unrecognized", None)
+
+        def _expect_validation(self, minted: _Minted, index: int, target: LeaseIdentity,
+                               requested: frozenset[str]) -> Expected:
+            grant = minted.grant
+            return self.oracle.validate(
+                recognized=index == minted.gateway
+                and self.generations[index] == minted.generation,
+                granted=grant.identity, target=target, connector_id=grant.connector_id,
+                lease_id=grant.lease_id, epoch=grant.epoch,
+                grant_scopes=frozenset(grant.scopes), grant_expires=minted.expires,
+                requested=requested)
+
+        def _wave(self, picks: list[tuple[_Minted, int, frozenset[str]]],
+                  identity: LeaseIdentity, rival: str | None,
+                  expected_epoch: int) -> tuple[list[Any], list[Any]]:
+            """Run the validations of ``picks`` (and ``rival``'s takeover) on threads that
+            start together; their results, and the takeover's."""
+            count = len(picks)
+            results: list[Any] = [None] * count
+            taken: list[Any] = []
+            start = threading.Barrier(count + (rival is not None))
+
+            def validate(k: int) -> None:
+                minted, index, requested = picks[k]
+                start.wait()
+                results[k] = self.gateways[index].validate(
+                    minted.grant, identity=minted.grant.identity, scopes=requested)
+
+            def take() -> None:
+                assert rival is not None
+                start.wait()
+                taken.append(self.gateways[0].takeover(
+                    identity, rival, scopes=["a"], ttl=LEASE_TTLS[0],
+                    expected_epoch=expected_epoch))
+
+            workers = [threading.Thread(target=validate, args=(k,)) for k in range(count)]
+            if rival is not None:
+                workers.append(threading.Thread(target=take))
+            for worker in workers:
+                worker.start()
+            for worker in workers:
+                worker.join()
+            return results, taken
+
+        @precondition(lambda self: bool(self.minted))
+        @rule(data=st.data(), count=st.integers(2, 6), rival=st.sampled_from(
+            (None, "c3", "c1")))
+        def validate_concurrently(self, data: st.DataObject, count: int,
+                                  rival: str | None) -> None:
+            """Several validations across bindings at once (overlapping reads, which a store
+            may serve together), and with ``rival`` a takeover racing them: each validation
+            is judged as if alone, before or after the takeover, never both epochs valid."""
+            # Mostly grants that validate now, each on the gateway that minted it: a read
+            # answered with another binding's row would then show in the reason.
+            live = [m for m in self.minted if self._expect_validation(
+                m, m.gateway, m.grant.identity, frozenset()).reason is None]
+            picks: list[tuple[_Minted, int, frozenset[str]]] = []
+            for _ in range(count):
+                chance: int = data.draw(st.integers(0, 3))
+                if live and chance:
+                    minted = self._pick(data, live)
+                    picks.append((minted, minted.gateway, frozenset[str]()))
+                else:
+                    picks.append((self._pick(data, self.minted), data.draw(st.integers(0, 1)),
+                                  data.draw(scope_sets)))
+            before = [self._expect_validation(m, i, m.grant.identity, r) for m, i, r in picks]
+            identity: LeaseIdentity = picks[0][0].grant.identity
+            current = self.oracle.leases.get(identity)
+            expected_epoch = current.epoch if current else 1
+            racing = None
+            if rival is not None:
+                racing = self.oracle.takeover(identity, rival, frozenset({"a"}), LEASE_TTLS[0],
+                                              expected_epoch)
+            results, taken = self._wave(picks, identity, rival, expected_epoch)
+            after = before
+            audited: Counter[tuple[object, ...]] = Counter()
+            if racing is not None:
+                assert rival is not None
+                result = taken[0]
+                assert (result.outcome, result.reason) == (racing.outcome, racing.reason)
+                if result.lease is not None:
+                    assert current is not None and result.lease.epoch == current.epoch + 1
+                    self.oracle.leases[identity] = ModelLease(
+                        result.lease.epoch, result.lease.lease_id, rival, frozenset({"a"}),
+                        self.oracle.now + LEASE_TTLS[0])
+                    self.handles.append(result.lease)
+                    after = [self._expect_validation(m, i, m.grant.identity, r)
+                             for m, i, r in picks]
+                audited[(racing.event, racing.outcome, racing.reason, identity, rival)] += 1
+            for (minted, index, _requested), got, was, now in zip(
+                    picks, results, before, after, strict=True):
+                # Judged against the store as it was before or after the takeover.
+                assert got.reason in (was.reason, now.reason), (got, was, now)
+                if got.context is not None:
+                    lease = self.oracle.leases[minted.grant.identity]
+                    assert got.context.epoch == minted.grant.epoch
+                    assert (got.context.epoch == lease.epoch) == (got.reason is now.reason)
+                if got.reason is not None:
+                    recognized = index == minted.gateway and self.generations[index] == (
+                        minted.generation)
+                    audited[(LifecycleEvent.GRANT_VALIDATE, Outcome.DENIED, got.reason,
+                             minted.grant.identity,
+                             minted.grant.connector_id if recognized else "unrecognized")] += 1
+            new = self._audit_rows(self.audit_seen)
+            if new:
+                self.audit_seen = max(r.seq for r in new)
+            assert Counter((r.entry.event, r.entry.outcome, r.entry.reason, r.entry.identity,
+                            r.entry.connector_id) for r in new) == audited
 
         @rule(index=st.integers(0, 1))
         def restart_gateway(self, index: int) -> None:

@@ -42,7 +42,7 @@ from mos_lease_pg.admin.archive_files import (
     write_durably,
     write_manifest,
 )
-from mos_lease_pg.statements import schema_query
+from mos_lease_pg.sql_files import schema_query
 
 __all__ = ["AUDIT", "MANIFEST", "MONTHS_AHEAD", "ArchiveConflict", "ArchiveError",
            "ArchiveReport", "Digest", "Entry", "NotOwner", "Partition", "archive",

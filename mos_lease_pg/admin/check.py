@@ -42,7 +42,7 @@ from mos_lease_pg.admin.verdict import (
     render_text,
 )
 from mos_lease_pg.preflight import SchemaCheck
-from mos_lease_pg.statements import DEFAULT_SCHEMA, check_schema, query_text, schema_query
+from mos_lease_pg.sql_files import DEFAULT_SCHEMA, check_schema, query_text, schema_query
 
 __all__ = ["CANNOT_CONNECT", "CLOCK_SAMPLES", "CLOCK_WARN_SECONDS", "MIN_SERVER_VERSION_NUM",
            "ClockReading", "Facts", "Item", "Report", "Status", "cannot_connect", "evaluate",

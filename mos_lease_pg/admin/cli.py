@@ -22,7 +22,7 @@ from mos_lease.ports import MAX_AUDIT_PAGE
 from mos_lease_pg.admin import audit_cli, check, render, roles
 from mos_lease_pg.admin.migrations import applied_versions, migrate
 from mos_lease_pg.connection import ConnectionSettings
-from mos_lease_pg.statements import DEFAULT_SCHEMA, check_schema
+from mos_lease_pg.sql_files import DEFAULT_SCHEMA, check_schema
 from mos_lease_pg.store import PostgresLeaseStore
 from mos_lease_pg.versions import available_migrations
 

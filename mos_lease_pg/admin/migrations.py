@@ -26,7 +26,7 @@ from psycopg import sql
 
 from mos_lease.errors import ConfigurationError
 from mos_lease_pg.admin.archive import MONTHS_AHEAD
-from mos_lease_pg.statements import DEFAULT_SCHEMA, check_schema, schema_query
+from mos_lease_pg.sql_files import DEFAULT_SCHEMA, check_schema, schema_query
 from mos_lease_pg.versions import Migration, MigrationError, available_migrations
 
 _CREATE_RACE_RETRIES = 5

@@ -28,7 +28,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from mos_lease.errors import ConfigurationError, MosLeaseError
 from mos_lease_pg.admin.migrations import applied_versions, migrate
-from mos_lease_pg.statements import DEFAULT_SCHEMA, check_schema, query_text, sql_text
+from mos_lease_pg.sql_files import DEFAULT_SCHEMA, check_schema, query_text, sql_text
 
 DEFAULT_OWNER_ROLE: Final = "mos_lease_owner"
 DEFAULT_GATEWAY_ROLE: Final = "mos_lease_gateway"

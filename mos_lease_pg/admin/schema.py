@@ -12,7 +12,7 @@ from typing import Any, Final
 
 import psycopg
 
-from mos_lease_pg.statements import query_text
+from mos_lease_pg.sql_files import query_text
 
 # One query per kind of catalog fact, in sql/describe/ (the kinds, in this order).
 _KINDS: Final = ("table", "column", "constraint", "index", "trigger", "function", "sequence")

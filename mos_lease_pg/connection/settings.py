@@ -16,7 +16,7 @@ from psycopg.conninfo import conninfo_to_dict
 
 from mos_lease.errors import ConfigurationError
 from mos_lease_pg import replication
-from mos_lease_pg.statements import DEFAULT_SCHEMA, check_schema
+from mos_lease_pg.sql_files import DEFAULT_SCHEMA, check_schema
 
 
 def _positive_or_none(_inst: object, attr: attrs.Attribute[Any], value: object) -> None:

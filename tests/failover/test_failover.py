@@ -43,7 +43,8 @@ from mos_lease_pg import (
     make_pool,
     replication,
 )
-from mos_lease_pg.statements import Call, Kind, Statement
+from mos_lease_pg.sql_files import Statement
+from mos_lease_pg.statements import Call, Kind
 from tests.failover.cluster import ReplicatedPair
 from tests.failover.support import (
     CALL_TIMEOUT,

@@ -40,7 +40,7 @@ from mos_lease import (
     Reason,
 )
 from mos_lease_pg import PostgresLeaseStore
-from mos_lease_pg.statements import DEFAULT_SCHEMA
+from mos_lease_pg.sql_files import DEFAULT_SCHEMA
 from tests.faults.history import AuditRow, Kind, check_history
 from tests.faults.support import Table, audit_rows, db_now, run_prefix, scaled
 

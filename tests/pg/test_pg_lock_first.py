@@ -38,7 +38,7 @@ from mos_lease import (
 from mos_lease.machine import Close, Insert, Renew, Rotate
 from mos_lease.records import AuditEntry
 from mos_lease.vocabulary import LifecycleEvent
-from mos_lease_pg import PostgresLeaseStore, statements
+from mos_lease_pg import PostgresLeaseStore, sql_files, statements
 from tests.pg_fixtures import StoreFactory
 
 pytestmark = pytest.mark.pg
@@ -51,7 +51,7 @@ WAIT_S = 10.0  # bound on every poll and join: a hang fails the test instead of 
 # The tables live in the library's schema, named explicitly (nothing uses search_path).
 LOCK_ROW = sql.SQL("SELECT 1 FROM {}.logical_agent_connector_leases WHERE tenant_id = %s "
                    "AND logical_agent_id = %s AND binding_id = %s FOR SHARE").format(
-                       sql.Identifier(statements.DEFAULT_SCHEMA))
+                       sql.Identifier(sql_files.DEFAULT_SCHEMA))
 WAITING = ("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
            "AND wait_event_type = 'Lock'")
 

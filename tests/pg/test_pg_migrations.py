@@ -24,7 +24,7 @@ from mos_lease_pg.admin import (
     describe_schema,
     migrate,
 )
-from mos_lease_pg.statements import DEFAULT_SCHEMA
+from mos_lease_pg.sql_files import DEFAULT_SCHEMA
 from tests.pg_fixtures import PgSchema
 
 pytestmark = pytest.mark.pg

@@ -23,7 +23,7 @@ from psycopg import errors, sql
 from mos_lease import AllowAllPolicy, ConnectorLeaseCoordinator, LeaseIdentity
 from mos_lease_pg import ConnectionSettings, PostgresLeaseStore
 from mos_lease_pg.admin import apply_roles, migrate
-from mos_lease_pg.statements import sql_text
+from mos_lease_pg.sql_files import sql_text
 from tests.pg_fixtures import StoreFactory
 from tests.pg_support import FaultProxy, unique_name, with_params
 

@@ -32,13 +32,14 @@ from mos_lease_pg import (
     make_pool,
     preflight,
     reconcile,
+    sql_files,
     statements,
 )
 from mos_lease_pg.admin import applied_versions, migrate
 from mos_lease_pg.admin.cli import register
 from mos_lease_pg.admin.migrations import SecondCopyRefused
 from mos_lease_pg.fencing import PostgresResourceGuard
-from mos_lease_pg.statements import (
+from mos_lease_pg.sql_files import (
     DEFAULT_SCHEMA,
     LIBRARY_TABLES,
     Template,
@@ -84,7 +85,7 @@ def _shipped() -> dict[str, str]:
 def test_every_shipped_statement_file_names_its_schema() -> None:
     shipped = _shipped()
     assert {"statements/renew.sql", "migrate/lock.sql", "audit/drop.sql"} <= set(shipped)
-    bare = {name: unqualified(statements._COMMENT_LINE.sub("", text))
+    bare = {name: unqualified(sql_files._COMMENT_LINE.sub("", text))
             for name, text in shipped.items()}
     assert {name: found for name, found in bare.items() if found} == {}
 
