@@ -34,30 +34,11 @@ from mos_lease.supervisor import (
     NewHolder,
     Supervisor,
 )
-from mos_lease.supervisor.notices import AnyNoticeCallback
 from mos_lease.supervisor.schedule import superseded
+from mos_lease.testing import ManualNoticeFeed
 from mos_lease.vocabulary import LeaseState
 from mos_lease_memory import AsyncInMemoryLeaseStore, InMemoryLeaseStore
 from tests.core.test_supervisor import SCOPES, TTL, Rig, ident
-
-
-class FakeFeed:
-    """A notice source as ``LeaseNotices`` is one, without a database: ``send`` is a
-    notice (forged or not), on the calling thread."""
-
-    def __init__(self, confirmer: NoticeConfirmer) -> None:
-        self.confirmer = confirmer
-        self.callbacks: list[AnyNoticeCallback] = []
-
-    def subscribe_all(self, callback: AnyNoticeCallback) -> None:
-        self.callbacks.append(callback)
-
-    def unsubscribe_all(self, callback: AnyNoticeCallback) -> None:
-        self.callbacks.remove(callback)
-
-    def send(self, identity: LeaseIdentity, epoch: int, kind: str = "takeover") -> None:
-        for callback in list(self.callbacks):
-            callback(identity, epoch, kind)
 
 
 def eventually(check: Callable[[], bool], timeout: float = 5.0) -> None:
@@ -77,7 +58,7 @@ class NoticeRig(Rig):
         self.supervisor.close()  # the rig's own one, without notices: replaced below
         self.changes.clear()
         self.confirmer = NoticeConfirmer(rate=rate, burst=burst, clock=self.time)
-        self.feed = FakeFeed(self.confirmer)
+        self.feed = ManualNoticeFeed(self.confirmer)
         self.supervisor = Supervisor(self.coordinator, on_change=self.changes.append,
                                      clock=self.time, sleep=self.sleeps.append,
                                      random=lambda: 0.5, background=False, notices=self.feed)
@@ -256,9 +237,9 @@ def test_close_unsubscribes_and_bad_sources_are_refused() -> None:
     rig = NoticeRig()
     rig.add(1)
     rig.settle()
-    assert len(rig.feed.callbacks) == 1  # one subscription, whatever the number of bindings
+    assert rig.feed.subscribers == 1  # one subscription, whatever the number of bindings
     rig.supervisor.close()
-    assert rig.feed.callbacks == []
+    assert rig.feed.subscribers == 0
     coordinator = ConnectorLeaseCoordinator(InMemoryLeaseStore(), AllowAllPolicy())
     for bad in (object(), "postgresql://", 5):
         with pytest.raises(ConfigurationError, match="subscribe_all"):
@@ -292,7 +273,7 @@ def test_superseded_is_a_newer_epoch_or_the_same_one_released() -> None:
 
 def test_the_thread_supervisor_reports_a_takeover_well_before_its_deadline() -> None:
     store = InMemoryLeaseStore()
-    feed = FakeFeed(NoticeConfirmer())
+    feed = ManualNoticeFeed(NoticeConfirmer())
     lost = threading.Event()
     changes: list[Change] = []
 
@@ -320,7 +301,7 @@ def test_the_thread_supervisor_reports_a_takeover_well_before_its_deadline() -> 
 def test_the_asyncio_supervisor_reports_a_takeover_well_before_its_deadline() -> None:
     async def main() -> float:
         store = AsyncInMemoryLeaseStore()
-        feed = FakeFeed(NoticeConfirmer())
+        feed = ManualNoticeFeed(NoticeConfirmer())
         coordinator = AsyncConnectorLeaseCoordinator(store, AllowAllPolicy())
         async with AsyncSupervisor(coordinator, notices=feed) as supervisor:
             changes = supervisor.changes()
