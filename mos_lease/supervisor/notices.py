@@ -98,9 +98,10 @@ class SupervisorNotices:
             return
         if earlier is not None:  # not expected: the confirmer runs one turn per identity
             earlier()
-        if not self._wake():
+        if not self._wake():  # nobody will make the read: give the turn back
             with core.lock:
                 core.confirming.pop(slot, None)
+                slot.confirm = False
             done()
 
     def forget(self, identity: LeaseIdentity) -> None:

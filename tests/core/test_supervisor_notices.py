@@ -327,3 +327,19 @@ def test_the_asyncio_supervisor_reports_a_takeover_well_before_its_deadline() ->
         raise AssertionError("the changes ended")
 
     assert asyncio.run(main()) < 1.0
+
+
+def test_a_turn_nobody_can_make_is_given_back_at_once() -> None:
+    # An asyncio supervisor driven by hand outside any loop cannot be woken from the
+    # confirmer's thread: the turn ends at once, and nothing waits for a read.
+    confirmer = NoticeConfirmer()
+    feed = ManualNoticeFeed(confirmer)
+    supervisor = AsyncSupervisor(AsyncConnectorLeaseCoordinator(AsyncInMemoryLeaseStore(),
+                                                                AllowAllPolicy()),
+                                 background=False, notices=feed)
+    supervisor.add(ident(0), "gw-a", scopes=SCOPES, ttl=TTL)
+    feed.send(ident(0), 3)
+    eventually(lambda: confirmer.stats().confirmations == 1
+               and not confirmer._gate.pending(ident(0)))
+    slot = supervisor._core.schedule.slots[ident(0)]
+    assert not slot.confirm and not supervisor._core.confirming
