@@ -182,3 +182,10 @@ def shared_confirmer() -> NoticeConfirmer:
         if not _shared:
             _shared.append(NoticeConfirmer())
         return _shared[0]
+
+
+def confirmer_of(source: object) -> NoticeConfirmer:
+    """The confirmer a notice source names as ``confirmer`` (``LeaseNotices`` does), else
+    the process's: either way one bound for every holder and supervisor that share it."""
+    confirmer = getattr(source, "confirmer", None)
+    return confirmer if isinstance(confirmer, NoticeConfirmer) else shared_confirmer()

@@ -56,6 +56,9 @@ _LISTEN: Final = sql.SQL(query_text("notices", "listen.sql"))
 NoticeCallback = Callable[[int, str], object]
 """``callback(epoch, kind)``: the identity's lease is now at ``epoch``; ``kind`` is
 ``"takeover"`` or ``"release"``."""
+AnyNoticeCallback = Callable[[LeaseIdentity, int, str], object]
+"""``callback(identity, epoch, kind)``: as :data:`NoticeCallback`, for every identity (one
+subscription for a supervisor of many bindings)."""
 
 KINDS: Final = frozenset(NOTICE_KINDS.values())
 _KEYS: Final = frozenset({"t", "a", "b", "e", "k"})
@@ -118,6 +121,7 @@ class LeaseNotices:
         self._kwargs["autocommit"] = True  # a LISTEN inside an open transaction hears nothing
         self.channel = notice_channel(self.settings.schema)
         self._subscribers: dict[LeaseIdentity, list[NoticeCallback]] = {}
+        self._everything: list[AnyNoticeCallback] = []
         self._lock = threading.Lock()
         self._closing = threading.Event()
         self.listening = threading.Event()
@@ -146,6 +150,20 @@ class LeaseNotices:
             if not callbacks:
                 self._subscribers.pop(checked, None)
 
+    def subscribe_all(self, callback: AnyNoticeCallback) -> None:
+        """Call ``callback(identity, epoch, kind)`` on every notice, whatever its identity:
+        one subscription for a :class:`~mos_lease.supervisor.Supervisor`'s many bindings."""
+        if not callable(callback):
+            raise InvalidInput("callback", f"must be callable, not {type(callback).__name__}")
+        with self._lock:
+            self._everything.append(callback)
+
+    def unsubscribe_all(self, callback: AnyNoticeCallback) -> None:
+        """Stop calling ``callback`` (nothing if it was not subscribed)."""
+        with self._lock:
+            if callback in self._everything:
+                self._everything.remove(callback)
+
     def stats(self) -> NoticeStats:
         """The counts of :attr:`confirmer` (shared by every source that uses it): notices
         handed to it, coalesced, confirming turns started, turns held back by the bound."""
@@ -164,9 +182,15 @@ class LeaseNotices:
         identity, epoch, kind = notice
         with self._lock:
             callbacks = list(self._subscribers.get(identity, ()))
+            everything = list(self._everything) if self._everything else ()
         for callback in callbacks:
             try:
                 callback(epoch, kind)
+            except Exception:
+                log.exception("mos_lease: lease notice callback failed")
+        for any_callback in everything:
+            try:
+                any_callback(identity, epoch, kind)
             except Exception:
                 log.exception("mos_lease: lease notice callback failed")
 

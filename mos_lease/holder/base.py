@@ -19,7 +19,7 @@ from mos_lease.holder.waiting import expiring_check, waiting
 from mos_lease.identity import LeaseIdentity
 from mos_lease.keeper import AsyncLeaseKeeper, LeaseKeeper, LeaseLoss, LossCause
 from mos_lease.keeper.calls import CurrentHolderCall, Step
-from mos_lease.notice_confirmer import Done, NoticeConfirmer, shared_confirmer
+from mos_lease.notice_confirmer import Done, NoticeConfirmer, confirmer_of
 from mos_lease.records import LeaseHandle
 from mos_lease.results import GrantResult, HolderView, LeaseResult
 from mos_lease.vocabulary import Reason
@@ -55,8 +55,7 @@ HolderStep = Step | KeeperAdopt | KeeperStop
 def _confirmer_of(notices: NoticeSource | None) -> NoticeConfirmer:
     """The confirmer a source names as ``confirmer`` (``LeaseNotices`` does), else the
     process's: either way one for all the holders that share it."""
-    confirmer = getattr(notices, "confirmer", None)
-    return confirmer if isinstance(confirmer, NoticeConfirmer) else shared_confirmer()
+    return confirmer_of(notices)
 
 
 class _HolderBase(Generic[K]):

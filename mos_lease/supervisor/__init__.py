@@ -3,16 +3,18 @@ the leases of every binding a gateway process runs.
 
 ``schedule`` holds the pure decisions for all bindings, made with the values of ``slots``
 (the bindings, their state and the calls to make) and reporting those of ``changes``;
-``flow`` the turn written once; ``thread_supervisor`` and ``asyncio_supervisor`` the two
-supervisors that perform it, over what they share in ``base``. ``docs/supervisor.md``
+``flow`` the turn written once; ``notices`` the one notice subscription (``notices=``);
+``thread_supervisor`` and ``asyncio_supervisor`` the two supervisors that perform it, over
+what they share in ``base``. ``docs/supervisor.md``
 explains the campaign, the batched renewal and the changes reported.
 """
 
 from mos_lease.supervisor.asyncio_supervisor import AsyncSupervisor
 from mos_lease.supervisor.changes import BindingLost, BindingStarted, Change, NewHolder
+from mos_lease.supervisor.notices import NoticeFeed
 from mos_lease.supervisor.schedule import BATCH, COALESCE
 from mos_lease.supervisor.slots import Binding
 from mos_lease.supervisor.thread_supervisor import Supervisor
 
 __all__ = ["BATCH", "COALESCE", "AsyncSupervisor", "Binding", "BindingLost", "BindingStarted",
-           "Change", "NewHolder", "Supervisor"]
+           "Change", "NewHolder", "NoticeFeed", "Supervisor"]

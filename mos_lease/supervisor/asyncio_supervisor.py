@@ -6,6 +6,7 @@ abandoned past the earliest local deadline (:func:`mos_lease.bounded.bounded_asy
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import random as _random
@@ -30,7 +31,8 @@ from mos_lease.supervisor.flow import (
     turn,
     turn_failed,
 )
-from mos_lease.supervisor.slots import Acquire, ReadHolder, Renew, Takeover
+from mos_lease.supervisor.notices import NoticeFeed
+from mos_lease.supervisor.slots import Acquire, Confirm, ReadHolder, Renew, Takeover
 
 log = logging.getLogger("mos_lease.supervisor")
 
@@ -40,7 +42,8 @@ class AsyncSupervisor(_Supervisor[AsyncConnectorLeaseCoordinator]):
     one task on the running loop (started by the first :meth:`add`). A store call runs as a
     task of its own, waited for until the earliest local deadline and abandoned past it
     (cancelled, never trusted later). Call every method on the loop. ``changes()`` is an
-    async iterator; the other options are :class:`Supervisor`'s."""
+    async iterator; the other options are :class:`Supervisor`'s, ``notices`` included (the
+    same thread-based source: a confirming read is made by the supervisor's task)."""
 
     _kind = AsyncConnectorLeaseCoordinator
 
@@ -49,10 +52,11 @@ class AsyncSupervisor(_Supervisor[AsyncConnectorLeaseCoordinator]):
                  clock: Callable[[], float] | None = None,
                  sleep: Callable[[float], Awaitable[object]] | None = None,
                  random: Callable[[], float] = _random.random,
-                 background: bool = True) -> None:
-        super().__init__(coordinator, on_change=on_change, clock=clock, random=random,
-                         background=background)
+                 background: bool = True, notices: NoticeFeed | None = None) -> None:
         self._wakeup = asyncio.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop of the first add()
+        super().__init__(coordinator, on_change=on_change, clock=clock, random=random,
+                         background=background, notices=notices)
         self._sleep = sleep if sleep is not None else self._wait_for_wakeup
         self._task: asyncio.Task[None] | None = None
         self._abandoned: set[asyncio.Future[Any]] = set()
@@ -62,6 +66,20 @@ class AsyncSupervisor(_Supervisor[AsyncConnectorLeaseCoordinator]):
         if self._background and self._task is None:
             self._task = asyncio.get_running_loop().create_task(
                 self._run(), name="mos-lease-supervisor")
+        if self._loop is None:
+            with contextlib.suppress(RuntimeError):  # driven by hand, outside a loop
+                self._loop = asyncio.get_running_loop()
+
+    def _wake_from_thread(self) -> bool:
+        # Called on the notice confirmer's thread: the event belongs to the loop.
+        loop = self._loop
+        if loop is None:
+            return False
+        try:
+            loop.call_soon_threadsafe(self._wakeup.set)
+        except RuntimeError:  # the loop has closed: nobody will make the read
+            return False
+        return True
 
     async def _wait_for_wakeup(self, seconds: float) -> None:
         if math.isinf(seconds):
@@ -104,7 +122,7 @@ class AsyncSupervisor(_Supervisor[AsyncConnectorLeaseCoordinator]):
 
     async def _campaign(self, attempt: Attempt) -> object:
         call, binding = attempt.call, attempt.call.slot.binding
-        if isinstance(call, ReadHolder):
+        if isinstance(call, ReadHolder | Confirm):
             return await self.coordinator.current_holder(binding.identity)
         if isinstance(call, Acquire):
             return await self.coordinator.acquire(binding.identity, binding.connector_id,

@@ -1,5 +1,6 @@
 """What the two supervisors share: checking the coordinator they are given, registering and
-removing bindings, reading the lease held for one, and the core their turns run on.
+removing bindings, reading the lease held for one, the core their turns run on, and the one
+notice listener (``notices=``, :mod:`~mos_lease.supervisor.notices`).
 :class:`~mos_lease.supervisor.thread_supervisor.Supervisor` runs the turns of ``flow.py`` on
 one thread, :class:`~mos_lease.supervisor.asyncio_supervisor.AsyncSupervisor` as one asyncio
 task; each only performs the calls a turn yields, which is where threads and asyncio differ.
@@ -20,6 +21,7 @@ from mos_lease.metadata import check_metadata
 from mos_lease.records import LeaseHandle
 from mos_lease.supervisor.changes import Change
 from mos_lease.supervisor.flow import Core
+from mos_lease.supervisor.notices import NoticeFeed, SupervisorNotices, check_feed
 from mos_lease.supervisor.slots import Binding
 
 C = TypeVar("C", ConnectorLeaseCoordinator, AsyncConnectorLeaseCoordinator)
@@ -48,7 +50,7 @@ class _Supervisor(Generic[C]):
                  on_change: Callable[[Change], object] | None = None,
                  clock: Callable[[], float] | None = None,
                  random: Callable[[], float] = _random.random,
-                 background: bool = True) -> None:
+                 background: bool = True, notices: NoticeFeed | None = None) -> None:
         if not isinstance(coordinator, self._kind):
             raise ConfigurationError(f"{type(self).__name__} needs a {self._kind.__name__}, "
                                      f"not {type(coordinator).__name__}")
@@ -59,6 +61,10 @@ class _Supervisor(Generic[C]):
         self._core = Core(clock if clock is not None else coordinator.monotonic, random,
                           on_change)
         self._background = background
+        feed = check_feed(notices)
+        # One subscription for every binding, made last: a notice may come at once.
+        self._notices = (None if feed is None
+                         else SupervisorNotices(feed, self._core, self._wake_from_thread))
 
     def add(self, identity: LeaseIdentity, connector_id: str, *, scopes: object,
             ttl: float | timedelta, safety_margin: float | None = None,
@@ -104,13 +110,26 @@ class _Supervisor(Generic[C]):
         """A binding was added: wake the loop (and start it, if it does not run yet)."""
         raise NotImplementedError
 
+    def _wake_from_thread(self) -> bool:
+        """End the loop's sleep from any thread (a confirming read is due); whether the
+        loop could be woken."""
+        raise NotImplementedError
+
     def _take(self, identity: LeaseIdentity) -> LeaseHandle | None:
         with self._core.lock:
+            slot = self._core.schedule.slots.get(identity)
             lease, changes = self._core.schedule.remove(identity, self._core.clock())
+            done = None if slot is None else self._core.confirming.pop(slot, None)
+            if self._notices is not None:
+                self._notices.forget(identity)
+        if done is not None:
+            done()
         self._core.report(changes)
         return lease
 
     def _close_all(self) -> list[LeaseHandle]:
+        if self._notices is not None:
+            self._notices.close()
         with self._core.lock:
             identities = list(self._core.schedule.slots)
         leases = [lease for lease in map(self._take, identities) if lease is not None]

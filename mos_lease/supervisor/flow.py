@@ -27,7 +27,7 @@ from mos_lease.records import LeaseHandle
 from mos_lease.results import GrantResult
 from mos_lease.supervisor.changes import Change
 from mos_lease.supervisor.schedule import Schedule
-from mos_lease.supervisor.slots import Campaign, Renew, Slot
+from mos_lease.supervisor.slots import Campaign, Confirm, Due, Renew, Slot
 from mos_lease.vocabulary import Reason
 
 __all__ = ["OVERDUE", "Attempt", "Call", "Core", "IssueGrant", "Release", "Sleep",
@@ -42,9 +42,10 @@ until the earliest local deadline, never longer)."""
 
 @attrs.frozen(slots=True, eq=False)
 class Attempt:
-    """Make the campaign call ``call``; give up waiting after ``timeout`` seconds."""
+    """Make the campaign call (or the confirming read) ``call``; give up waiting after
+    ``timeout`` seconds."""
 
-    call: Campaign
+    call: Campaign | Confirm
     timeout: float
 
 
@@ -80,8 +81,11 @@ class Core:
     """The schedule under a lock, the clock, and the reporting of changes.
 
     The schedule is touched only under ``lock`` (the thread supervisor's caller threads and
-    its loop thread share it; on asyncio everything runs on the loop). Changes are reported
-    after the lock is released, so a callback may call back into the supervisor.
+    its loop thread share it, and so does the notice confirmer's thread of either
+    supervisor). Changes are reported after the lock is released, so a callback may call
+    back into the supervisor. ``confirming`` holds, per slot, the ``done`` of the notice
+    confirmer's turn whose read is planned or in flight (:mod:`mos_lease.supervisor.
+    notices`): called once that read is over, so one read per identity is in flight.
     """
 
     def __init__(self, clock: Callable[[], float], draw: Callable[[], float],
@@ -91,6 +95,7 @@ class Core:
         self.lock = threading.RLock()
         self.on_change = on_change
         self.listeners: list[Callable[[Change | None], object]] = []
+        self.confirming: dict[Slot, Callable[[], None]] = {}
         self.closing = False
 
     def report(self, changes: list[Change]) -> None:
@@ -112,6 +117,7 @@ def turn_failed(core: Core, error: Exception) -> None:
     log.error("mos_lease: supervisor turn failed: %r", error)
     with core.lock:
         _unclaim(list(core.schedule.slots.values()))
+        _unclaim_confirms(list(core.confirming))
 
 
 def _unclaim(slots: list[Slot]) -> None:
@@ -120,17 +126,31 @@ def _unclaim(slots: list[Slot]) -> None:
         slot.busy = False
 
 
+def _unclaim_confirms(slots: list[Slot]) -> None:
+    """Confirming reads planned but not made: the next turn plans them again (their
+    confirmer turns are still running, so nothing else would)."""
+    for slot in slots:
+        slot.busy, slot.confirm = False, True
+
+
 def turn(core: Core) -> Flow:
     """One turn: report losses found at their deadline, send the renewals due (one call per
-    batch), then the campaign calls due until a renewal or deadline needs the driver again;
-    or sleep until something is due."""
+    batch), then the confirming reads and campaign calls due until a renewal or deadline
+    needs the driver again; or sleep until something is due."""
     with core.lock:
         now = core.clock()
         due = core.schedule.due(now)
     core.report(due.changes)
-    if not due.renewals and not due.campaigns:
+    if not due.renewals and not due.campaigns and not due.confirms:
         yield Sleep(max(due.wake_at - now, 0.0))
         return
+    if (yield from _renewals(core, due)):
+        yield from _campaign(core, [*due.confirms, *due.campaigns])
+
+
+def _renewals(core: Core, due: Due) -> Generator[Call, Any, bool]:
+    """The renewals of ``due``, one call per batch; ``False`` if the supervisor closed
+    meanwhile (the rest of ``due`` is then given back)."""
     with core.lock:
         # Other threads only remove bindings or record losses, which never make a limit
         # earlier: these stay conservative while the tick runs.
@@ -141,7 +161,8 @@ def turn(core: Core) -> Flow:
             if core.closing:
                 _unclaim([s for later in due.renewals[k:] for s in later.slots])
                 _unclaim([call.slot for call in due.campaigns])
-                return
+                _unclaim_confirms([call.slot for call in due.confirms])
+                return False
         # The earliest deadline of every held lease, counted from this call's start (the
         # batches before it took time too).
         timeout = min(rest, *pending[k:]) - started
@@ -152,17 +173,25 @@ def turn(core: Core) -> Flow:
                                             started, finished)
             rest = min(rest, core.schedule.deadlines(renew.slots))  # retries keep theirs
         core.report(changes)
+    return True
+
+
+def _campaign(core: Core, calls: list[Campaign | Confirm]) -> Flow:
+    """The confirming reads, then the campaign calls, until a renewal or deadline of a held
+    lease is due: the confirming reads go first, as they are few (a notice confirmer bounds
+    them for the process) and a loss they find is worth reporting at once."""
     with core.lock:
         # Read once, then moved earlier by each lease won below: nothing else makes a held
         # lease due sooner (other threads only remove bindings or record losses), and the
         # campaign of thousands of bindings must not rescan them all after every call.
         urgent_at, earliest = core.schedule.urgent_at(), core.schedule.earliest_deadline()
-    for k, call in enumerate(due.campaigns):
+    for k, call in enumerate(calls):
         started = core.clock()
         with core.lock:
             if core.closing or started >= urgent_at:
-                # Renewals first: the rest of the campaign waits for the next turn.
-                _unclaim([later.slot for later in due.campaigns[k:]])
+                # Renewals first: the rest waits for the next turn.
+                _unclaim_confirms([c.slot for c in calls[k:] if isinstance(c, Confirm)])
+                _unclaim([c.slot for c in calls[k:] if not isinstance(c, Confirm)])
                 return
         timeout = min(earliest - started, MAX_CALL)
         outcome = yield Attempt(call, max(timeout, 0.0))
@@ -173,6 +202,9 @@ def turn(core: Core) -> Flow:
         elif isinstance(outcome, BaseException) and not isinstance(outcome, StoreUnavailable):
             log.error("mos_lease: campaign call for %s failed: %r", call.slot.binding.identity,
                       outcome)
+        if isinstance(call, Confirm):
+            _confirmed(core, call, outcome, finished)
+            continue
         with core.lock:
             changes, orphan = core.schedule.campaigned(call, outcome, started, finished)
             won = call.slot.state if call.slot.holding else None
@@ -185,6 +217,16 @@ def turn(core: Core) -> Flow:
             if isinstance(released, BaseException):
                 log.warning("mos_lease: could not release the lease of removed binding %s: "
                             "%r; it expires at its ttl", orphan.identity, released)
+
+
+def _confirmed(core: Core, call: Confirm, outcome: Any, finished: float) -> None:
+    """Judge a confirming read, report what it shows, and end the confirmer's turn."""
+    with core.lock:
+        changes = core.schedule.confirmed(call, outcome, finished)
+        done = core.confirming.pop(call.slot, None)
+    core.report(changes)
+    if done is not None:
+        done()  # the identity may be confirmed again (one read in flight per identity)
 
 
 def issue_grant(core: Core, identity: LeaseIdentity, scopes: object, ttl: float | timedelta,

@@ -45,6 +45,7 @@ from mos_lease.supervisor.slots import (
     Acquire,
     Binding,
     Campaign,
+    Confirm,
     Due,
     ReadHolder,
     Renew,
@@ -132,12 +133,35 @@ class Schedule:
         slot = self.slots.get(identity)
         return None if slot is None or slot.state is None else slot.state.loss
 
+    # -- notices ------------------------------------------------------------------------------
+
+    def worth_confirming(self, identity: LeaseIdentity, epoch: int) -> bool:
+        """Whether a notice that ``identity``'s lease is now at ``epoch`` is worth a
+        confirming read: only for a registered binding, and while holding only if ``epoch``
+        is newer than the lease held (the notice of the supervisor's own takeover is not).
+        What a notice says is never believed; this only saves reads."""
+        slot = self.slots.get(identity)
+        if slot is None:
+            return False
+        state = slot.state
+        return state is None or state.loss is not None or epoch > state.lease.epoch
+
+    def notice(self, identity: LeaseIdentity) -> Slot | None:
+        """A confirming turn for ``identity`` begins: its read is made by the next turn that
+        finds the slot free (:meth:`due`). The slot, or ``None`` if not registered."""
+        slot = self.slots.get(identity)
+        if slot is not None:
+            slot.confirm = True
+        return slot
+
     # -- deciding -----------------------------------------------------------------------------
 
     def due(self, now: float) -> Due:
         """The calls due at ``now`` (their slots are marked busy) and the losses found."""
         changes: list[Change] = []
         campaigns: list[Campaign] = []
+        confirms: list[Confirm] = []
+        noticed: list[Slot] = []  # held, with a confirming read asked for
         groups: dict[float, list[Slot]] = {}
         wake_at = math.inf
         renewing = False
@@ -155,6 +179,12 @@ class Schedule:
                     renewing |= now >= state.renew_at
                 else:
                     wake_at = min(wake_at, state.renew_at)
+                if slot.confirm:
+                    noticed.append(slot)
+            elif slot.confirm:
+                # The campaign's next look, made at once: a notice may mean the lease was
+                # released or taken over, and a read is what the campaign would do anyway.
+                confirms.append(Confirm(slot, None))
             elif now >= slot.try_at:
                 campaigns.append(self._campaign(slot))
             else:
@@ -172,9 +202,14 @@ class Schedule:
             for members in groups.values():
                 for slot in members:
                     wake_at = min(wake_at, _held(slot).renew_at)
+        # A lease renewed in this tick is confirmed on the next one (the slot is busy now):
+        # the renewal comes first, and its answer may already settle the question.
+        confirms += [Confirm(slot, _held(slot).lease) for slot in noticed if not slot.busy]
         for call in campaigns:
             call.slot.busy = True
-        return Due(changes, renewals, campaigns, wake_at)
+        for confirm in confirms:
+            confirm.slot.busy, confirm.slot.confirm = True, False
+        return Due(changes, renewals, campaigns, wake_at, confirms)
 
     def earliest_deadline(self) -> float:
         """The earliest local deadline of the held leases (``inf`` if none is held): how
@@ -321,6 +356,31 @@ class Schedule:
             self._pause(slot, finished, ReadHolder, None)
         return [], None
 
+    def confirmed(self, call: Confirm, outcome: HolderView | BaseException | None,
+                  finished: float) -> list[Change]:
+        """After the confirming read of ``call`` returned at ``finished`` (its view, or the
+        exception it raised). A held lease that another holder or epoch superseded is lost
+        at once (cause ``DENIED``; the new holder is reported and the campaign acts on the
+        view: a released or expired lease is taken over at once, an active one waited for).
+        While campaigning the view is the campaign's next look. A read that failed confirms
+        nothing: the renewals, or the campaign, go on as they were."""
+        slot = call.slot
+        slot.busy = False
+        if slot.removed or isinstance(outcome, BaseException):
+            return []
+        if call.held is None:
+            if slot.holding:
+                return []  # held meanwhile (never while the read was in flight: it is busy)
+            return self._observe(slot, outcome, finished, pause=False)
+        state = slot.state
+        if state is None or state.loss is not None or state.lease is not call.held:
+            return []  # lost, or held anew, while the read was in flight
+        loss = superseded(call.held, outcome, finished)
+        if loss is None:
+            return []
+        slot.state = lose(state, loss)
+        return [self._lost(slot), *self._observe(slot, outcome, finished, pause=False)]
+
     def _observe(self, slot: Slot, view: HolderView | None, now: float,
                  pause: bool) -> list[Change]:
         """Act on ``view``: try at once what it allows (after a pause if ``pause``), or wait
@@ -349,6 +409,21 @@ class Schedule:
         slot.step = step
         slot.try_at = now + pause_for(slot.binding.timing, slot.failures, self._draw(), None,
                                       view)
+
+
+def superseded(held: LeaseHandle, view: HolderView | None, at: float) -> LeaseLoss | None:
+    """The loss of ``held`` that the store's ``view`` read at ``at`` shows, or ``None``: a
+    newer epoch (another holder's takeover) or ``held``'s own epoch released."""
+    if view is None or view.epoch < held.epoch:
+        return None
+    if view.epoch > held.epoch:
+        return LeaseLoss(LossCause.DENIED, Reason.STALE_EPOCH, at,
+                         f"read after a notice: epoch {view.epoch} held by "
+                         f"{view.connector_id}")
+    if view.state is LeaseState.RELEASED:
+        return LeaseLoss(LossCause.DENIED, Reason.LEASE_RELEASED, at,
+                         "read after a notice: released")
+    return None
 
 
 def _held(slot: Slot) -> KeeperState:

@@ -34,11 +34,12 @@ class Binding:
 
 class Slot:
     """One registered binding: either holding (``state`` without a loss) or campaigning
-    (``step`` is tried at ``try_at``). ``busy`` while a call for it is in flight. Compared by
-    identity: a call whose slot was removed (or replaced by a new registration) is stale."""
+    (``step`` is tried at ``try_at``). ``busy`` while a call for it is in flight; ``confirm``
+    while a notice's confirming read waits for its turn. Compared by identity: a call whose
+    slot was removed (or replaced by a new registration) is stale."""
 
-    __slots__ = ("binding", "busy", "failures", "observed", "probing", "removed", "seen",
-                 "state", "step", "try_at")
+    __slots__ = ("binding", "busy", "confirm", "failures", "observed", "probing", "removed",
+                 "seen", "state", "step", "try_at")
 
     def __init__(self, binding: Binding, now: float) -> None:
         self.binding = binding
@@ -50,6 +51,7 @@ class Slot:
         self.probing = True  # a refused first acquire is how the state is learnt: no pause
         self.seen: tuple[str, int] | None = None  # the last (connector_id, epoch) reported
         self.busy = False
+        self.confirm = False  # a notice asked for a confirming read (mos_lease.notice_gate)
         self.removed = False
 
     @property
@@ -84,6 +86,17 @@ Campaign = Acquire | Takeover | ReadHolder
 
 
 @attrs.frozen(slots=True, eq=False)
+class Confirm:
+    """Read the holder because a notice came for the binding: ``held`` is the lease held
+    when the read was planned (the read then tells whether another holder or epoch
+    superseded it), ``None`` while campaigning (the read is then the campaign's next look,
+    made at once)."""
+
+    slot: Slot
+    held: LeaseHandle | None
+
+
+@attrs.frozen(slots=True, eq=False)
 class Renew:
     """One ``heartbeat_many`` call for ``leases`` (of ``slots``, in order) with ``ttl``; it
     must return within ``timeout`` seconds of its start, when the earliest local deadline of
@@ -99,9 +112,11 @@ class Renew:
 @attrs.frozen(slots=True)
 class Due:
     """What :meth:`Schedule.due` found: changes to report (losses at their deadline), the
-    renewals and campaign calls to make now, and when to look again if nothing happens."""
+    renewals, campaign calls and confirming reads to make now, and when to look again if
+    nothing happens."""
 
     changes: list[Change]
     renewals: list[Renew]
     campaigns: list[Campaign]
     wake_at: float
+    confirms: list[Confirm] = attrs.field(factory=list)

@@ -29,7 +29,8 @@ from mos_lease.supervisor.flow import (
     turn,
     turn_failed,
 )
-from mos_lease.supervisor.slots import Acquire, ReadHolder, Renew, Takeover
+from mos_lease.supervisor.notices import NoticeFeed
+from mos_lease.supervisor.slots import Acquire, Confirm, ReadHolder, Renew, Takeover
 
 log = logging.getLogger("mos_lease.supervisor")
 
@@ -52,6 +53,13 @@ class Supervisor(_Supervisor[ConnectorLeaseCoordinator]):
     supervisor thread (or from the thread whose call found it). With ``background=False``
     no thread is started and :meth:`turn` drives the supervisor by hand; ``clock``
     (default: the coordinator's ``monotonic``), ``sleep`` and ``random`` are injectable.
+
+    ``notices``: one push source of lease changes for every binding (a
+    ``mos_lease_pg.notices.LeaseNotices``; :class:`~mos_lease.supervisor.notices.NoticeFeed`).
+    A notice for a binding is a hint: it asks the source's notice confirmer for a turn
+    (coalesced per identity, rate-bounded for the process) in which the supervisor reads the
+    holder; a takeover it confirms is reported as the binding's loss at once, and the
+    campaign goes on from what was read (``docs/supervisor.md``).
     """
 
     _kind = ConnectorLeaseCoordinator
@@ -61,10 +69,10 @@ class Supervisor(_Supervisor[ConnectorLeaseCoordinator]):
                  clock: Callable[[], float] | None = None,
                  sleep: Callable[[float], object] | None = None,
                  random: Callable[[], float] = _random.random,
-                 background: bool = True) -> None:
-        super().__init__(coordinator, on_change=on_change, clock=clock, random=random,
-                         background=background)
+                 background: bool = True, notices: NoticeFeed | None = None) -> None:
         self._wakeup = threading.Event()
+        super().__init__(coordinator, on_change=on_change, clock=clock, random=random,
+                         background=background, notices=notices)
         self._sleep = sleep if sleep is not None else self._wakeup.wait
         self._thread: threading.Thread | None = None
 
@@ -76,6 +84,10 @@ class Supervisor(_Supervisor[ConnectorLeaseCoordinator]):
                     self._thread = threading.Thread(target=self._run, daemon=True,
                                                     name="mos-lease-supervisor")
                     self._thread.start()
+
+    def _wake_from_thread(self) -> bool:
+        self._wakeup.set()
+        return True
 
     def _run(self) -> None:
         while not self._core.closing:
@@ -109,7 +121,7 @@ class Supervisor(_Supervisor[ConnectorLeaseCoordinator]):
 
     def _campaign(self, attempt: Attempt) -> object:
         call, binding = attempt.call, attempt.call.slot.binding
-        if isinstance(call, ReadHolder):
+        if isinstance(call, ReadHolder | Confirm):
             return self.coordinator.current_holder(binding.identity)
         if isinstance(call, Acquire):
             return self.coordinator.acquire(binding.identity, binding.connector_id,

@@ -5,7 +5,10 @@ plus a way to move its time authority forward) and run:
 
 * :func:`make_lease_machine` — the stateful specification; in a test module write
   ``TestMyStore = make_lease_machine(my_factory).TestCase``;
-* :func:`run_store_contract` — the write-guard contract of :class:`~mos_lease.ports.LeaseStore`.
+* :func:`run_store_contract` — the write-guard contract of :class:`~mos_lease.ports.LeaseStore`;
+* :func:`make_supervisor_machine` — the supervisor's stateful specification: several
+  bindings in one :class:`~mos_lease.supervisor.Supervisor`, with rival takeovers, releases,
+  notices (:class:`ManualNoticeFeed`), store failures and time passing.
 
 A resource guard of your own is checked by :func:`run_guard_contract`.
 
@@ -27,8 +30,10 @@ from mos_lease.testing.harness import (
     InspectableStore,
     StoreHarness,
 )
+from mos_lease.testing.notice_feed import ManualNoticeFeed
 from mos_lease.testing.oracle import Oracle
 from mos_lease.testing.stateful import make_lease_machine
+from mos_lease.testing.supervisor_machine import make_supervisor_machine
 
 __all__ = [
     "AsyncInspectableStore",
@@ -37,9 +42,11 @@ __all__ = [
     "EventLoopThread",
     "GuardFactory",
     "InspectableStore",
+    "ManualNoticeFeed",
     "Oracle",
     "StoreHarness",
     "make_lease_machine",
+    "make_supervisor_machine",
     "run_guard_contract",
     "run_store_contract",
 ]

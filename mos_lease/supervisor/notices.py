@@ -1,0 +1,120 @@
+"""One notice listener for the whole supervisor: every lease notice of the source reaches
+one callback, and a notice for a registered binding becomes a confirming read that the
+supervisor's own turn makes.
+
+A notice is a hint, never believed (anyone who can log in may send one by the thousand), so
+all it may cause is a *confirming turn* of the process's
+:class:`~mos_lease.notice_confirmer.NoticeConfirmer` (the source's ``confirmer``, else the
+process's one), the same bound the holders of :func:`~mos_lease.hold` share: coalesced per
+identity (at most one turn in flight), ``burst + rate * T`` turns in any ``T`` seconds::
+
+    source --notice(identity, epoch)--> _on_notice      (the source's thread: a look-up)
+        registered and newer than the lease held?  --> confirmer.notice(identity)
+    confirmer --job(done)--> _confirm                   (the confirmer's thread: no I/O)
+        mark the slot (Schedule.notice), keep done, wake the supervisor
+    supervisor turn --Confirm--> current_holder          (the supervisor's thread or task)
+        Schedule.confirmed judges the view; then done(): the identity's turn is over
+
+The read is made by the supervisor's turn, after the renewals due and never past the
+earliest local deadline, so a flood of notices neither ends a holding nor holds up a
+renewal. A notice for an identity the supervisor does not run costs one dictionary look-up.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Protocol
+
+from mos_lease.errors import ConfigurationError
+from mos_lease.identity import LeaseIdentity
+from mos_lease.notice_confirmer import Done, Job, NoticeConfirmer, confirmer_of
+from mos_lease.supervisor.flow import Core
+
+AnyNoticeCallback = Callable[[LeaseIdentity, int, str], object]
+"""``callback(identity, epoch, kind)``: ``identity``'s lease is now at ``epoch`` (``kind``:
+``"takeover"`` or ``"release"``), or so a notice says."""
+
+
+class NoticeFeed(Protocol):
+    """A push source of every lease change, for one subscriber of many identities:
+    ``mos_lease_pg.notices.LeaseNotices`` is one. ``callback(identity, epoch, kind)`` is
+    called from any thread, for every notice (forged ones too). A ``confirmer`` attribute, if
+    it has one, names the :class:`~mos_lease.notice_confirmer.NoticeConfirmer` to bound the
+    confirming reads with; else the process's is used."""
+
+    def subscribe_all(self, callback: AnyNoticeCallback) -> None: ...
+
+    def unsubscribe_all(self, callback: AnyNoticeCallback) -> None: ...
+
+
+def check_feed(value: object) -> NoticeFeed | None:
+    """``value`` as a :class:`NoticeFeed`, or ``None``; anything else is refused."""
+    if value is None:
+        return None
+    if not (callable(getattr(value, "subscribe_all", None))
+            and callable(getattr(value, "unsubscribe_all", None))):
+        raise ConfigurationError("notices must have subscribe_all() and unsubscribe_all() "
+                                 f"(a LeaseNotices) or be None, not {type(value).__name__}")
+    return value  # type: ignore[return-value]
+
+
+class SupervisorNotices:
+    """The supervisor's one subscription to ``feed`` (see the module's docstring).
+    ``wake()`` ends the supervisor's sleep from any thread and says whether it could (an
+    asyncio supervisor whose loop has closed cannot)."""
+
+    def __init__(self, feed: NoticeFeed, core: Core, wake: Callable[[], bool]) -> None:
+        self.feed = feed
+        self.confirmer: NoticeConfirmer = confirmer_of(feed)
+        self._core = core
+        self._wake = wake
+        # One job per identity noticed so far (the confirmer calls a job with ``done``
+        # only, so the identity is bound in); registered at the first notice worth a read.
+        self._jobs: dict[LeaseIdentity, Job] = {}
+        feed.subscribe_all(self._on_notice)
+
+    def _on_notice(self, identity: LeaseIdentity, epoch: int, kind: str) -> None:
+        core = self._core
+        with core.lock:
+            if core.closing or not core.schedule.worth_confirming(identity, epoch):
+                return  # not a binding of ours, or nothing newer than the lease held
+            if identity not in self._jobs:
+                job = self._jobs[identity] = functools.partial(self._confirm, identity)
+                self.confirmer.register(identity, job)
+            self.confirmer.notice(identity)
+
+    def _confirm(self, identity: LeaseIdentity, done: Done) -> None:
+        """The job of a confirming turn, on the confirmer's thread: plan the read and wake
+        the supervisor, which makes it and calls ``done()`` after."""
+        core = self._core
+        with core.lock:
+            slot = None if core.closing else core.schedule.notice(identity)
+            if slot is not None:
+                earlier = core.confirming.pop(slot, None)
+                core.confirming[slot] = done
+        if slot is None:
+            done()
+            return
+        if earlier is not None:  # not expected: the confirmer runs one turn per identity
+            earlier()
+        if not self._wake():  # nobody will make the read: give the turn back
+            with core.lock:
+                core.confirming.pop(slot, None)
+                slot.confirm = False
+            done()
+
+    def forget(self, identity: LeaseIdentity) -> None:
+        """``identity`` is no longer run: its notices cost nothing again."""
+        with self._core.lock:
+            job = self._jobs.pop(identity, None)
+            if job is not None:
+                self.confirmer.unregister(identity, job)
+
+    def close(self) -> None:
+        """Stop listening: unsubscribe, and drop every job from the confirmer."""
+        self.feed.unsubscribe_all(self._on_notice)
+        with self._core.lock:
+            jobs, self._jobs = self._jobs, {}
+            for identity, job in jobs.items():
+                self.confirmer.unregister(identity, job)
