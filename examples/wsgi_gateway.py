@@ -154,6 +154,11 @@ class ThreadGateway:
                 "bindings": bindings}
 
 
+def compact(body: object) -> bytes:
+    """JSON as Starlette's ``JSONResponse`` writes it, so both recipes reply alike."""
+    return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
 def headers_of(environ: dict[str, Any]) -> list[tuple[str, str]]:
     """The request's headers as (name, value), from the WSGI environ's ``HTTP_*`` keys."""
     return [(key[5:].replace("_", "-"), str(value)) for key, value in environ.items()
@@ -182,7 +187,7 @@ def make_app(gateway: ThreadGateway) -> Callable[[dict[str, Any], StartResponse]
         return [body]
 
     def refuse(start_response: StartResponse, refusal: Refusal) -> list[bytes]:
-        return reply(start_response, refusal.status, json.dumps(refusal.body()).encode())
+        return reply(start_response, refusal.status, compact(refusal.body()))
 
     def app(environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         path, method = environ.get("PATH_INFO", ""), environ.get("REQUEST_METHOD", "")
@@ -192,7 +197,7 @@ def make_app(gateway: ThreadGateway) -> Callable[[dict[str, Any], StartResponse]
             if isinstance(screened, Refusal) and screened.reason == "caller_identity":
                 return refuse(start_response, screened)
             try:
-                return reply(start_response, 200, json.dumps(gateway.status()).encode())
+                return reply(start_response, 200, compact(gateway.status()))
             except DOWN as down:
                 return refuse(start_response, unavailable(down))
         if not (path.startswith(PREFIX) and path.endswith(SUFFIX)):
@@ -214,7 +219,7 @@ def make_app(gateway: ThreadGateway) -> Callable[[dict[str, Any], StartResponse]
             return refuse(start_response, served)
         if isinstance(served, Relayed):
             return reply(start_response, served.status, served.body)
-        return reply(start_response, 200, json.dumps(served).encode())
+        return reply(start_response, 200, compact(served))
 
     return app
 
