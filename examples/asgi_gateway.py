@@ -1,0 +1,270 @@
+"""An ASGI gateway (Starlette) that routes each binding's requests to the process holding it.
+
+Run two or more of these against one database (``examples/README.md``)::
+
+    python -m examples.asgi_gateway setup --dsn "$ADMIN_DSN"      # once, as a superuser
+    python -m examples.asgi_gateway serve --config gw-a.json      # as the gateway role
+
+Each process:
+
+* in its **lifespan** builds one :class:`~mos_lease.AsyncConnectorLeaseCoordinator` over an
+  :class:`~mos_lease_pg.AsyncPostgresLeaseStore` and one
+  :class:`~mos_lease.supervisor.AsyncSupervisor`, and adds every binding of its configuration
+  (:mod:`examples.recipes.config`) with its own endpoint as holder metadata; on shutdown it
+  closes the supervisor, which releases every lease held;
+* serves ``POST /bindings/{name}/invoke``, one route per configured binding: if it holds the
+  binding it issues a grant and runs the work under ``invoke`` (validation, then a fenced
+  insert into ``recipes.effects``); if another process holds it, it forwards the request to
+  the endpoint in ``current_holder().metadata`` (a real forward with ``http.client`` in a
+  worker thread, at most ``max_hops`` times); an unknown name is ``404 unknown_binding``;
+* serves ``GET /status``: each configured binding's ``current_holder()``.
+
+A request that names a tenant, agent, binding or connector of its own (query string, header
+or JSON body) is refused ``403 caller_identity`` before the library sees it
+(:mod:`examples.recipes.screen`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import sys
+from collections.abc import AsyncIterator
+from typing import Any
+
+import attrs
+import psycopg
+import uvicorn
+from psycopg_pool import AsyncConnectionPool
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from examples.recipes import ledger
+from examples.recipes.config import SCOPES, ConfigError, GatewayConfig, RouteBinding, load_config
+from examples.recipes.forward import Relayed, forward
+from examples.recipes.routing import (
+    RETRY_AFTER,
+    Forward,
+    fenced,
+    grant_refused,
+    holder_json,
+    invoke_refused,
+    receipt,
+    route,
+    unavailable,
+    unknown_binding,
+)
+from examples.recipes.screen import MAX_BODY_BYTES, Refusal, Work, screen, too_large
+from mos_lease import AsyncConnectorLeaseCoordinator, StoreUnavailable
+from mos_lease.adapter import run_adapter_async
+from mos_lease.fencing import FencedEffectRefused
+from mos_lease.supervisor import AsyncSupervisor, BindingLost, BindingStarted, Change
+from mos_lease_pg import AsyncPostgresLeaseStore
+from mos_lease_pg.admin.roles import DEFAULT_GATEWAY_ROLE
+
+# Errors of the store or the effect's connection: the reply is 503 and nothing is served.
+DOWN = (StoreUnavailable, psycopg.OperationalError, TimeoutError)
+
+
+def emit(event: str, **fields: Any) -> None:
+    """One JSON line on stdout per lifecycle change, for the operator (and the tests)."""
+    print(json.dumps({"event": event, **fields}, default=str), flush=True)
+
+
+def on_change(change: Change) -> None:
+    """Print the supervisor's changes: a binding started or lost here."""
+    if isinstance(change, BindingStarted):
+        emit("binding_started", identity=str(change.identity), epoch=change.lease.epoch)
+    elif isinstance(change, BindingLost):
+        emit("binding_lost", identity=str(change.identity), cause=str(change.loss.cause))
+
+
+@attrs.define
+class AsyncGateway:
+    """What one process runs: its configuration, coordinator, supervisor and effect pool."""
+
+    config: GatewayConfig
+    store: AsyncPostgresLeaseStore
+    coordinator: AsyncConnectorLeaseCoordinator
+    supervisor: AsyncSupervisor
+    pool: AsyncConnectionPool[Any]
+
+    @classmethod
+    async def start(cls, config: GatewayConfig, dsn: str) -> AsyncGateway:
+        """Connect, then campaign for every configured binding."""
+        store = AsyncPostgresLeaseStore(dsn)
+        pool: AsyncConnectionPool[Any] = AsyncConnectionPool(dsn, min_size=1, max_size=4,
+                                                             open=False)
+        await pool.open(wait=True, timeout=30)
+        # One coordinator for the process: grants are accepted only by the coordinator
+        # that minted them (docs/gateway.md, "Threads, processes and stores").
+        coordinator = AsyncConnectorLeaseCoordinator(store, config.policy())
+        supervisor = AsyncSupervisor(coordinator, on_change=on_change)
+        for binding in config.bindings:
+            supervisor.add(binding.identity, config.connector_id, scopes=SCOPES,
+                           ttl=config.ttl, clock_step=config.clock_step,
+                           metadata=config.metadata)
+        emit("started", connector_id=config.connector_id, endpoint=config.endpoint)
+        return cls(config, store, coordinator, supervisor, pool)
+
+    async def close(self) -> None:
+        """Release every lease held (the supervisor's close), then disconnect."""
+        try:
+            await self.supervisor.close()
+        finally:
+            await self.pool.close()
+            await self.store.aclose()
+            emit("stopped", connector_id=self.config.connector_id)
+
+    async def invoke(self, binding: RouteBinding, work: Work) -> Refusal | Relayed | dict[
+            str, object]:
+        """Serve ``work`` here, forward it to the holder, or refuse it."""
+        identity = binding.identity
+        try:
+            held = self.supervisor.lease(identity) is not None
+            holder = None if held else await self.coordinator.current_holder(identity)
+            where = route(self.config, held=held, holder=holder, hops=work.hops)
+            if isinstance(where, Refusal):
+                return where
+            if isinstance(where, Forward):
+                return await asyncio.to_thread(forward, where.endpoint, binding.name, work,
+                                               where.hops, timeout=self.config.forward_timeout)
+            granted = await self.supervisor.issue_grant(identity, scopes=SCOPES,
+                                                        ttl=self.config.grant_ttl)
+            if granted.grant is None:
+                return grant_refused(granted)
+            result = await run_adapter_async(
+                self.coordinator, granted.grant, ledger.AsyncLedgerAdapter(self.pool,
+                                                                           binding.name),
+                work.text, identity=identity, scopes=SCOPES)
+        except FencedEffectRefused as refused:
+            return fenced(refused.reason)
+        except DOWN as down:
+            return unavailable(down)
+        if result.value is None or result.context is None:
+            return invoke_refused(result.reason)
+        return receipt(self.config, binding.name, result.context.epoch, result.value,
+                       work.hops)
+
+    async def status(self) -> dict[str, object]:
+        """Each configured binding's holder, as the store shows it now."""
+        bindings = []
+        for binding in self.config.bindings:
+            holder = await self.coordinator.current_holder(binding.identity)
+            bindings.append({"name": binding.name,
+                             "held_here": self.supervisor.lease(binding.identity) is not None,
+                             "holder": holder_json(holder)})
+        return {"connector_id": self.config.connector_id, "endpoint": self.config.endpoint,
+                "bindings": bindings}
+
+
+def refusal_response(refusal: Refusal) -> JSONResponse:
+    headers = {"Retry-After": str(RETRY_AFTER)} if refusal.status == 503 else None
+    return JSONResponse(refusal.body(), status_code=refusal.status, headers=headers)
+
+
+async def read_body(request: Request) -> bytes | Refusal:
+    """The body, never more than the screen accepts: a larger one is refused as soon as its
+    Content-Length or its bytes pass the bound, without reading the rest."""
+    declared = request.headers.get("content-length", "0")
+    if not declared.isascii() or not declared.isdigit() or int(declared) > MAX_BODY_BYTES:
+        return too_large()
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_BODY_BYTES:
+            return too_large()
+    return bytes(body)
+
+
+def build_app(config: GatewayConfig, dsn: str) -> Starlette:
+    """The ASGI application: one invoke route per configured binding, ``/status``, and a
+    catch-all that answers ``404 unknown_binding`` for every other binding name."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: Starlette) -> AsyncIterator[dict[str, Any]]:
+        gateway = await AsyncGateway.start(config, dsn)
+        try:
+            yield {"gateway": gateway}
+        finally:
+            await gateway.close()
+
+    def invoke_route(binding: RouteBinding) -> Route:
+        async def invoke(request: Request) -> Response:
+            body = await read_body(request)
+            work = body if isinstance(body, Refusal) else screen(
+                request.url.query, request.headers.items(), body)
+            if isinstance(work, Refusal):
+                return refusal_response(work)
+            gateway: AsyncGateway = request.state.gateway
+            served = await gateway.invoke(binding, work)
+            if isinstance(served, Refusal):
+                return refusal_response(served)
+            if isinstance(served, Relayed):
+                return Response(served.body, status_code=served.status,
+                                media_type="application/json")
+            return JSONResponse(served)
+
+        # The binding is fixed here, from the configuration: the path carries no identity.
+        return Route(f"/bindings/{binding.name}/invoke", invoke, methods=["POST"])
+
+    async def unknown(request: Request) -> Response:
+        return refusal_response(unknown_binding(request.path_params["name"]))
+
+    async def status(request: Request) -> Response:
+        screened = screen(request.url.query, request.headers.items(), b"{}")
+        if isinstance(screened, Refusal) and screened.reason == "caller_identity":
+            return refusal_response(screened)
+        gateway: AsyncGateway = request.state.gateway
+        try:
+            return JSONResponse(await gateway.status())
+        except DOWN as down:
+            return refusal_response(unavailable(down))
+
+    routes = [invoke_route(b) for b in config.bindings]
+    routes += [Route("/bindings/{name}/invoke", unknown, methods=["POST"]),
+               Route("/status", status, methods=["GET"])]
+    return Starlette(routes=routes, lifespan=lifespan)
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description="An ASGI gateway routing each binding's requests to its lease holder.")
+    parser.add_argument("command", choices=["serve", "setup"], nargs="?", default="serve")
+    default_dsn = os.environ.get("MOS_LEASE_DSN")
+    parser.add_argument("--dsn", default=default_dsn, required=default_dsn is None,
+                        help="as the gateway role (serve) or a superuser (setup); default "
+                             "$MOS_LEASE_DSN")
+    parser.add_argument("--config", default=None,
+                        help="the configuration's JSON file (default: the JSON in "
+                             "$MOS_LEASE_GATEWAY_CONFIG)")
+    parser.add_argument("--gateway-role", default=DEFAULT_GATEWAY_ROLE,
+                        help="for setup: the role the gateways connect as")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.command == "setup":
+        ledger.set_up(args.dsn, args.gateway_role)
+        emit("set_up", table=ledger.TABLE, gateway_role=args.gateway_role)
+        return 0
+    try:
+        config = load_config(args.config)
+    except (ConfigError, OSError) as bad:
+        print(f"asgi_gateway: {bad}", file=sys.stderr)
+        return 2
+    server = uvicorn.Server(uvicorn.Config(
+        build_app(config, args.dsn), host=config.host, port=config.port, lifespan="on",
+        log_level="warning", access_log=False))
+    server.run()  # SIGTERM or SIGINT: a graceful stop, the lifespan's shutdown included
+    return 0 if server.started else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
