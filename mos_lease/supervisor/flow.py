@@ -25,6 +25,7 @@ from mos_lease.identity import LeaseIdentity, check_correlation_id
 from mos_lease.keeper import LeaseLoss, LossCause, grant_loss, local_refusal
 from mos_lease.records import LeaseHandle
 from mos_lease.results import GrantResult
+from mos_lease.sleep import Sleep
 from mos_lease.supervisor.changes import Change
 from mos_lease.supervisor.schedule import Schedule
 from mos_lease.supervisor.slots import Campaign, Confirm, Due, Renew, Slot
@@ -54,13 +55,6 @@ class Release:
     """Release a lease won for a binding removed while the call that won it was in flight."""
 
     lease: LeaseHandle
-
-
-@attrs.frozen(slots=True)
-class Sleep:
-    """Nothing is due for ``seconds``; wake earlier when a binding is added or on close."""
-
-    seconds: float
 
 
 @attrs.frozen(slots=True)
@@ -142,6 +136,8 @@ def turn(core: Core) -> Flow:
         due = core.schedule.due(now)
     core.report(due.changes)
     if not due.renewals and not due.campaigns and not due.confirms:
+        # Nothing is due until then; the driver wakes earlier when a binding is added or on
+        # close.
         yield Sleep(max(due.wake_at - now, 0.0))
         return
     if (yield from _renewals(core, due)):
