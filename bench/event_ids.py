@@ -3,12 +3,14 @@ statement-level trigger call per INSERT and one primary-key insert per audit row
 of the log's old event-id index) and the stamp check (a WHEN expression).
 
 One database, two schemas side by side: ``v3`` migrated through version 3 only (the
-reference floor: the same heartbeat statement, no claim, no stamp check) and ``v4`` fully
-migrated. The raw heartbeat statement the store sends (``mos_lease_pg.statements``, one
-lease per schema) runs on one connection, interleaved round by round, pinned with the
-others; a batched heartbeat (``heartbeat_many`` of 100 leases) likewise. A second pass runs
-with ``synchronous_commit = off`` for this session, where no commit flush hides the CPU the
-claim adds. ``bench/run.py`` runs it with the other single-connection comparisons; alone:
+reference floor: the same heartbeat statement, no claim, no stamp check; it gets the holder
+metadata column of migration 0007, which today's statement names, and nothing else of
+versions 4 to 8) and ``v4`` fully migrated. The raw heartbeat statement the store sends
+(``mos_lease_pg.statements``, one lease per schema) runs on one connection, interleaved round
+by round, pinned with the others; a batched heartbeat (``heartbeat_many`` of 100 leases)
+likewise. A second pass runs with ``synchronous_commit = off`` for this session, where no
+commit flush hides the CPU the claim adds. ``bench/run.py`` runs it with the other
+single-connection comparisons; alone:
 
     python bench/event_ids.py [--rounds N] [--per-round N]
 """
@@ -68,6 +70,10 @@ def _schemas(dsn: str) -> None:
         migrations_module._ensure_bookkeeping(conn, OLD)
         for migration in migrations_module.available_migrations()[:3]:
             migrations_module._apply(conn, OLD, migration, True)
+        # Today's statement writes the holder metadata (migration 0007): the floor gets the
+        # column alone, none of the checks that came with it or after version 3.
+        conn.execute(f"ALTER TABLE {OLD}.logical_agent_connector_leases ADD COLUMN "
+                     "holder_metadata jsonb NOT NULL DEFAULT '{}'".encode())
     migrate(dsn, schema=NEW, allow_second_copy=True)
 
 
