@@ -11,12 +11,15 @@
 -- guarded_write.sql for why that matters). The final SELECT returns one row per request,
 -- in request order: the time, plus the new lease columns if renewed. {audit} is
 -- audit_renewals.sql, or audit_none.sql when successful heartbeats are not audited.
+--
+-- The arrays are sent in binary (`%(name)b`): in text format psycopg quotes every element,
+-- which took about a quarter of the client's time for a batch of 1,000 leases.
 WITH req AS (
     SELECT *
-    FROM unnest(%(tenant_ids)s::text[], %(logical_agent_ids)s::text[],
-                %(binding_ids)s::text[], %(connector_ids)s::text[], %(lease_ids)s::uuid[],
-                %(epochs)s::bigint[], %(ttls)s::interval[], %(event_ids)s::uuid[],
-                %(correlation_ids)s::text[])
+    FROM unnest(%(tenant_ids)b::text[], %(logical_agent_ids)b::text[],
+                %(binding_ids)b::text[], %(connector_ids)b::text[], %(lease_ids)b::uuid[],
+                %(epochs)b::bigint[], %(ttls)b::interval[], %(event_ids)b::uuid[],
+                %(correlation_ids)b::text[])
         WITH ORDINALITY AS r(tenant_id, logical_agent_id, binding_id, connector_id, lease_id,
                              epoch, ttl, event_id, correlation_id, ord)
 ),
