@@ -26,11 +26,8 @@ or JSON body) is refused ``403 caller_identity`` before the library sees it
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
-import json
-import os
 import sys
 from collections.abc import AsyncIterator
 from typing import Any
@@ -44,8 +41,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from examples.recipes import ledger
-from examples.recipes.config import SCOPES, ConfigError, GatewayConfig, RouteBinding, load_config
+from examples.recipes import command, ledger
+from examples.recipes.command import emit, on_change
+from examples.recipes.config import SCOPES, GatewayConfig, RouteBinding
 from examples.recipes.forward import Relayed, forward
 from examples.recipes.routing import (
     RETRY_AFTER,
@@ -63,25 +61,13 @@ from examples.recipes.screen import MAX_BODY_BYTES, Refusal, Work, screen, too_l
 from mos_lease import AsyncConnectorLeaseCoordinator, StoreUnavailable
 from mos_lease.adapter import run_adapter_async
 from mos_lease.fencing import FencedEffectRefused
-from mos_lease.supervisor import AsyncSupervisor, BindingLost, BindingStarted, Change
+from mos_lease.supervisor import AsyncSupervisor
 from mos_lease_pg import AsyncPostgresLeaseStore
-from mos_lease_pg.admin.roles import DEFAULT_GATEWAY_ROLE
 
 # Errors of the store or the effect's connection: the reply is 503 and nothing is served.
 DOWN = (StoreUnavailable, psycopg.OperationalError, TimeoutError)
 
 
-def emit(event: str, **fields: Any) -> None:
-    """One JSON line on stdout per lifecycle change, for the operator (and the tests)."""
-    print(json.dumps({"event": event, **fields}, default=str), flush=True)
-
-
-def on_change(change: Change) -> None:
-    """Print the supervisor's changes: a binding started or lost here."""
-    if isinstance(change, BindingStarted):
-        emit("binding_started", identity=str(change.identity), epoch=change.lease.epoch)
-    elif isinstance(change, BindingLost):
-        emit("binding_lost", identity=str(change.identity), cause=str(change.loss.cause))
 
 
 @attrs.define
@@ -232,38 +218,20 @@ def build_app(config: GatewayConfig, dsn: str) -> Starlette:
     return Starlette(routes=routes, lifespan=lifespan)
 
 
-def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description="An ASGI gateway routing each binding's requests to its lease holder.")
-    parser.add_argument("command", choices=["serve", "setup"], nargs="?", default="serve")
-    default_dsn = os.environ.get("MOS_LEASE_DSN")
-    parser.add_argument("--dsn", default=default_dsn, required=default_dsn is None,
-                        help="as the gateway role (serve) or a superuser (setup); default "
-                             "$MOS_LEASE_DSN")
-    parser.add_argument("--config", default=None,
-                        help="the configuration's JSON file (default: the JSON in "
-                             "$MOS_LEASE_GATEWAY_CONFIG)")
-    parser.add_argument("--gateway-role", default=DEFAULT_GATEWAY_ROLE,
-                        help="for setup: the role the gateways connect as")
-    return parser.parse_args(argv)
+
+def serve(config: GatewayConfig, dsn: str) -> int:
+    """Run the gateway on uvicorn until SIGTERM or SIGINT (a graceful stop, the lifespan's
+    shutdown included)."""
+    server = uvicorn.Server(uvicorn.Config(
+        build_app(config, dsn), host=config.host, port=config.port, lifespan="on",
+        log_level="warning", access_log=False))
+    server.run()
+    return 0 if server.started else 1
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(sys.argv[1:] if argv is None else argv)
-    if args.command == "setup":
-        ledger.set_up(args.dsn, args.gateway_role)
-        emit("set_up", table=ledger.TABLE, gateway_role=args.gateway_role)
-        return 0
-    try:
-        config = load_config(args.config)
-    except (ConfigError, OSError) as bad:
-        print(f"asgi_gateway: {bad}", file=sys.stderr)
-        return 2
-    server = uvicorn.Server(uvicorn.Config(
-        build_app(config, args.dsn), host=config.host, port=config.port, lifespan="on",
-        log_level="warning", access_log=False))
-    server.run()  # SIGTERM or SIGINT: a graceful stop, the lifespan's shutdown included
-    return 0 if server.started else 1
+    return command.run("asgi_gateway", "An ASGI gateway routing each binding's requests to "
+                       "its lease holder.", argv, serve)
 
 
 if __name__ == "__main__":

@@ -21,9 +21,7 @@ Routes, replies and refusals are the ASGI gateway's (``examples/recipes``).
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import signal
 import socketserver
 import sys
@@ -36,8 +34,9 @@ import attrs
 import psycopg
 from psycopg_pool import ConnectionPool
 
-from examples.recipes import ledger
-from examples.recipes.config import SCOPES, ConfigError, GatewayConfig, RouteBinding, load_config
+from examples.recipes import command, ledger
+from examples.recipes.command import emit, on_change
+from examples.recipes.config import SCOPES, GatewayConfig, RouteBinding
 from examples.recipes.forward import Relayed, forward
 from examples.recipes.routing import (
     RETRY_AFTER,
@@ -55,9 +54,8 @@ from examples.recipes.screen import MAX_BODY_BYTES, Refusal, Work, screen, too_l
 from mos_lease import ConnectorLeaseCoordinator, StoreUnavailable
 from mos_lease.adapter import run_adapter
 from mos_lease.fencing import FencedEffectRefused
-from mos_lease.supervisor import BindingLost, BindingStarted, Change, Supervisor
+from mos_lease.supervisor import Supervisor
 from mos_lease_pg import PostgresLeaseStore
-from mos_lease_pg.admin.roles import DEFAULT_GATEWAY_ROLE
 
 DOWN = (StoreUnavailable, psycopg.OperationalError, TimeoutError)
 StartResponse = Callable[[str, list[tuple[str, str]]], object]
@@ -67,17 +65,6 @@ REASONS = {200: "OK", 400: "Bad Request", 403: "Forbidden", 404: "Not Found",
            502: "Bad Gateway", 503: "Service Unavailable", 508: "Loop Detected"}
 
 
-def emit(event: str, **fields: Any) -> None:
-    """One JSON line on stdout per lifecycle change (the supervisor's thread writes too)."""
-    print(json.dumps({"event": event, **fields}, default=str), flush=True)
-
-
-def on_change(change: Change) -> None:
-    """Print the supervisor's changes: a binding started or lost here."""
-    if isinstance(change, BindingStarted):
-        emit("binding_started", identity=str(change.identity), epoch=change.lease.epoch)
-    elif isinstance(change, BindingLost):
-        emit("binding_lost", identity=str(change.identity), cause=str(change.loss.cause))
 
 
 @attrs.define
@@ -259,34 +246,10 @@ def serve(config: GatewayConfig, dsn: str) -> int:
     return 0
 
 
-def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description="A threaded WSGI gateway routing each binding's requests to its holder.")
-    parser.add_argument("command", choices=["serve", "setup"], nargs="?", default="serve")
-    default_dsn = os.environ.get("MOS_LEASE_DSN")
-    parser.add_argument("--dsn", default=default_dsn, required=default_dsn is None,
-                        help="as the gateway role (serve) or a superuser (setup); default "
-                             "$MOS_LEASE_DSN")
-    parser.add_argument("--config", default=None,
-                        help="the configuration's JSON file (default: the JSON in "
-                             "$MOS_LEASE_GATEWAY_CONFIG)")
-    parser.add_argument("--gateway-role", default=DEFAULT_GATEWAY_ROLE,
-                        help="for setup: the role the gateways connect as")
-    return parser.parse_args(argv)
-
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(sys.argv[1:] if argv is None else argv)
-    if args.command == "setup":
-        ledger.set_up(args.dsn, args.gateway_role)
-        emit("set_up", table=ledger.TABLE, gateway_role=args.gateway_role)
-        return 0
-    try:
-        config = load_config(args.config)
-    except (ConfigError, OSError) as bad:
-        print(f"wsgi_gateway: {bad}", file=sys.stderr)
-        return 2
-    return serve(config, args.dsn)
+    return command.run("wsgi_gateway", "A threaded WSGI gateway routing each binding's "
+                       "requests to its holder.", argv, serve)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,62 @@
+"""The gateways' command line and their output, shared: ``setup`` makes the effect table and
+grants it, ``serve`` (the default) runs the gateway; each lifecycle change is one JSON line on
+stdout, for the operator (and the tests)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from examples.recipes import ledger
+from examples.recipes.config import ConfigError, GatewayConfig, load_config
+from mos_lease.supervisor import BindingLost, BindingStarted, Change
+from mos_lease_pg.admin.roles import DEFAULT_GATEWAY_ROLE
+
+
+def emit(event: str, **fields: Any) -> None:
+    """One JSON line on stdout per lifecycle change (a supervisor's thread writes too)."""
+    print(json.dumps({"event": event, **fields}, default=str), flush=True)
+
+
+def on_change(change: Change) -> None:
+    """Print the supervisor's changes: a binding started or lost here."""
+    if isinstance(change, BindingStarted):
+        emit("binding_started", identity=str(change.identity), epoch=change.lease.epoch)
+    elif isinstance(change, BindingLost):
+        emit("binding_lost", identity=str(change.identity), cause=str(change.loss.cause))
+
+
+def parse_args(argv: Sequence[str], description: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("command", choices=["serve", "setup"], nargs="?", default="serve")
+    default_dsn = os.environ.get("MOS_LEASE_DSN")
+    parser.add_argument("--dsn", default=default_dsn, required=default_dsn is None,
+                        help="as the gateway role (serve) or a superuser (setup); default "
+                             "$MOS_LEASE_DSN")
+    parser.add_argument("--config", default=None,
+                        help="the configuration's JSON file (default: the JSON in "
+                             "$MOS_LEASE_GATEWAY_CONFIG)")
+    parser.add_argument("--gateway-role", default=DEFAULT_GATEWAY_ROLE,
+                        help="for setup: the role the gateways connect as")
+    return parser.parse_args(argv)
+
+
+def run(name: str, description: str, argv: Sequence[str] | None,
+        serve: Callable[[GatewayConfig, str], int]) -> int:
+    """The gateway ``name``'s command: ``setup``, or ``serve`` its configuration with
+    ``serve(config, dsn)``; exit status 2 for a configuration it cannot read."""
+    args = parse_args(sys.argv[1:] if argv is None else argv, description)
+    if args.command == "setup":
+        ledger.set_up(args.dsn, args.gateway_role)
+        emit("set_up", table=ledger.TABLE, gateway_role=args.gateway_role)
+        return 0
+    try:
+        config = load_config(args.config)
+    except (ConfigError, OSError) as bad:
+        print(f"{name}: {bad}", file=sys.stderr)
+        return 2
+    return serve(config, args.dsn)
