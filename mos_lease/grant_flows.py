@@ -18,7 +18,7 @@ from mos_lease.grants import ExecutionGrant
 from mos_lease.identity import LeaseIdentity, check_correlation_id, normalize_ttl
 from mos_lease.machine import IssueGrant, audit_entry, decide, grant_expiry
 from mos_lease.policy import PolicyRequest
-from mos_lease.records import Snapshot
+from mos_lease.records import AuditEntry, Snapshot
 from mos_lease.results import GrantResult, RenewalResult, ValidationResult
 from mos_lease.store_ops import Flow, Load, Record
 from mos_lease.validation import (
@@ -82,18 +82,7 @@ class GrantFlows(FlowOptions):
                            registry_reason, grant.correlation_id)
         reason = validation_refusal_unread(command)
         if reason is None:
-            read: Snapshot | None = None
-            sent = self.monotonic()
-            try:
-                read = yield Load(grant.identity)
-            except StoreUnavailable:
-                # Fail closed. The audit append below is best effort: the store that could
-                # not be read may not take a write either, and then the log line is the record.
-                log.warning("mos_lease: validation denied for %s: store unavailable", identity)
-            in_flight = self.monotonic() - sent
-            if read is not None:
-                self.grants.prune(read.now)
-            reason = read_refusal(command, read, in_flight)
+            read, in_flight, reason = yield from self._reread(command, "validation")
             if reason is None:
                 assert read is not None and read.row is not None
                 return ValidationResult(None, ConnectorExecutionContext(
@@ -126,10 +115,8 @@ class GrantFlows(FlowOptions):
             correlation = given_correlation or self.ids().hex
             entry = validation_audit(self.ids(), Reason.GRANT_UNKNOWN, identity,
                                      "unrecognized", None, correlation)
-            try:
-                yield Record(attrs.evolve(entry, event=LifecycleEvent.GRANT_ISSUE))
-            except (StoreUnavailable, CommitOutcomeUnknown):
-                log.warning("mos_lease: could not audit denied renewal %s", entry.event_id)
+            yield from _audit_denial(attrs.evolve(entry, event=LifecycleEvent.GRANT_ISSUE),
+                                     "renewal")
             return RenewalResult(Reason.GRANT_UNKNOWN, correlation)
         assert isinstance(grant, ExecutionGrant)
         correlation = given_correlation or grant.correlation_id
@@ -145,16 +132,7 @@ class GrantFlows(FlowOptions):
             reason = verdict.reason if not verdict.allowed else None
         if reason is not None:
             return (yield from self._deny_renewal(issue, reason, grant.epoch))
-        read: Snapshot | None = None
-        sent = self.monotonic()
-        try:
-            read = yield Load(grant.identity)
-        except StoreUnavailable:
-            log.warning("mos_lease: grant renewal denied for %s: store unavailable", identity)
-        in_flight = self.monotonic() - sent
-        if read is not None:
-            self.grants.prune(read.now)
-        reason = read_refusal(old, read, in_flight)
+        read, in_flight, reason = yield from self._reread(old, "grant renewal")
         if reason is None:
             assert read is not None and read.row is not None
             expires_at = grant_expiry(read.row, read.now, norm_ttl)
@@ -179,11 +157,7 @@ class GrantFlows(FlowOptions):
                       epoch: int) -> Flow[RenewalResult]:
         log.info("mos_lease: grant renewal denied for %s connector=%s reason=%s",
                  issue.identity, issue.connector_id, reason)
-        try:
-            yield Record(audit_entry(issue, reason, epoch))
-        except (StoreUnavailable, CommitOutcomeUnknown):
-            # The refusal stands whether or not its audit row made it.
-            log.warning("mos_lease: could not audit denied renewal %s", issue.event_id)
+        yield from _audit_denial(audit_entry(issue, reason, epoch), "renewal")
         return RenewalResult(reason, issue.correlation_id)
 
     def _deny_validation(self, reason: Reason, identity: LeaseIdentity, connector_id: str,
@@ -192,9 +166,33 @@ class GrantFlows(FlowOptions):
                                  correlation_id)
         log.info("mos_lease: validation denied for %s connector=%s reason=%s", identity,
                  connector_id, reason)
-        try:
-            yield Record(entry)
-        except (StoreUnavailable, CommitOutcomeUnknown):
-            # The refusal stands whether or not its audit row made it.
-            log.warning("mos_lease: could not audit denied validation %s", entry.event_id)
+        yield from _audit_denial(entry, "validation")
         return ValidationResult(reason)
+
+    def _reread(self, command: Validate, what: str
+                ) -> Flow[tuple[Snapshot | None, float, Reason | None]]:
+        """Reread the lease of ``command``'s grant, after the call began, and judge the grant
+        by it (:func:`~mos_lease.validation.read_refusal`): the read (``None`` when the store
+        could not be read), the seconds it was in flight, and the refusal, if any."""
+        read: Snapshot | None = None
+        sent = self.monotonic()
+        try:
+            read = yield Load(command.granted_identity)
+        except StoreUnavailable:
+            # Fail closed. The denial's audit append is best effort: the store that could
+            # not be read may not take a write either, and then the log line is the record.
+            log.warning("mos_lease: %s denied for %s: store unavailable", what,
+                        command.identity)
+        in_flight = self.monotonic() - sent
+        if read is not None:
+            self.grants.prune(read.now)
+        return read, in_flight, read_refusal(command, read, in_flight)
+
+
+def _audit_denial(entry: AuditEntry, what: str) -> Flow[None]:
+    """Append a refusal's audit row, best effort: the refusal stands whether or not its row
+    made it (the log line is the record then)."""
+    try:
+        yield Record(entry)
+    except (StoreUnavailable, CommitOutcomeUnknown):
+        log.warning("mos_lease: could not audit denied %s %s", what, entry.event_id)
