@@ -4,6 +4,7 @@ connection, and the raw statements taken from the adapter itself."""
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Iterator, Mapping
 from datetime import timedelta
 from typing import Any
@@ -42,6 +43,16 @@ class BenchError(Exception):
 class CorrectnessError(Exception):
     """Something the benchmark asserts did not hold (two winners in a round, a loser that
     got an exception instead of a typed refusal, ...): exit status 3."""
+
+
+def failed(error: BenchError | CorrectnessError) -> int:
+    """Say why a benchmark stopped and give its exit status: 2 when it could not run (no
+    server, say), 3 when a correctness check failed."""
+    if isinstance(error, BenchError):
+        print(f"cannot run: {error}", file=sys.stderr)
+        return 2
+    print(f"correctness check failed: {error}", file=sys.stderr)
+    return 3
 
 
 def server() -> PgServer:

@@ -53,7 +53,15 @@ import _path  # noqa: F401  (the repository's own mos_lease, before anything imp
 import attrs
 import psycopg
 import supervisor
-from common import LEASE_TTL, SCOPES, BenchError, CorrectnessError, server, throwaway_database
+from common import (
+    LEASE_TTL,
+    SCOPES,
+    BenchError,
+    CorrectnessError,
+    failed,
+    server,
+    throwaway_database,
+)
 
 from mos_lease import (
     AllowAllPolicy,
@@ -585,12 +593,8 @@ def main(argv: list[str] | None = None) -> int:
                              progress)
         finally:
             srv.stop()
-    except BenchError as error:
-        print(f"cannot run: {error}", file=sys.stderr)
-        return 2
-    except CorrectnessError as error:
-        print(f"correctness check failed: {error}", file=sys.stderr)
-        return 3
+    except (BenchError, CorrectnessError) as error:
+        return failed(error)
     for line in report(result):
         print(line)
     print(f"load average at end {os.getloadavg()[0]:.2f} (a shared machine: absolute rates "

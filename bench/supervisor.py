@@ -39,7 +39,7 @@ from typing import Any
 
 import _path  # noqa: F401  (the repository's own mos_lease, before anything imports it)
 import attrs
-from common import SCOPES, BenchError, CorrectnessError, server, throwaway_database
+from common import SCOPES, BenchError, CorrectnessError, failed, server, throwaway_database
 
 from mos_lease import (
     AllowAllPolicy,
@@ -489,12 +489,8 @@ def main(argv: list[str] | None = None) -> int:
               "rates are noise; compare the ratios)")
         if any(r.lost for r in results):
             raise CorrectnessError("a binding was lost while the store was healthy")
-    except BenchError as error:
-        print(f"cannot run: {error}", file=sys.stderr)
-        return 2
-    except CorrectnessError as error:
-        print(f"correctness check failed: {error}", file=sys.stderr)
-        return 3
+    except (BenchError, CorrectnessError) as error:
+        return failed(error)
     return 0
 
 

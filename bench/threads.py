@@ -38,7 +38,7 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 
 import _path  # noqa: F401  (the repository's own mos_lease, before anything imports it)
-from common import SCOPES, BenchError, CorrectnessError, server, throwaway_database
+from common import SCOPES, BenchError, CorrectnessError, failed, server, throwaway_database
 
 from mos_lease import AllowAllPolicy, ConnectorLeaseCoordinator, LeaseIdentity, Reason
 from mos_lease_pg import ConnectionSettings, PostgresLeaseStore, make_pool
@@ -176,12 +176,8 @@ def main(argv: list[str]) -> int:
             if reason is not Reason.GRANT_UNKNOWN:
                 raise CorrectnessError(f"another coordinator said {reason}")
             measure(dsn, args)
-    except BenchError as error:
-        print(f"cannot run: {error}", file=sys.stderr)
-        return 2
-    except CorrectnessError as error:
-        print(f"correctness check failed: {error}", file=sys.stderr)
-        return 3
+    except (BenchError, CorrectnessError) as error:
+        return failed(error)
     return 0
 
 
