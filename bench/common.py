@@ -15,6 +15,7 @@ import psycopg
 from psycopg import sql
 
 from mos_lease import LeaseIdentity
+from mos_lease.ids import uuid7
 from mos_lease.machine import Write
 from mos_lease.records import AuditEntry
 from mos_lease.vocabulary import LifecycleEvent, Outcome
@@ -120,7 +121,7 @@ def raw_load(store: PostgresLeaseStore, identity: LeaseIdentity) -> Raw:
 
 def entry(event: LifecycleEvent, outcome: Outcome, identity: LeaseIdentity, connector_id: str,
           epoch: int | None, event_id: UUID | None = None) -> AuditEntry:
-    return AuditEntry(event_id or uuid4(), event, outcome, None, identity, connector_id, epoch,
+    return AuditEntry(event_id or uuid7(), event, outcome, None, identity, connector_id, epoch,
                       uuid4().hex)
 
 

@@ -1,13 +1,18 @@
 """Other ways to hold an event id to one audit row, measured against migration 0004's.
 
-Migration 0004 claims every audit row's event id from an AFTER INSERT statement trigger (a
-transition table) on the log and every partition. This compares, on one connection,
-interleaved round by round, with the cases of ``event_ids.py`` (heartbeat, a batched
-heartbeat of 100, and heartbeat without a commit flush), four schemas side by side:
+Migration 0004 claimed every audit row's event id from an AFTER INSERT statement trigger (a
+transition table) on the log and every partition; migration 0009 replaced that claim. This
+compares, on one connection, interleaved round by round, with the cases of ``event_ids.py``
+(heartbeat, a batched heartbeat of 100, and heartbeat without a commit flush), these schemas
+side by side:
 
 * ``v3``: migrated through version 3 only (the floor ``event_ids.py`` measures against);
-* ``v4``: fully migrated (the statement trigger);
-* ``fk``: fully migrated, the trigger dropped; instead the log (and so every partition)
+* ``v8``: migrated through version 8 (0004's statement trigger); every variant below but
+  ``v4`` starts from it;
+* ``v4``: fully migrated (named so for history): today's design, 0009's ids placed by their
+  minting time (a unique index per partition, a CHECK of uuid constants, a claim only
+  within a day of a month's turn);
+* ``fk``: version 8, the trigger dropped; instead the log (and so every partition)
   has a FOREIGN KEY (event_id, seq, recorded_at) to the claims, which are UNIQUE on those
   three columns as well as keyed by event id; the statement inserts the claim itself, from
   the audit row's RETURNING, in a sibling data-modifying CTE (the key is checked at the
@@ -17,7 +22,7 @@ heartbeat of 100, and heartbeat without a commit flush), four schemas side by si
   first row's claim;
 * ``floor``: as ``fk`` but with no foreign key: the claim the library writes, with nothing
   making other paths claim (what any guard costs on top of the claim itself);
-* ``row``: fully migrated, the statement trigger replaced by an AFTER INSERT trigger FOR
+* ``row``: version 8, the statement trigger replaced by an AFTER INSERT trigger FOR
   EACH ROW on the log (cloned to every partition by PostgreSQL), which claims ``NEW``'s id:
   no transition table is kept, but one trigger event is queued per row;
 * ``before``: as ``row``, but BEFORE INSERT: the claim is made as the row is formed (its
@@ -55,7 +60,7 @@ from pinning import pin
 from mos_lease.machine import Renew
 from mos_lease.vocabulary import LifecycleEvent, Outcome
 from mos_lease_pg import statements
-from mos_lease_pg.admin import migrate
+from mos_lease_pg.admin import migrations as migrations_module
 
 FK = "bench_fk"
 FLOOR = "bench_floor"
@@ -78,9 +83,18 @@ def _claiming(schema: str) -> event_ids.Rewrite:
     return rewrite
 
 
+def _through_8(dsn: str, schema: str) -> None:
+    """Migrate ``schema`` through version 8: 0004's claim of every row, before 0009."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}".encode())
+        migrations_module._ensure_bookkeeping(conn, schema)
+        for migration in migrations_module.available_migrations()[:8]:
+            migrations_module._apply(conn, schema, migration, True)
+
+
 def _variant(dsn: str, schema: str, *, foreign_key: bool = False,
              row_trigger: str | None = None) -> None:
-    migrate(dsn, schema=schema, allow_second_copy=True)
+    _through_8(dsn, schema)
     with psycopg.connect(dsn, autocommit=True) as conn:
         log = f"{schema}.connector_lease_audit_log"
         parts = [row[0] for row in conn.execute(
@@ -148,17 +162,22 @@ def _local(dsn: str, schema: str) -> None:
                      .encode())
 
 
+V8 = "bench_v8"
+
+
 def run(dsn: str, *, rounds: int, per_round: int) -> dict[str, dict[str, Series]]:
     event_ids._schemas(dsn)
+    _through_8(dsn, V8)
     _variant(dsn, FK, foreign_key=True)
     _variant(dsn, FLOOR)
     _variant(dsn, ROW, row_trigger="AFTER")
     _variant(dsn, BEFORE, row_trigger="BEFORE")
     _local(dsn, LOCAL)
-    rewrites = {event_ids.OLD: event_ids._same, event_ids.NEW: event_ids._same,
+    rewrites = {event_ids.OLD: event_ids._same, V8: event_ids._same,
+                event_ids.NEW: event_ids._same,
                 FK: _claiming(FK), FLOOR: _claiming(FLOOR), ROW: event_ids._same,
                 BEFORE: event_ids._same, LOCAL: event_ids._same}
-    mints = {LOCAL: uuid7}
+    mints = {LOCAL: uuid7, event_ids.NEW: uuid7}
     with psycopg.connect(dsn, autocommit=True) as conn:
         pinning = pin(conn, cpu=None, enabled=True)
         try:
@@ -226,8 +245,8 @@ def main(argv: list[str] | None = None) -> int:
             measured = run(dsn, rounds=args.rounds, per_round=args.per_round)
     finally:
         srv.stop()
-    names = {event_ids.NEW: "trigger (0004)", FK: "foreign key", FLOOR: "no guard",
-             ROW: "row trigger", BEFORE: "before-row trigger", LOCAL: "local"}
+    names = {V8: "trigger (0004)", event_ids.NEW: "by time (0009)", FK: "foreign key",
+             FLOOR: "no guard", ROW: "row trigger", BEFORE: "before-row trigger", LOCAL: "local"}
     for label, series in measured.items():
         old = series[event_ids.OLD]
         print(f"{label:<22} schema 3 {old.ops_per_s:>9,.0f}/s  " + "  ".join(

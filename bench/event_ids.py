@@ -32,6 +32,7 @@ from measure import Case, Series, interleave, throughput_ratio
 from pinning import pin
 
 from mos_lease import LeaseIdentity
+from mos_lease.ids import uuid7
 from mos_lease.machine import Insert, Renew
 from mos_lease.vocabulary import LifecycleEvent, Outcome
 from mos_lease_pg import statements
@@ -89,7 +90,7 @@ Mint = Callable[[], UUID]
 
 
 def _leases(conn: psycopg.Connection[Any], schema: str, tenant: str,
-            n: int, rewrite: Rewrite = _same, mint: Mint = uuid4) -> list[Renew]:
+            n: int, rewrite: Rewrite = _same, mint: Mint = uuid7) -> list[Renew]:
     renewals = []
     for k in range(n):
         identity = LeaseIdentity(tenant, "agent", f"b{k}")
@@ -104,7 +105,7 @@ def _leases(conn: psycopg.Connection[Any], schema: str, tenant: str,
 
 
 def _heartbeat(conn: psycopg.Connection[Any], schema: str, renew: Renew,
-               rewrite: Rewrite = _same, mint: Mint = uuid4) -> Case:
+               rewrite: Rewrite = _same, mint: Mint = uuid7) -> Case:
     prepared: list[tuple[bytes, dict[str, Any]]] = []
 
     def setup(n: int) -> None:
@@ -124,7 +125,7 @@ def _heartbeat(conn: psycopg.Connection[Any], schema: str, renew: Renew,
 
 
 def _batch(conn: psycopg.Connection[Any], schema: str, renewals: list[Renew],
-           rewrite: Rewrite = _same, mint: Mint = uuid4) -> Case:
+           rewrite: Rewrite = _same, mint: Mint = uuid7) -> Case:
     prepared: list[tuple[bytes, dict[str, Any]]] = []
 
     def setup(n: int) -> None:

@@ -15,7 +15,6 @@ import inspect
 import logging
 import os
 import time
-import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any, Final, Generic, TypeVar
@@ -30,6 +29,7 @@ from mos_lease.flow_options import DEFAULT_MAX_CONFLICT_RETRIES
 from mos_lease.flows import Flows
 from mos_lease.grants import ExecutionGrant
 from mos_lease.identity import GRANT_TTL_CAP, LEASE_TTL_CAP, LeaseIdentity
+from mos_lease.ids import uuid7
 from mos_lease.observed import Observation
 from mos_lease.operation import SHARED_START
 from mos_lease.policy import ConnectorLeaseService
@@ -100,7 +100,7 @@ class _Coordinator(Generic[S]):
         *,
         lease_ttl_cap: timedelta | float = LEASE_TTL_CAP,
         grant_ttl_cap: timedelta | float = GRANT_TTL_CAP,
-        id_source: IdSource = uuid.uuid4,
+        id_source: IdSource = uuid7,
         max_conflict_retries: int = DEFAULT_MAX_CONFLICT_RETRIES,
         monotonic_clock: MonotonicClock = default_clock,
         on_event: EventHook | None = None,
@@ -151,7 +151,8 @@ class AsyncConnectorLeaseCoordinator(_Coordinator[AsyncLeaseStore]):
     other kind is refused here with a :class:`~mos_lease.errors.ConfigurationError` naming
     the coordinator it needs. ``policy`` defaults to deny-all. The TTL caps
     (``lease_ttl_cap``: 5 minutes, ``grant_ttl_cap``: 30 seconds) may only be lowered.
-    ``id_source`` makes the lease, event and grant ids (default ``uuid.uuid4``);
+    ``id_source`` makes the lease, event and grant ids (default :func:`mos_lease.ids.uuid7`:
+    time-ordered, as the PostgreSQL store requires of event ids);
     ``max_conflict_retries`` bounds the reads and writes of one operation that keeps losing
     races (default 8); ``monotonic_clock`` measures time in flight. ``on_event`` (default
     ``None``) is called with a :mod:`mos_lease.events` event for every store call and every
@@ -301,7 +302,8 @@ class ConnectorLeaseCoordinator(_Coordinator[LeaseStore]):
     other kind is refused here with a :class:`~mos_lease.errors.ConfigurationError` naming
     the coordinator it needs. ``policy`` defaults to deny-all. The TTL caps
     (``lease_ttl_cap``: 5 minutes, ``grant_ttl_cap``: 30 seconds) may only be lowered.
-    ``id_source`` makes the lease, event and grant ids (default ``uuid.uuid4``);
+    ``id_source`` makes the lease, event and grant ids (default :func:`mos_lease.ids.uuid7`:
+    time-ordered, as the PostgreSQL store requires of event ids);
     ``max_conflict_retries`` bounds the reads and writes of one operation that keeps losing
     races (default 8); ``monotonic_clock`` measures time in flight. ``on_event`` (default
     ``None``) is called with a :mod:`mos_lease.events` event for every store call and every

@@ -16,7 +16,8 @@ from mos_lease.machine import Renew, Write
 from mos_lease.records import AuditEntry, AuditRecord, LeaseRow, Snapshot, WriteOutcome
 
 IdSource = Callable[[], UUID]
-"""Makes the lease ids, event ids and grant ids; ``uuid.uuid4`` in production."""
+"""Makes the lease ids, event ids and grant ids; :func:`mos_lease.ids.uuid7` in production
+(time-ordered: the PostgreSQL store requires it of event ids)."""
 
 
 class LeaseStore(Protocol):

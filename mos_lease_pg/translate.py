@@ -22,6 +22,7 @@ The one question that matters is whether a statement could have taken effect:
 
 from __future__ import annotations
 
+import re
 from typing import Final
 from uuid import UUID
 
@@ -112,13 +113,25 @@ class Failure:
     connection_lost: bool
 
 
-# The primary key of the event ids the audit log has applied (migration 0004).
+# The primary key of the event ids claimed (migration 0004), and each audit partition's
+# unique index on event_id, named by PostgreSQL "<partition>_event_id_idx[N]" (migration
+# 0009): either refuses an id applied twice.
 EVENT_CLAIM: Final = "connector_lease_event_ids_pkey"
+_EVENT_INDEX: Final = re.compile(r"connector_lease_audit_log_\w*_event_id_idx\d*")
+# The CHECK holding a new audit row's event id to version 7, minted near its month (0009).
+EVENT_TIME: Final = "connector_lease_audit_log_event_id_time"
 
 
 def _already_applied(exc: psycopg.Error) -> bool:
-    return (isinstance(exc, psycopg.errors.UniqueViolation)
-            and exc.diag.constraint_name == EVENT_CLAIM)
+    if not isinstance(exc, psycopg.errors.UniqueViolation):
+        return False
+    name = exc.diag.constraint_name or ""
+    return name == EVENT_CLAIM or _EVENT_INDEX.fullmatch(name) is not None
+
+
+def _event_id_refused(exc: psycopg.Error) -> bool:
+    return (isinstance(exc, psycopg.errors.CheckViolation)
+            and exc.diag.constraint_name == EVENT_TIME)
 
 
 def statement_failure(exc: psycopg.Error, *, what: str, write_event: UUID | None) -> Failure:
@@ -139,6 +152,14 @@ def statement_failure(exc: psycopg.Error, *, what: str, write_event: UUID | None
         error = CommitOutcomeUnknown(
             write_event, f"{what} refused: event {write_event} is applied already (an "
             f"earlier attempt of this write committed): {detail}")
+    elif _event_id_refused(exc):
+        # Nothing was written. The id source or the gateway's clock is wrong, not the store:
+        # every write would be refused the same way, so it must not look transient.
+        error = ConfigurationError(
+            f"{what} refused: its audit event id is not a time-ordered (version 7) UUID "
+            "minted within a day of the database clock's month: give the coordinator an "
+            "id_source of such ids (the default, mos_lease.ids.uuid7) and keep the gateway's "
+            f"clock near the database's (`mos-lease check` reports the offset): {detail}")
     elif isinstance(exc, psycopg.IntegrityError):
         error = InternalInconsistency(f"the schema refused the {what}: {detail}")
     elif exc.sqlstate == _SHARED_SESSION:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -27,6 +28,7 @@ from mos_lease import (
     StoreUnavailable,
 )
 from mos_lease.clock import ManualClock
+from mos_lease.ids import uuid7_of
 from mos_lease.machine import Renew, Write
 from mos_lease.records import AuditEntry, AuditRecord, LeaseRow, Snapshot, WriteOutcome
 from mos_lease_memory import InMemoryLeaseStore
@@ -47,8 +49,14 @@ def fresh_prefix() -> int:
         return next(_prefixes)
 
 
+MINTED_MS = time.time_ns() // 1_000_000
+"""The millisecond every reproducible id of this test process carries (the PostgreSQL store
+requires time-ordered event ids minted near the database's clock: migration 0009)."""
+
+
 class CountingIds:
-    """A deterministic, thread-safe id source: ``UUID(int=prefix << 64 | n)``, n = 1, 2, ...
+    """A deterministic, thread-safe id source: version-7 UUIDs of :data:`MINTED_MS` whose
+    other bits are ``prefix << 34 | n``, n = 1, 2, ...
 
     Two sources with the same prefix produce the same sequence (used to compare the sync and
     async coordinators); different prefixes never collide (several coordinators on one store
@@ -64,7 +72,7 @@ class CountingIds:
     def __call__(self) -> UUID:
         with self._lock:
             self.issued += 1
-            return UUID(int=(self.prefix << 64) | next(self._counter))
+            return uuid7_of(MINTED_MS, (self.prefix << 34) | next(self._counter))
 
 
 @attrs.define

@@ -59,6 +59,9 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from mos_lease.ids import uuid7_of
+from tests.helpers import MINTED_MS
+
 # The rule itself lives in tests/tools.py, which imports no psycopg: tests/conftest.py reads it.
 from tests.tools import ENV_REQUIRE_PG
 from tests.tools import require_pg as require_pg  # noqa: PLC0414 (re-exported, for mypy)
@@ -597,7 +600,8 @@ def gather(workers: Sequence[multiprocessing.process.BaseProcess], results: Any,
 
 
 class CountingIds:
-    """An id source of distinct, reproducible UUIDs: a 64-bit namespace and a counter.
+    """An id source of distinct, reproducible UUIDs: version 7, of the test process's
+    :data:`~tests.helpers.MINTED_MS`, with a namespace (its low 40 bits) and a counter.
 
     Two sources with the same namespace hand out the same sequence, which is how two stores
     are driven through identical operations.
@@ -608,4 +612,4 @@ class CountingIds:
         self._count = itertools.count(1)
 
     def __call__(self) -> UUID:
-        return UUID(int=(self.namespace << 64) | next(self._count))
+        return uuid7_of(MINTED_MS, (self.namespace << 34) | next(self._count))

@@ -16,6 +16,7 @@ from datetime import timedelta
 from uuid import UUID, uuid4
 
 from mos_lease.identity import MAX_EPOCH, LeaseIdentity
+from mos_lease.ids import uuid7
 from mos_lease.machine import Close, Insert, Renew, Rotate, Write, write_outcome
 from mos_lease.metadata import EMPTY_METADATA, Metadata
 from mos_lease.ports import LeaseStore
@@ -33,7 +34,7 @@ _EVENTS: dict[type[Write], tuple[LifecycleEvent, Outcome]] = {
 
 def _entry(write: Write, connector_id: str) -> AuditEntry:
     event, outcome = _EVENTS[type(write)]
-    return AuditEntry(uuid4(), event, outcome, None, write.identity, connector_id, None,
+    return AuditEntry(uuid7(), event, outcome, None, write.identity, connector_id, None,
                       "contract")
 
 
@@ -125,7 +126,7 @@ def run_store_contract(harness_factory: Callable[[], StoreHarness], *, steps: in
             harness.advance(timedelta(seconds=rng.choice([3, 31])))
 
     # Refusals and grant issues are appended as they are.
-    refusal = AuditEntry(uuid4(), LifecycleEvent.GRANT_VALIDATE, Outcome.DENIED, None,
+    refusal = AuditEntry(uuid7(), LifecycleEvent.GRANT_VALIDATE, Outcome.DENIED, None,
                          identities[0], "c1", 3, "contract")
     store.record(refusal)
     assert store.event_committed(refusal.event_id)

@@ -32,6 +32,7 @@ from mos_lease import (
     LeaseIdentity,
     StoreUnavailable,
 )
+from mos_lease.ids import uuid7
 from mos_lease.machine import Renew
 from mos_lease.records import AuditEntry
 from mos_lease.vocabulary import LifecycleEvent, Outcome
@@ -69,7 +70,7 @@ def held_lease(dsn: str, identity: LeaseIdentity) -> tuple[Renew, AuditEntry]:
             identity, "c1", scopes=SCOPES, ttl=60)
     assert acquired.ok and acquired.lease is not None
     lease = acquired.lease
-    entry = AuditEntry(uuid4(), LifecycleEvent.HEARTBEAT, Outcome.RENEWED, None, identity,
+    entry = AuditEntry(uuid7(), LifecycleEvent.HEARTBEAT, Outcome.RENEWED, None, identity,
                        "c1", lease.epoch, "failover-test")
     return Renew(identity, "c1", lease.lease_id, lease.epoch, timedelta(seconds=60)), entry
 

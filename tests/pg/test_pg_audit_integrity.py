@@ -7,9 +7,10 @@ its own; a populated log of version 3 upgrades in place."""
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Callable, Iterator
-from datetime import UTC, date, datetime
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +18,15 @@ import psycopg
 import pytest
 from psycopg import errors, sql
 
-from mos_lease import CommitOutcomeUnknown, LeaseIdentity
+from mos_lease import (
+    AllowAllPolicy,
+    CommitOutcomeUnknown,
+    ConfigurationError,
+    ConnectorLeaseCoordinator,
+    LeaseIdentity,
+)
 from mos_lease.errors import InternalInconsistency
+from mos_lease.ids import uuid7
 from mos_lease.machine import Close, Insert, Renew, Rotate
 from mos_lease.records import AuditEntry, LeaseRow
 from mos_lease_pg import PostgresLeaseStore
@@ -32,6 +40,7 @@ from tests.pg_fixtures import PgSchema, StoreFactory
 
 pytestmark = pytest.mark.pg
 
+EVENT_TIME = "connector_lease_audit_log_event_id_time"
 STAMP_REFUSED = r"stamped by the database clock|finite"
 COLUMNS = ("event_id, event, outcome, reason, tenant_id, logical_agent_id, binding_id, "
            "connector_id, epoch, correlation_id, recorded_at")
@@ -146,14 +155,77 @@ def test_a_record_or_a_plain_insert_of_an_applied_event_id_is_refused_in_any_mon
                        entry.connector_id, entry.epoch, "another")
     with pytest.raises(InternalInconsistency, match="already recorded"):
         pg_store.record(clash)
-    # Any other path, by any role with the triggers on: in this month, or in another month's
-    # partition (where no unique index of the log could see the first row).
+    # Any other path, by any role with the triggers on: in this month (its partition's unique
+    # index), or in another month's partition, which takes no id minted this far from it.
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        with pytest.raises(errors.UniqueViolation, match="connector_lease_event_ids_pkey"):
+        with pytest.raises(errors.UniqueViolation, match="_event_id_idx"):
             _append(conn, "mos_lease", entry.event_id)
-        with pytest.raises(errors.UniqueViolation, match="connector_lease_event_ids_pkey"):
+        with pytest.raises(errors.CheckViolation, match=EVENT_TIME):
             _append(conn, "mos_lease", entry.event_id, "clock_timestamp() + interval '62 days'")
     assert _count(pg_dsn, "mos_lease", entry.event_id) == 1
+
+
+def _month_turn(months_ahead: int) -> datetime:
+    now = datetime.now(UTC)
+    month = now.month - 1 + months_ahead
+    return datetime(now.year + month // 12, month % 12 + 1, 1, tzinfo=UTC)
+
+
+# An id minted within a day of a month's turn may lie in the partitions on both sides of it:
+# (which turn, in months after this month's start; the id's minting time, then the two rows'
+# stamps, in seconds from that turn). The test schema has partitions for this month and the
+# three after it, and the DEFAULT catches the months after those.
+TWICE = {
+    "minted before the turn, stamped on both sides": (2, -3600, -7200, 600),
+    "minted after the turn, stamped on both sides": (2, 3600, -600, 7200),
+    "minted almost a day before the turn": (2, -86_000, -86_300, 60),
+    "minted before the turn, stamped twice before it": (2, -3600, -7200, -60),
+    "stamped in a partition, then in the DEFAULT": (4, -60, -120, 120),
+    "stamped twice in the DEFAULT": (4, 3600, 60, 7200),
+}
+
+
+@pytest.mark.parametrize("case", TWICE)
+def test_an_event_id_near_a_month_turn_is_applied_once_on_either_side(
+        pg_store: PostgresLeaseStore, pg_dsn: str, case: str) -> None:
+    ahead, minted, first, second = TWICE[case]
+    turn = _month_turn(ahead).timestamp()
+    event_id = uuid7(int((turn + minted) * 1e9))
+    stamp = "%s::timestamptz"  # ahead of the clock: the test schema allows that (10 years)
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        _append(conn, "mos_lease", event_id, stamp, (datetime.fromtimestamp(turn + first, UTC),))
+        with pytest.raises(errors.UniqueViolation,
+                           match=r"connector_lease_event_ids_pkey|_event_id_idx"):
+            _append(conn, "mos_lease", event_id, stamp,
+                    (datetime.fromtimestamp(turn + second, UTC),))
+    assert _count(pg_dsn, "mos_lease", event_id) == 1
+
+
+# Ids the log takes no more: not time-ordered, or minted too far from the month they would
+# be stamped in (a month's partition, or the DEFAULT beyond the partitions made).
+FOREIGN = {
+    "a random (version 4) id": (uuid.uuid4, 0),
+    "an id minted two days before its month": (lambda: uuid7_days(-2), 1),
+    "an id minted a year ahead": (lambda: uuid7_days(365), 0),
+    "an id minted a day away from its stamp in the DEFAULT": (lambda: uuid7_days(150), 151),
+}
+
+
+def uuid7_days(days: float) -> uuid.UUID:
+    """An id minted ``days`` from the start of next month."""
+    return uuid7(int((_month_turn(1).timestamp() + days * 86400) * 1e9))
+
+
+@pytest.mark.parametrize("case", FOREIGN)
+def test_an_event_id_not_minted_near_its_month_is_refused(
+        pg_store: PostgresLeaseStore, pg_dsn: str, case: str) -> None:
+    mint, stamped_days = FOREIGN[case]
+    event_id = mint()
+    at = datetime.fromtimestamp(_month_turn(1).timestamp() + stamped_days * 86400 + 3600, UTC)
+    with (psycopg.connect(pg_dsn, autocommit=True) as conn,
+          pytest.raises(errors.CheckViolation, match=EVENT_TIME)):
+        _append(conn, "mos_lease", event_id, "%s::timestamptz", (at,))
+    assert _count(pg_dsn, "mos_lease", event_id) == 0
 
 
 @pytest.fixture(scope="module")
@@ -168,9 +240,9 @@ def layout(pg_dsn: str) -> Iterator[Layout]:
                                    "'-infinity'", "statement_timestamp() - interval '1 ms'"])
 def test_the_gateway_role_cannot_stamp_an_audit_row(layout: Layout, stamp: str) -> None:
     with psycopg.connect(layout.gateway_dsn, autocommit=True) as conn:
-        _append(conn, layout.schema, uuid.uuid4())  # its own clock's time: accepted
+        _append(conn, layout.schema, uuid7())  # its own clock's time: accepted
         with pytest.raises(errors.RestrictViolation, match=STAMP_REFUSED):
-            _append(conn, layout.schema, uuid.uuid4(), stamp)
+            _append(conn, layout.schema, uuid7(), stamp)
         # The record function takes no offset any more, and holds its stamp to the clock.
         offset_kind = conn.execute(sql.SQL(
             "SELECT to_regprocedure(%s)"), (
@@ -182,7 +254,7 @@ def test_the_gateway_role_cannot_stamp_an_audit_row(layout: Layout, stamp: str) 
                 "SELECT {}.mos_lease_record_audit({}, %s, 'acquire', 'denied', 'lease_held', "
                 "'t', 'a', 'b', 'c', NULL, 'corr', " + stamp + ")").format(
                 sql.Identifier(layout.schema),
-                sql.Literal(f'"{layout.schema}".{AUDIT}')), (uuid.uuid4(),))
+                sql.Literal(f'"{layout.schema}".{AUDIT}')), (uuid7(),))
 
 
 def _this_month() -> date:
@@ -259,6 +331,11 @@ def _month_start(offset: int) -> datetime:
     return datetime(month // 12, month % 12 + 1, 1, tzinfo=UTC)
 
 
+def _minted(moment: datetime) -> uuid.UUID:
+    """An event id minted at ``moment``, for a row stamped then (migration 0009)."""
+    return uuid7(int(moment.timestamp() * 1e9))
+
+
 def test_rows_of_months_around_an_existing_partition_are_adopted_each_on_its_own(
         pg_migrated_schema_dsn: PgSchema) -> None:
     target = pg_migrated_schema_dsn
@@ -271,7 +348,7 @@ def test_rows_of_months_around_an_existing_partition_are_adopted_each_on_its_own
             sql.Identifier(target.schema), sql.Identifier(AUDIT),
             sql.Literal(_month_start(6)), sql.Literal(_month_start(7))))
         for months in (5, 7, 7):
-            _append(conn, target.schema, uuid.uuid4(),
+            _append(conn, target.schema, _minted(_month_start(months) + timedelta(hours=1)),
                     "%s::timestamptz + interval '1 hour'", (_month_start(months),))
     before = _rows(target.dsn, target.schema)
     made = retention.make_partitions(target.dsn, target.schema, 3)
@@ -287,7 +364,7 @@ def test_rows_of_months_around_an_existing_partition_are_adopted_each_on_its_own
         with pytest.raises(errors.UniqueViolation):
             _append(conn, target.schema, event_id)
         # A statement naming a partition (the owner may) claims through its own trigger.
-        named = uuid.uuid4()
+        named = _minted(_month_start(7) + timedelta(hours=2))
         # OVERRIDING SYSTEM VALUE: from PostgreSQL 17 a partition has the log's identity column.
         conn.execute(sql.SQL("INSERT INTO {}.{} (seq, " + COLUMNS + ") OVERRIDING SYSTEM VALUE "
                              "VALUES (nextval("
@@ -324,7 +401,7 @@ def test_a_populated_version_3_log_upgrades_in_place(version_3: PgSchema,
             _append(conn, schema, twice)
         _append(conn, schema, uuid.uuid4())
     before = _rows(version_3.dsn, schema)
-    assert migrate(version_3.dsn, schema=schema, allow_second_copy=True) == [4, 5, 6, 7, 8]
+    assert migrate(version_3.dsn, schema=schema, allow_second_copy=True) == [4, 5, 6, 7, 8, 9]
     assert _rows(version_3.dsn, schema) == before
     with psycopg.connect(version_3.dsn, autocommit=True) as conn:
         claims = conn.execute(sql.SQL("SELECT count(*) FROM {}.connector_lease_event_ids")
@@ -349,6 +426,26 @@ def test_the_clock_allowance_of_a_test_database_only_reaches_ahead(
         pg_migrated_schema_dsn: PgSchema) -> None:
     target = pg_migrated_schema_dsn  # allow_test_clock: stamps up to years ahead
     with psycopg.connect(target.dsn, autocommit=True) as conn:
-        _append(conn, target.schema, uuid.uuid4(), "clock_timestamp() + interval '3 days'")
+        _append(conn, target.schema, _minted(datetime.now(UTC) + timedelta(days=3)),
+                "clock_timestamp() + interval '3 days'")
         with pytest.raises(errors.RestrictViolation, match="stamped by the database clock"):
-            _append(conn, target.schema, uuid.uuid4(), "clock_timestamp() - interval '3 days'")
+            _append(conn, target.schema, _minted(datetime.now(UTC) - timedelta(days=3)),
+                    "clock_timestamp() - interval '3 days'")
+
+
+# An id source of another version, or a clock a month behind the database's (one a day and
+# a half behind is refused only near the turn of a month: TWICE and FOREIGN above).
+@pytest.mark.parametrize("source", ["random", "a month behind"])
+def test_a_coordinator_minting_ids_the_log_refuses_gets_a_configuration_error(
+        pg_store: PostgresLeaseStore, pg_dsn: str, pg_tenant: str, source: str) -> None:
+    ids = {"random": uuid.uuid4,
+           "a month behind": lambda: uuid7(time.time_ns() - 33 * 86_400 * 10**9)}[source]
+    gateway = ConnectorLeaseCoordinator(pg_store, AllowAllPolicy(), id_source=ids)
+    identity = LeaseIdentity(pg_tenant, "a", "refused-ids")
+    with pytest.raises(ConfigurationError, match=r"time-ordered \(version 7\) UUID"):
+        gateway.acquire(identity, "c1", scopes=[], ttl=30)
+    assert gateway.current_holder(identity) is None
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        rows = conn.execute(sql.SQL("SELECT count(*) FROM mos_lease.{} WHERE tenant_id = %s")
+                            .format(sql.Identifier(AUDIT)), (pg_tenant,)).fetchone()
+    assert rows == (0,)

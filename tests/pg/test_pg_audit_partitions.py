@@ -7,6 +7,7 @@ copies race."""
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
@@ -17,6 +18,7 @@ import pytest
 from psycopg import errors, sql
 
 from mos_lease import AllowAllPolicy, ConnectorLeaseCoordinator, LeaseIdentity
+from mos_lease.ids import uuid7
 from mos_lease_pg import ConnectionSettings, PostgresLeaseStore, preflight
 from mos_lease_pg.admin import archive as retention
 from mos_lease_pg.admin import migrate
@@ -46,6 +48,14 @@ def _rows(dsn: str, schema: str) -> list[tuple[Any, ...]]:
             sql.Identifier(schema), sql.Identifier(AUDIT))).fetchall()
 
 
+def minted_at(at: str) -> str:
+    """SQL for a fresh time-ordered (version 7) event id minted at the time ``at`` names, as
+    the log takes them (migration 0009): its millisecond, the version digit, random bits."""
+    ms = f"lpad(to_hex(floor(extract(epoch FROM {at}) * 1000)::bigint), 12, '0')"
+    return (f"(left({ms}, 8) || '-' || substr({ms}, 9, 4) || '-7' || "
+            "substr(gen_random_uuid()::text, 16))::uuid")
+
+
 def _insert_old_rows(conn: psycopg.Connection[Any], schema: str, months_ago: int,
                      count: int, tenant: str = "old") -> None:
     """Rows stamped in a past month. No role may append those (audit time is the database
@@ -60,12 +70,13 @@ def _insert_rows(conn: psycopg.Connection[Any], schema: str, months_ago: int,
     conn.execute(sql.SQL(
         "INSERT INTO {}.{} (event_id, event, outcome, reason, tenant_id, logical_agent_id,"
         " binding_id, connector_id, epoch, correlation_id, recorded_at)"
-        " SELECT gen_random_uuid(), 'heartbeat', 'renewed', NULL, %s, 'a', 'b', 'c', 1,"
-        " 'corr-' || g, date_trunc('month', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC'"
-        " - make_interval(months => %s) + make_interval(mins => g)"
-        " FROM generate_series(1, %s) AS g").format(sql.Identifier(schema),
-                                                    sql.Identifier(AUDIT)),
-        (tenant, months_ago, count))
+        " SELECT " + minted_at("t.at") + ", 'heartbeat', 'renewed', NULL, %s, 'a', 'b', 'c',"
+        " 1, 'corr-' || g, t.at"
+        " FROM generate_series(1, %s) AS g, LATERAL (SELECT date_trunc('month', now() AT TIME"
+        " ZONE 'UTC') AT TIME ZONE 'UTC' - make_interval(months => %s)"
+        " + make_interval(mins => g) AS at) AS t").format(sql.Identifier(schema),
+                                                          sql.Identifier(AUDIT)),
+        (tenant, count, months_ago))
 
 
 @pytest.fixture
@@ -217,7 +228,9 @@ def test_rows_the_default_caught_are_adopted_whole(pg_migrated_schema_dsn: PgSch
     # A store two years ahead: no partition exists for its month, and its writes still work.
     store = pg_stores(target.dsn, settings=target.settings(),
                       time_offset=timedelta(days=730))
-    gateway = ConnectorLeaseCoordinator(store, AllowAllPolicy())
+    # Its ids are minted on its clock too: the log takes an id minted near its row's stamp.
+    gateway = ConnectorLeaseCoordinator(store, AllowAllPolicy(), id_source=lambda: uuid7(
+        time.time_ns() + 730 * 86_400 * 10**9))
     identity = LeaseIdentity("future", "a", "b")
     assert gateway.acquire(identity, "c", scopes=[], ttl=30).ok
     assert gateway.acquire(identity, "d", scopes=[], ttl=30).ok is False
@@ -246,7 +259,7 @@ def test_rows_the_default_caught_are_adopted_whole(pg_migrated_schema_dsn: PgSch
 def test_a_record_resent_concurrently_is_logged_once(pg_dsn: str, pg_tenant: str) -> None:
     # Many sessions append the same records at once (a resend racing the original): each
     # event id must end up in exactly one row.
-    events = [uuid.uuid4() for _ in range(40)]
+    events = [uuid7() for _ in range(40)]
     statement = sql.SQL(
         "SELECT mos_lease.mos_lease_record_audit('mos_lease.connector_lease_audit_log',"
         " %s, 'acquire', 'denied', 'lease_held', %s, 'a', 'b', 'c', NULL, 'corr',"

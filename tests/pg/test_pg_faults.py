@@ -15,7 +15,6 @@ import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
-from uuid import uuid4
 
 import attrs
 import psycopg
@@ -30,6 +29,7 @@ from mos_lease import (
     Reason,
     StoreUnavailable,
 )
+from mos_lease.ids import uuid7
 from mos_lease.records import AuditEntry
 from mos_lease.vocabulary import LifecycleEvent, Outcome
 from mos_lease_pg import AsyncPostgresLeaseStore, ConnectionSettings, PostgresLeaseStore
@@ -296,7 +296,7 @@ def test_a_record_whose_id_is_taken_and_cannot_be_checked_is_unknown(
     # event id taken, and the check that the row is this record cannot run: the row is in
     # the log, so "nothing changed" (StoreUnavailable) would be false.
     store = pg_stores()
-    entry = AuditEntry(uuid4(), LifecycleEvent.ACQUIRE, Outcome.DENIED, Reason.LEASE_HELD,
+    entry = AuditEntry(uuid7(), LifecycleEvent.ACQUIRE, Outcome.DENIED, Reason.LEASE_HELD,
                        LeaseIdentity(pg_tenant, "agent", "rec"), "c1", None, "corr")
     store.record(entry)
 

@@ -35,6 +35,7 @@ from mos_lease import (
     Outcome,
     Reason,
 )
+from mos_lease.ids import uuid7
 from mos_lease.machine import Close, Insert, Renew, Rotate
 from mos_lease.records import AuditEntry
 from mos_lease.vocabulary import LifecycleEvent
@@ -236,7 +237,7 @@ def _plan_calls() -> dict[str, statements.Call[Any]]:
     ttl, offset = timedelta(seconds=2), timedelta(0)
 
     def entry(event: LifecycleEvent) -> AuditEntry:
-        return AuditEntry(uuid4(), event, Outcome.RENEWED, None, ident, "c", 1, "corr")
+        return AuditEntry(uuid7(), event, Outcome.RENEWED, None, ident, "c", 1, "corr")
 
     renew = Renew(ident, "c", uuid4(), 1, ttl)
     batch = statements.renew_many(

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
-from uuid import UUID, uuid4
+from uuid import UUID
 
 import psycopg
 import pytest
@@ -29,6 +29,7 @@ from mos_lease import (
     LeaseIdentity,
     LeaseResult,
 )
+from mos_lease.ids import uuid7
 from mos_lease.machine import Renew
 from mos_lease.records import AuditEntry
 from mos_lease.vocabulary import LifecycleEvent, Outcome
@@ -148,7 +149,7 @@ def _blocked_renewal(proxy: FaultProxy, pg_stores: StoreFactory, pg_admin: psyco
         identity, "c1", scopes=["tool:run"], ttl=30)
     assert acquired.lease is not None
     lease = acquired.lease
-    entry = AuditEntry(uuid4(), LifecycleEvent.HEARTBEAT, Outcome.RENEWED, None, identity,
+    entry = AuditEntry(uuid7(), LifecycleEvent.HEARTBEAT, Outcome.RENEWED, None, identity,
                        "c1", lease.epoch, "reconcile-test")
     write = Renew(identity, "c1", lease.lease_id, lease.epoch, timedelta(seconds=60))
     lock = TableLock(pg_dsn)
@@ -202,7 +203,7 @@ def test_a_record_whose_event_id_another_attempt_holds_is_an_error(
     from mos_lease.vocabulary import Reason
 
     identity = LeaseIdentity(pg_tenant, "agent", "b1")
-    denial = AuditEntry(uuid4(), LifecycleEvent.RELEASE, Outcome.DENIED, Reason.LEASE_EXPIRED,
+    denial = AuditEntry(uuid7(), LifecycleEvent.RELEASE, Outcome.DENIED, Reason.LEASE_EXPIRED,
                         identity, "c1", 1, "first")
     pg_store.record(denial)
     pg_store.record(denial)  # the same record again (a resend): logged once, no error

@@ -15,6 +15,7 @@ import psycopg
 import pytest
 
 from mos_lease import AllowAllPolicy, ConnectorLeaseCoordinator, LeaseIdentity, Outcome, Reason
+from mos_lease.ids import uuid7
 from mos_lease.machine import Renew, Rotate, Write
 from mos_lease.records import AuditEntry, Snapshot, WriteOutcome
 from mos_lease.vocabulary import LeaseState, LifecycleEvent
@@ -108,7 +109,7 @@ def test_a_write_that_waited_for_the_lock_reports_the_row_that_beat_it(
     assert view is not None
     winner = statements.apply(
         Rotate(identity, 1, True, uuid4(), "winner", ("tool:read",), timedelta(seconds=30)),
-        AuditEntry(uuid4(), LifecycleEvent.TAKEOVER, Outcome.TAKEN_OVER, None, identity,
+        AuditEntry(uuid7(), LifecycleEvent.TAKEOVER, Outcome.TAKEN_OVER, None, identity,
                    "winner", 2, "winner"), timedelta(0))
     answer: list[Any] = []
     with psycopg.connect(pg_dsn) as other:

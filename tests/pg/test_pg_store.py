@@ -22,6 +22,7 @@ from mos_lease import (
     StoreUnavailable,
 )
 from mos_lease.identity import MAX_EPOCH
+from mos_lease.ids import uuid7
 from mos_lease.machine import Close, Insert, Renew, Rotate, Write, apply_write, write_outcome
 from mos_lease.records import AuditEntry, LeaseRow, WriteOutcome
 from mos_lease.vocabulary import LifecycleEvent, Outcome, Reason
@@ -42,7 +43,7 @@ def entry_for(write: Write) -> AuditEntry:
     event, outcome = _EVENTS[type(write)]
     epoch = (1 if isinstance(write, Insert) else write.expected_epoch + 1
              if isinstance(write, Rotate) else write.epoch)
-    return AuditEntry(uuid4(), event, outcome, None, write.identity, write.connector_id, epoch,
+    return AuditEntry(uuid7(), event, outcome, None, write.identity, write.connector_id, epoch,
                       f"corr-{uuid4().hex[:8]}")
 
 
@@ -194,7 +195,7 @@ def test_the_production_store_reads_the_database_clock_as_it_is(pg_dsn: str) -> 
 
 def test_records_are_appended_once(pg_store: PostgresLeaseStore, pg_tenant: str) -> None:
     identity = LeaseIdentity(pg_tenant, "agent", "b1")
-    denial = AuditEntry(uuid4(), LifecycleEvent.ACQUIRE, Outcome.DENIED, Reason.LEASE_HELD,
+    denial = AuditEntry(uuid7(), LifecycleEvent.ACQUIRE, Outcome.DENIED, Reason.LEASE_HELD,
                         identity, "c2", None, "corr")
     assert not pg_store.event_committed(denial.event_id)
     before = pg_store.now()

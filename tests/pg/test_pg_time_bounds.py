@@ -30,6 +30,7 @@ from mos_lease import (
     Reason,
     StoreUnavailable,
 )
+from mos_lease.ids import uuid7
 from mos_lease.machine import Close, Insert, Renew, Rotate, Write
 from mos_lease.records import AuditEntry
 from mos_lease.vocabulary import LifecycleEvent, Outcome
@@ -50,7 +51,7 @@ TTL = timedelta(seconds=30)
 
 def _entry(identity: LeaseIdentity, event: LifecycleEvent, outcome: Outcome,
            epoch: int | None) -> AuditEntry:
-    return AuditEntry(uuid4(), event, outcome, None, identity, "c1", epoch, "bounds")
+    return AuditEntry(uuid7(), event, outcome, None, identity, "c1", epoch, "bounds")
 
 
 def _writes(lease: LeaseHandle) -> dict[str, tuple[Write, AuditEntry]]:

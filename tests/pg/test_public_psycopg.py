@@ -18,12 +18,12 @@ import threading
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
-from uuid import uuid4
 
 import psycopg
 import pytest
 
 from mos_lease import AllowAllPolicy, ConnectorLeaseCoordinator, LeaseHandle, LeaseIdentity
+from mos_lease.ids import uuid7
 from mos_lease.machine import Renew
 from mos_lease.records import AuditEntry
 from mos_lease.vocabulary import LifecycleEvent, Outcome
@@ -250,7 +250,7 @@ def test_a_write_survives_the_server_forgetting_its_statement_and_applies_once(
 def _renewals(*leases: LeaseHandle) -> list[tuple[Renew, AuditEntry]]:
     return [(Renew(lease.identity, lease.connector_id, lease.lease_id, lease.epoch,
                    timedelta(seconds=60)),
-             AuditEntry(uuid4(), LifecycleEvent.HEARTBEAT, Outcome.RENEWED, None,
+             AuditEntry(uuid7(), LifecycleEvent.HEARTBEAT, Outcome.RENEWED, None,
                         lease.identity, lease.connector_id, lease.epoch, "batch"))
             for lease in leases]
 

@@ -1,3 +1,3 @@
--- Whether one write's audit row exists: a write and its audit row commit together, and every
--- audit row claims its event id (migration 0004).
-SELECT EXISTS (SELECT 1 FROM {schema}.connector_lease_event_ids WHERE event_id = %(event_id)s)
+-- Whether one write's audit row exists: a write and its audit row commit together. Every
+-- partition of the log has an index on event_id (migration 0009).
+SELECT EXISTS (SELECT 1 FROM {schema}.connector_lease_audit_log WHERE event_id = %(event_id)s)

@@ -3,11 +3,8 @@
 -- (a bug to surface, never to swallow).
 SELECT EXISTS (
     SELECT 1
-    FROM {schema}.connector_lease_event_ids AS e
-    JOIN {schema}.connector_lease_audit_log AS a
-      ON a.seq = e.seq AND a.recorded_at = e.recorded_at
-    WHERE e.event_id = %(event_id)s
-      AND a.event_id = %(event_id)s
+    FROM {schema}.connector_lease_audit_log AS a
+    WHERE a.event_id = %(event_id)s
       AND a.event = %(event)s
       AND a.outcome = %(outcome)s
       AND a.reason IS NOT DISTINCT FROM %(reason)s::text
