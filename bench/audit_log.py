@@ -55,23 +55,31 @@ BEGIN
 END
 $$
 """
+# The claims the row trigger would have made (migration 0009): the rows minted within a day
+# of their month's turn (each id below is minted at its row's stamp).
 _CLAIMS = """
 INSERT INTO {schema}.connector_lease_event_ids (event_id, seq, recorded_at)
-SELECT a.event_id, a.seq, a.recorded_at FROM {schema}.connector_lease_audit_log AS a
+SELECT a.event_id, a.seq, a.recorded_at
+FROM {schema}.connector_lease_audit_log AS a,
+     LATERAL (SELECT date_trunc('month', a.recorded_at AT TIME ZONE 'UTC') AS m) AS t
+WHERE a.recorded_at < (t.m + interval '1 day') AT TIME ZONE 'UTC'
+   OR a.recorded_at >= (t.m + interval '1 month' - interval '1 day') AT TIME ZONE 'UTC'
 """
 _FILL = """
 INSERT INTO {schema}.connector_lease_audit_log
     (event_id, event, outcome, reason, tenant_id, logical_agent_id, binding_id,
      connector_id, epoch, correlation_id, recorded_at)
-SELECT gen_random_uuid(), 'heartbeat', 'renewed', NULL, 'fill', 'agent-' || (g %% 10000),
-       'binding', 'connector-' || (g %% 10000), 1, 'corr-' || g,
-       s.first + s.span * (g::float8 / %(rows)s)
+SELECT (left({schema}.mos_lease_event_id_floor(r.at)::text, 14) || '7'
+        || substr(gen_random_uuid()::text, 16))::uuid,  -- minted at its stamp, as 0009 takes
+       'heartbeat', 'renewed', NULL, 'fill', 'agent-' || (g %% 10000),
+       'binding', 'connector-' || (g %% 10000), 1, 'corr-' || g, r.at
 FROM (SELECT (date_trunc('month', now() AT TIME ZONE 'UTC')
               - make_interval(months => %(months)s)) AT TIME ZONE 'UTC' AS first,
              now() - ((date_trunc('month', now() AT TIME ZONE 'UTC')
                        - make_interval(months => %(months)s)) AT TIME ZONE 'UTC')
                  - interval '1 second' AS span) AS s,
-     generate_series(0, %(rows)s - 1) AS g
+     generate_series(0, %(rows)s - 1) AS g,
+     LATERAL (SELECT s.first + s.span * (g::float8 / %(rows)s) AS at) AS r
 """
 
 
@@ -110,7 +118,7 @@ def _fill(dsn: str, rows: int) -> tuple[float, float, int]:
         with conn.transaction():
             # Past months' rows: no role may stamp those (audit time is the database
             # clock's), so they are planted with the triggers off, and their event-id claims
-            # added as the triggers would have (the heartbeats below claim into a full table).
+            # added as the triggers would have (the heartbeats below run beside a full table).
             conn.execute(b"SET LOCAL session_replication_role = replica")
             conn.execute(_FILL.format(schema=schema).encode(),
                          {"rows": rows, "months": MONTHS_BACK})
