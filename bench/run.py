@@ -439,7 +439,7 @@ def _event_id_figures(report: Report, claimed: event_ids.EventIdResult) -> None:
             ("heartbeat", claimed.single, claimed.heartbeat_ratio, "ops/s"),
             (f"batch of {event_ids.BATCH}", claimed.batch, claimed.batch_ratio, "leases/s"),
             ("no flush", claimed.no_flush, claimed.no_flush_ratio, "ops/s")):
-        report.series("event ids", f"{label}, schema 4", series[event_ids.NEW], unit,
+        report.series("event ids", f"{label}, today", series[event_ids.NEW], unit,
                       _ratio_text(ratio, "schema 3"))
         report.series("event ids", f"{label}, schema 3", series[event_ids.OLD], unit)
     report.notes.append(
