@@ -18,6 +18,7 @@ import psycopg
 
 from mos_lease import LeaseIdentity
 from mos_lease.identity import MAX_EPOCH
+from mos_lease.ids import uuid7
 from mos_lease.vocabulary import LifecycleEvent, Outcome
 
 _LOCK = b"""
@@ -91,7 +92,7 @@ class Naive:
         # Stamped by the database clock in the INSERT itself: the schema refuses an audit
         # stamp read by an earlier statement (migration 0004). ``now`` stamps the lease.
         del now
-        self.conn.execute(_AUDIT, {**key, "event_id": uuid4(), "event": event.value,
+        self.conn.execute(_AUDIT, {**key, "event_id": uuid7(), "event": event.value,
                                    "outcome": outcome.value, "connector_id": connector_id,
                                    "epoch": epoch, "correlation_id": uuid4().hex},
                           prepare=True)
