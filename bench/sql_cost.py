@@ -62,6 +62,7 @@ def _earlier_schema(conn: psycopg.Connection[Any], schema: str) -> dict[str, byt
     conn.execute(_git("show", f"{EARLIER}:mos_lease_pg/sql/migrations/0001_initial.sql")
                  .encode())
     conn.execute(b"RESET search_path")
+    _with_metadata(conn, schema)
     envelope = _git("show", f"{EARLIER}:mos_lease_pg/sql/statements/guarded_write.sql")
     texts = {}
     for name, file in (("renew", "renew.sql"), ("rotate", "rotate.sql")):
@@ -80,6 +81,15 @@ def _at_version(conn: psycopg.Connection[Any], schema: str, version: int) -> Non
     migrations_module._ensure_bookkeeping(conn, schema)
     for migration in migrations_module.available_migrations()[:version]:
         migrations_module._apply(conn, schema, migration, True)
+    if version < 7:
+        _with_metadata(conn, schema)
+
+
+def _with_metadata(conn: psycopg.Connection[Any], schema: str) -> None:
+    # Today's insert (each side's first lease) names the holder metadata of migration 0007:
+    # an older schema gets the column alone, as bench/event_ids.py gives its floor.
+    conn.execute(sql.SQL("ALTER TABLE {}.{} ADD COLUMN holder_metadata jsonb NOT NULL "
+                         "DEFAULT '{{}}'").format(sql.Identifier(schema), sql.Identifier(LEASES)))
 
 
 def _copy(dsn: str, conn: psycopg.Connection[Any], schema: str, *drops: tuple[str, str]) -> None:
