@@ -1,6 +1,8 @@
 """A call given a time limit from outside: a blocking one run on a daemon thread
 (:func:`bounded`), an awaitable run as a task of its own (:func:`bounded_async`); either is
-abandoned if it has not finished in time.
+abandoned if it has not finished in time. Each is also written as a start and a wait
+(:func:`start` and :meth:`Running.wait`; :func:`bounded_wait`), for a driver that keeps more
+than one call in flight.
 
 A blocking call cannot be interrupted from another thread; it can only stop being waited
 for. Whatever the abandoned call still returns is handed to ``late`` (a connection opened
@@ -14,7 +16,7 @@ import asyncio
 import logging
 import threading
 from collections.abc import Awaitable, Callable
-from typing import Any, Final, TypeVar
+from typing import Any, Final, Generic, TypeVar
 
 T = TypeVar("T")
 
@@ -22,37 +24,60 @@ OVERDUE: Final[Any] = object()
 """What :func:`bounded` returns for a call still running at its limit."""
 
 
-def bounded(call: Callable[[], T], timeout: float, *, name: str,
-            late: Callable[[T], object] | None = None) -> T | BaseException:
-    """Run ``call`` on a daemon thread named ``name``: its result, the exception it raised,
-    or :data:`OVERDUE` if it is still running after ``timeout`` seconds. A result that
-    arrives after that goes to ``late``."""
-    box: list[T | BaseException] = []
-    lock = threading.Lock()
-    done = threading.Event()
-    abandoned = False
+class Running(Generic[T]):
+    """A blocking call running on a daemon thread of its own (:func:`start`), to be waited
+    for once with :meth:`wait`. Starting and waiting apart lets a driver keep two calls in
+    flight (the supervisor's renewal batches) and still give up on each at its own limit."""
 
-    def run() -> None:
+    __slots__ = ("_abandoned", "_box", "_done", "_late", "_lock")
+
+    def __init__(self, call: Callable[[], T], name: str,
+                 late: Callable[[T], object] | None) -> None:
+        self._box: list[T | BaseException] = []
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self._abandoned = False
+        self._late = late
+        threading.Thread(target=self._run, args=(call,), daemon=True, name=name).start()
+
+    def _run(self, call: Callable[[], T]) -> None:
         outcome: T | BaseException
         try:
             outcome = call()
         except BaseException as error:
             outcome = error
-        with lock:
-            box.append(outcome)
-            too_late = abandoned
-        done.set()
-        if too_late and late is not None and not isinstance(outcome, BaseException):
-            late(outcome)
+        with self._lock:
+            self._box.append(outcome)
+            too_late = self._abandoned
+        self._done.set()
+        if too_late and self._late is not None and not isinstance(outcome, BaseException):
+            self._late(outcome)
 
-    threading.Thread(target=run, daemon=True, name=name).start()
-    if not done.wait(max(timeout, 0.0)):
-        with lock:
-            if not box:  # not finished in the meantime
-                abandoned = True
-                overdue: T | BaseException = OVERDUE
-                return overdue
-    return box[0]
+    def wait(self, timeout: float) -> T | BaseException:
+        """The call's result, the exception it raised, or :data:`OVERDUE` if it is still
+        running after ``timeout`` seconds (it is then abandoned: a result that arrives later
+        goes to ``late``)."""
+        if not self._done.wait(max(timeout, 0.0)):
+            with self._lock:
+                if not self._box:  # not finished in the meantime
+                    self._abandoned = True
+                    overdue: T | BaseException = OVERDUE
+                    return overdue
+        return self._box[0]
+
+
+def start(call: Callable[[], T], *, name: str,
+          late: Callable[[T], object] | None = None) -> Running[T]:
+    """Start ``call`` on a daemon thread named ``name``; :meth:`Running.wait` for it."""
+    return Running(call, name, late)
+
+
+def bounded(call: Callable[[], T], timeout: float, *, name: str,
+            late: Callable[[T], object] | None = None) -> T | BaseException:
+    """Run ``call`` on a daemon thread named ``name``: its result, the exception it raised,
+    or :data:`OVERDUE` if it is still running after ``timeout`` seconds. A result that
+    arrives after that goes to ``late``."""
+    return Running(call, name, late).wait(timeout)
 
 
 async def bounded_async(call: Awaitable[T], timeout: float,
@@ -68,14 +93,22 @@ async def bounded_async(call: Awaitable[T], timeout: float,
     outcome is retrieved so asyncio does not log it as never retrieved (``log``, if given,
     notes an exception it ended with).
     """
-    running = asyncio.ensure_future(call)
+    return await bounded_wait(asyncio.ensure_future(call), timeout, keep, log=log)
+
+
+async def bounded_wait(running: asyncio.Future[T], timeout: float,
+                       keep: set[asyncio.Future[Any]], *,
+                       log: logging.Logger | None = None) -> T | Exception:
+    """The waiting half of :func:`bounded_async`, for a call started already (so that a
+    driver can keep two in flight): wait for ``running`` until ``timeout`` seconds from now,
+    abandoning it as :func:`bounded_async` does."""
     try:
         done, _ = await asyncio.wait((running,), timeout=min(max(timeout, 0.0), 1e9))
     except asyncio.CancelledError:
-        _abandon(running, keep, log)
+        abandon(running, keep, log)
         raise
     if not done:
-        _abandon(running, keep, log)
+        abandon(running, keep, log)
         overdue: T | Exception = OVERDUE
         return overdue
     try:
@@ -84,8 +117,10 @@ async def bounded_async(call: Awaitable[T], timeout: float,
         return error
 
 
-def _abandon(running: asyncio.Future[Any], keep: set[asyncio.Future[Any]],
-             log: logging.Logger | None) -> None:
+def abandon(running: asyncio.Future[Any], keep: set[asyncio.Future[Any]],
+            log: logging.Logger | None = None) -> None:
+    """Cancel ``running`` and never look at its result; it stays in ``keep`` until it ends
+    (a started call its driver will not wait for any more)."""
     def forget(ended: asyncio.Future[Any]) -> None:
         keep.discard(ended)
         if not ended.cancelled() and (error := ended.exception()) is not None and log:

@@ -1,6 +1,8 @@
 """The asyncio supervisor: :class:`AsyncSupervisor` runs the turns of ``flow.py`` as one task
 on the running loop and performs the calls they yield, each store call as a task of its own,
-abandoned past the earliest local deadline (:func:`mos_lease.bounded.bounded_async`).
+abandoned past the earliest local deadline (:func:`mos_lease.bounded.bounded_async`; a
+renewal is started and waited for apart, :func:`mos_lease.bounded.bounded_wait`, so that two
+batches are in flight at once).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import timedelta
 from typing import Any
 
-from mos_lease.bounded import bounded_async
+from mos_lease.bounded import abandon, bounded_async, bounded_wait
 from mos_lease.coordinator import AsyncConnectorLeaseCoordinator
 from mos_lease.flowdrive import Drive, outcome_of_async
 from mos_lease.identity import LeaseIdentity
@@ -22,8 +24,10 @@ from mos_lease.results import GrantResult, LeaseResult
 from mos_lease.supervisor.base import _Supervisor
 from mos_lease.supervisor.changes import Change
 from mos_lease.supervisor.flow import (
+    IN_FLIGHT,
     Attempt,
     Call,
+    Collect,
     IssueGrant,
     Release,
     Sleep,
@@ -41,7 +45,8 @@ class AsyncSupervisor(_Supervisor[AsyncConnectorLeaseCoordinator]):
     """The asyncio supervisor, for an :class:`~mos_lease.AsyncConnectorLeaseCoordinator`:
     one task on the running loop (started by the first :meth:`add`). A store call runs as a
     task of its own, waited for until the earliest local deadline and abandoned past it
-    (cancelled, never trusted later). Call every method on the loop. ``changes()`` is an
+    (cancelled, never trusted later); two renewal batches are in flight at once, so at most
+    three tasks run at once. Call every method on the loop. ``changes()`` is an
     async iterator; the other options are :class:`Supervisor`'s, ``notices`` included (the
     same thread-based source: a confirming read is made by the supervisor's task)."""
 
@@ -102,16 +107,28 @@ class AsyncSupervisor(_Supervisor[AsyncConnectorLeaseCoordinator]):
 
     async def turn(self) -> None:
         """One turn: renew what is due, make the campaign calls due, or sleep."""
-        drive = Drive(turn(self._core), ())
-        for call in drive:
-            drive.send(await self._perform(call))
+        started: set[asyncio.Future[Any]] = set()  # renewals started, not yet collected
+        try:
+            drive = Drive(turn(self._core, IN_FLIGHT), ())
+            for call in drive:
+                drive.send(await self._perform(call, started))
+        finally:
+            # A turn cut short (cancelled, or a bug) leaves no renewal running unwatched.
+            for running in started:
+                abandon(running, self._abandoned)
 
-    async def _perform(self, call: Call) -> object:
+    async def _perform(self, call: Call, started: set[asyncio.Future[Any]]) -> object:
         if isinstance(call, Sleep):
             return await self._sleep(call.seconds)
-        if isinstance(call, Renew):
-            return await self._bounded(
-                self.coordinator.heartbeat_many(call.leases, ttl=call.ttl), call.timeout)
+        if isinstance(call, Renew):  # started now, waited for by its Collect
+            running = asyncio.ensure_future(
+                self.coordinator.heartbeat_many(call.leases, ttl=call.ttl))
+            started.add(running)
+            return running
+        if isinstance(call, Collect):
+            assert isinstance(call.ticket, asyncio.Future)
+            started.discard(call.ticket)
+            return await bounded_wait(call.ticket, call.timeout, self._abandoned)
         if isinstance(call, Attempt):
             return await self._bounded(self._campaign(call), call.timeout)
         assert isinstance(call, Release)
@@ -167,7 +184,7 @@ class AsyncSupervisor(_Supervisor[AsyncConnectorLeaseCoordinator]):
             # (the asyncio keeper's stop() explains why).
             await asyncio.wait((task,))
         for lease in self._close_all():
-            outcome = await self._perform(Release(lease))
+            outcome = await self._perform(Release(lease), set())
             if isinstance(outcome, BaseException):
                 log.warning(
                     "mos_lease: could not release %s on close: %r", lease.identity, outcome)

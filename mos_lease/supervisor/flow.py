@@ -1,11 +1,17 @@
 """The supervisor's turn, written once: what the thread and the asyncio supervisor do.
 
 :func:`turn` is a generator that yields the calls it needs (:class:`~.slots.Renew`,
-:class:`Attempt`, :class:`Release`, :class:`Sleep`) and is sent their outcomes, as the
-keeper's flows are; ``thread_supervisor.py`` and ``asyncio_supervisor.py`` perform them on
-one thread or one task. An outcome is the call's result, the exception it raised (as a value:
-store failures are judged by the schedule, not raised), or :data:`OVERDUE` for a call still
-running at its time limit.
+:class:`Collect`, :class:`Attempt`, :class:`Release`, :class:`Sleep`) and is sent their
+outcomes, as the keeper's flows are; ``thread_supervisor.py`` and ``asyncio_supervisor.py``
+perform them on one thread or one task. An outcome is the call's result, the exception it
+raised (as a value: store failures are judged by the schedule, not raised), or
+:data:`OVERDUE` for a call still running at its time limit.
+
+A renewal is the one call that is started and waited for apart: a :class:`~.slots.Renew` is
+answered at once with a ticket, which a later :class:`Collect` waits for. A driver may keep
+more than one batch of a tick in flight (the asyncio supervisor keeps :data:`IN_FLIGHT`), so
+that the client's own work on one batch (building the 1,000 renewals, reading the 1,000
+results) overlaps the database's work on the other, instead of each waiting for the other.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from __future__ import annotations
 import logging
 import threading
 import uuid
+from collections import deque
 from collections.abc import Callable, Generator
 from datetime import timedelta
 from typing import Any, Final
@@ -31,14 +38,22 @@ from mos_lease.supervisor.schedule import Schedule
 from mos_lease.supervisor.slots import Campaign, Confirm, Due, Renew, Slot
 from mos_lease.vocabulary import Reason
 
-__all__ = ["OVERDUE", "Attempt", "Call", "Core", "IssueGrant", "Release", "Sleep",
-           "issue_grant", "turn", "turn_failed"]
+__all__ = ["IN_FLIGHT", "OVERDUE", "Attempt", "Call", "Collect", "Core", "IssueGrant",
+           "Release", "Sleep", "issue_grant", "turn", "turn_failed"]
 
 log = logging.getLogger("mos_lease.supervisor")
 
 MAX_CALL: Final = 30.0
 """Seconds a campaign call may run while no lease is held (with leases held, a call may run
 until the earliest local deadline, never longer)."""
+
+IN_FLIGHT: Final = 2
+"""Renewal batches of one tick the asyncio supervisor keeps in flight at once. Two: while the
+database runs one batch's statement, the client builds the next and reads the last one's
+results (some 40% of a batch's time, all of it Python), instead of each waiting for the
+other. A third would only queue behind them (a dedicated connection runs one statement at a
+time). The thread supervisor keeps one: a second would be a thread more, and with the
+PostgreSQL store's watchdog thread that is four (``docs/supervisor.md``)."""
 
 
 @attrs.frozen(slots=True, eq=False)
@@ -47,6 +62,16 @@ class Attempt:
     ``timeout`` seconds."""
 
     call: Campaign | Confirm
+    timeout: float
+
+
+@attrs.frozen(slots=True, eq=False)
+class Collect:
+    """Wait for the renewal started as ``ticket`` (the driver's answer to its
+    :class:`~.slots.Renew`) for at most ``timeout`` seconds: its results, the exception it
+    raised, or :data:`OVERDUE` (it is then abandoned)."""
+
+    ticket: object
     timeout: float
 
 
@@ -67,7 +92,7 @@ class IssueGrant:
     correlation_id: str
 
 
-Call = Renew | Attempt | Release | Sleep
+Call = Renew | Collect | Attempt | Release | Sleep
 Flow = Generator[Call, Any, None]
 
 
@@ -127,10 +152,10 @@ def _unclaim_confirms(slots: list[Slot]) -> None:
         slot.busy, slot.confirm = False, True
 
 
-def turn(core: Core) -> Flow:
+def turn(core: Core, in_flight: int = 1) -> Flow:
     """One turn: report losses found at their deadline, send the renewals due (one call per
-    batch), then the confirming reads and campaign calls due until a renewal or deadline
-    needs the driver again; or sleep until something is due."""
+    batch, up to ``in_flight`` at once), then the confirming reads and campaign calls due
+    until a renewal or deadline needs the driver again; or sleep until something is due."""
     with core.lock:
         now = core.clock()
         due = core.schedule.due(now)
@@ -140,36 +165,67 @@ def turn(core: Core) -> Flow:
         # close.
         yield Sleep(max(due.wake_at - now, 0.0))
         return
-    if (yield from _renewals(core, due)):
+    if (yield from _renewals(core, due, max(in_flight, 1))):
         yield from _campaign(core, [*due.confirms, *due.campaigns])
 
 
-def _renewals(core: Core, due: Due) -> Generator[Call, Any, bool]:
-    """The renewals of ``due``, one call per batch; ``False`` if the supervisor closed
-    meanwhile (the rest of ``due`` is then given back)."""
+@attrs.frozen(slots=True, eq=False)
+class _Flight:
+    """A renewal batch in flight: started at ``started``, answered by ``ticket``, to be
+    given up at ``limit`` (the earliest deadline of the held leases when it started)."""
+
+    renew: Renew
+    started: float
+    ticket: object
+    limit: float
+
+
+def _renewals(core: Core, due: Due, in_flight: int) -> Generator[Call, Any, bool]:
+    """The renewals of ``due``, one call per batch, up to ``in_flight`` at once;
+    ``False`` if the supervisor closed meanwhile (the batches in flight are waited for and
+    judged, the rest of ``due`` is given back)."""
     with core.lock:
         # Other threads only remove bindings or record losses, which never make a limit
         # earlier: these stay conservative while the tick runs.
         rest, pending = core.schedule.limits(due.renewals)
+    flying: deque[tuple[int, _Flight]] = deque()
     for k, renew in enumerate(due.renewals):
+        if len(flying) == in_flight:
+            rest = yield from _collect(core, flying.popleft()[1], rest)
         started = core.clock()
         with core.lock:
-            if core.closing:
+            closing = core.closing
+        if closing:
+            while flying:
+                rest = yield from _collect(core, flying.popleft()[1], rest)
+            with core.lock:
                 _unclaim([s for later in due.renewals[k:] for s in later.slots])
                 _unclaim([call.slot for call in due.campaigns])
                 _unclaim_confirms([call.slot for call in due.confirms])
-                return False
-        # The earliest deadline of every held lease, counted from this call's start (the
-        # batches before it took time too).
-        timeout = min(rest, *pending[k:]) - started
-        outcome = yield attrs.evolve(renew, timeout=max(timeout, 0.0))
-        finished = core.clock()
-        with core.lock:
-            changes = core.schedule.renewed(renew, None if outcome is OVERDUE else outcome,
-                                            started, finished)
-            rest = min(rest, core.schedule.deadlines(renew.slots))  # retries keep theirs
-        core.report(changes)
+            return False
+        # The earliest deadline of every held lease, counted from this call's start: those
+        # outside the tick and those of the batches from the oldest still in flight on
+        # (the batches before it took time too, and the leases of one in flight still have
+        # their old deadlines).
+        limit = min(rest, *pending[flying[0][0] if flying else k:])
+        ticket = yield attrs.evolve(renew, timeout=max(limit - started, 0.0))
+        flying.append((k, _Flight(renew, started, ticket, limit)))
+    while flying:
+        rest = yield from _collect(core, flying.popleft()[1], rest)
     return True
+
+
+def _collect(core: Core, flight: _Flight, rest: float) -> Generator[Call, Any, float]:
+    """Wait for ``flight`` until its limit and judge each of its leases; ``rest`` with the
+    deadlines of the leases it left to retry."""
+    outcome = yield Collect(flight.ticket, max(flight.limit - core.clock(), 0.0))
+    finished = core.clock()
+    with core.lock:
+        changes = core.schedule.renewed(flight.renew, None if outcome is OVERDUE else outcome,
+                                        flight.started, finished)
+        rest = min(rest, core.schedule.deadlines(flight.renew.slots))  # retries keep theirs
+    core.report(changes)
+    return rest
 
 
 def _campaign(core: Core, calls: list[Campaign | Confirm]) -> Flow:

@@ -100,7 +100,9 @@ class Confirm:
 class Renew:
     """One ``heartbeat_many`` call for ``leases`` (of ``slots``, in order) with ``ttl``; it
     must return within ``timeout`` seconds of its start, when the earliest local deadline of
-    the held leases comes (set by the turn as the call starts)."""
+    the held leases comes (set by the turn as the call starts). The driver starts it and
+    answers at once with a ticket, which the turn waits for later
+    (:class:`~mos_lease.supervisor.flow.Collect`): two batches may be in flight at once."""
 
     slots: tuple[Slot, ...]
     leases: tuple[LeaseHandle, ...]

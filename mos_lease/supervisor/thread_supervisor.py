@@ -1,6 +1,8 @@
 """The thread supervisor: :class:`Supervisor` runs the turns of ``flow.py`` on one thread and
 performs the calls they yield, each store call on a short-lived thread of its own so that
-one hanging past the earliest local deadline is abandoned (:func:`mos_lease.bounded.bounded`).
+one hanging past the earliest local deadline is abandoned (:func:`mos_lease.bounded.bounded`;
+a renewal is started and waited for apart, :func:`mos_lease.bounded.start`, as the turn
+asks; this driver keeps one in flight).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import threading
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 
-from mos_lease.bounded import bounded
+from mos_lease.bounded import Running, bounded, start
 from mos_lease.coordinator import ConnectorLeaseCoordinator
 from mos_lease.flowdrive import Drive, outcome_of
 from mos_lease.identity import LeaseIdentity
@@ -22,6 +24,7 @@ from mos_lease.supervisor.changes import Change
 from mos_lease.supervisor.flow import (
     Attempt,
     Call,
+    Collect,
     IssueGrant,
     Release,
     Sleep,
@@ -48,7 +51,10 @@ class Supervisor(_Supervisor[ConnectorLeaseCoordinator]):
     Every held lease is renewed by one ``heartbeat_many`` round trip per 1,000 leases per
     tick, each judged on its own with the keeper's deadline rule. A call runs on a
     short-lived daemon thread so that one hanging past the earliest local deadline is
-    abandoned and that deadline still reported; at most two threads run at once.
+    abandoned and that deadline still reported; at most two threads run at once (three with
+    the PostgreSQL store's watchdog). One renewal batch is in flight at a time: a second
+    would overlap the client's work with the database's, as the asyncio supervisor does, but
+    cost a thread more.
     ``on_change`` is called with each :data:`~mos_lease.supervisor.Change`, from the
     supervisor thread (or from the thread whose call found it). With ``background=False``
     no thread is started and :meth:`turn` drives the supervisor by hand; ``clock``
@@ -107,9 +113,12 @@ class Supervisor(_Supervisor[ConnectorLeaseCoordinator]):
     def _perform(self, call: Call) -> object:
         if isinstance(call, Sleep):
             return self._sleep(min(call.seconds, threading.TIMEOUT_MAX))
-        if isinstance(call, Renew):
-            return bounded(lambda: self.coordinator.heartbeat_many(call.leases, ttl=call.ttl),
-                           call.timeout, name="mos-lease-supervisor-renewal")
+        if isinstance(call, Renew):  # started now, waited for by its Collect
+            return start(lambda: self.coordinator.heartbeat_many(call.leases, ttl=call.ttl),
+                         name="mos-lease-supervisor-renewal")
+        if isinstance(call, Collect):
+            assert isinstance(call.ticket, Running)
+            return call.ticket.wait(call.timeout)
         if isinstance(call, Attempt):
             return bounded(lambda: self._campaign(call), call.timeout,
                            name="mos-lease-supervisor-campaign")

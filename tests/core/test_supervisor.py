@@ -583,3 +583,169 @@ def test_a_turn_that_fails_frees_what_it_claimed(monkeypatch: pytest.MonkeyPatch
     rig.run(2)
     assert not rig.of(BindingLost)
     assert all(slot.holding and not slot.busy for slot in schedule.slots.values())
+
+
+# --- renewal batches in flight ---------------------------------------------------------------
+
+
+def _held_core(n: int) -> Any:
+    """A supervisor core holding ``n`` leases acquired at 0, all due at 10 (ttl 30)."""
+    from mos_lease.supervisor.flow import Core
+
+    clock = [0.0]
+    core = Core(lambda: clock[0], lambda: 0.5, None)
+    schedule = core.schedule
+    for i in range(n):
+        schedule.add(_binding(i), 0.0)
+    for call in schedule.due(0.0).campaigns:
+        handle = _handle(call.slot.binding.identity)
+        schedule.campaigned(call, LeaseResult(Outcome.ACQUIRED, None, "c", lease=handle),
+                            0.0, 0.0)
+    clock[0] = 10.0
+    return core
+
+
+@pytest.mark.parametrize("in_flight", [1, 2])
+def test_a_turn_keeps_at_most_in_flight_batches_started_and_waits_within_the_deadline(
+        in_flight: int) -> None:
+    from mos_lease.supervisor.flow import Collect, turn
+
+    core = _held_core(2500)
+    earliest = core.schedule.earliest_deadline()
+    flow = turn(core, in_flight)
+    started: list[Renew] = []
+    flying = 0
+    kinds: list[str] = []
+    answer: Any = None
+    with pytest.raises(StopIteration):
+        while True:
+            call = flow.send(answer)
+            if isinstance(call, Renew):
+                flying += 1
+                assert flying <= in_flight
+                assert 10.0 + call.timeout <= earliest
+                started.append(call)
+                kinds.append("renew")
+                answer = call  # the ticket
+            else:
+                assert isinstance(call, Collect)
+                assert 10.0 + call.timeout <= earliest
+                flying -= 1
+                kinds.append("collect")
+                renew = call.ticket
+                assert isinstance(renew, Renew)
+                answer = [LeaseResult(Outcome.RENEWED, None, "c", lease=lease)
+                          for lease in renew.leases]
+    expected = {1: ["renew", "collect"] * 3,
+                2: ["renew", "renew", "collect", "renew", "collect", "collect"]}[in_flight]
+    assert kinds == expected
+    assert [len(r.slots) for r in started] == [1000, 1000, 500]
+    assert all(not slot.busy and slot.holding for slot in core.schedule.slots.values())
+
+
+def test_batches_in_flight_when_the_supervisor_closes_are_collected_and_judged() -> None:
+    from mos_lease.supervisor.flow import Collect, turn
+
+    core = _held_core(2500)
+    flow = turn(core, 2)
+    first = flow.send(None)
+    assert isinstance(first, Renew)
+    second = flow.send(first)
+    assert isinstance(second, Renew)
+    core.closing = True  # close() while two batches are in flight
+    collect = flow.send(second)
+    assert isinstance(collect, Collect) and collect.ticket is first
+    collect = flow.send(StoreUnavailable("down"))  # judged: retried, not lost
+    assert isinstance(collect, Collect) and collect.ticket is second
+    with pytest.raises(StopIteration):
+        flow.send([LeaseResult(Outcome.RENEWED, None, "c", lease=lease)
+                   for lease in second.leases])
+    # The third batch was never sent: its slots are given back, and nothing was lost.
+    slots = core.schedule.slots.values()
+    assert all(not slot.busy and slot.holding for slot in slots)
+    assert sum(slot.state.failures == 1 for slot in slots) == 1000
+
+
+class _Overlapping(AsyncInMemoryLeaseStore):
+    """Counts how many ``renew_many`` calls are running at once (each yields to the loop
+    while it runs, as a real store's round trip would)."""
+
+    def __init__(self, inner: InMemoryLeaseStore) -> None:
+        super().__init__(inner)
+        self.running = 0
+        self.most = 0
+        self.calls = 0
+
+    async def renew_many(self, items: Any) -> list[WriteOutcome]:
+        self.running += 1
+        self.calls += 1
+        self.most = max(self.most, self.running)
+        try:
+            for _ in range(3):
+                await asyncio.sleep(0)
+            return await super().renew_many(items)
+        finally:
+            self.running -= 1
+
+
+def test_the_asyncio_supervisor_keeps_two_renewal_batches_in_flight() -> None:
+    async def main() -> None:
+        time = Time()
+        store = _Overlapping(InMemoryLeaseStore(time.wall))
+        coordinator = AsyncConnectorLeaseCoordinator(store, AllowAllPolicy(),
+                                                     monotonic_clock=time)
+        changes: list[Change] = []
+        sleeps: list[float] = []
+        tasks = 0
+
+        async def sleep(seconds: float) -> None:
+            sleeps.append(seconds)
+
+        supervisor = AsyncSupervisor(coordinator, on_change=changes.append, clock=time,
+                                     sleep=sleep, random=lambda: 0.5, background=False)
+        for i in range(2500):
+            supervisor.add(ident(i), "gw-a", scopes=SCOPES, ttl=TTL)
+        before = len(asyncio.all_tasks())
+        for _ in range(30):
+            time.advance(0.5)
+            start = len(sleeps)
+            while len(sleeps) == start:
+                turn = asyncio.ensure_future(supervisor.turn())
+                while not turn.done():
+                    tasks = max(tasks, len(asyncio.all_tasks()) - before)
+                    await asyncio.sleep(0)
+        assert store.calls == 3 and store.most == 2
+        assert tasks <= 3  # the turn and two renewals (the benchmark's "tasks at once")
+        assert not [c for c in changes if isinstance(c, BindingLost)]
+        assert all(supervisor.lease(ident(i)) is not None for i in (0, 1500, 2499))
+        await supervisor.close()
+
+    asyncio.run(main())
+
+
+def test_the_thread_supervisor_keeps_one_renewal_batch_in_flight() -> None:
+    """Its thread budget: the supervisor's thread and one call's, and the PostgreSQL store's
+    watchdog; a second batch in flight would be a fourth."""
+    import threading
+
+    rig = Rig()
+    lock = threading.Lock()
+    running = [0, 0]  # now, most
+    inner = rig.store.renew_many
+
+    def renew_many(items: Sequence[tuple[RenewWrite, AuditEntry]]) -> list[WriteOutcome]:
+        with lock:
+            running[0] += 1
+            running[1] = max(running)
+        try:
+            return inner(items)
+        finally:
+            with lock:
+                running[0] -= 1
+
+    rig.store.renew_many = renew_many  # type: ignore[method-assign]
+    rig.add(2500)
+    rig.settle()
+    rig.run(12)
+    assert rig.store.calls.get("renew_many") == 3 and running[1] == 1
+    assert not rig.of(BindingLost)
