@@ -69,6 +69,10 @@ class Supervisor(_Supervisor[ConnectorLeaseCoordinator]):
     """
 
     _kind = ConnectorLeaseCoordinator
+    # Renewal batches of a tick in flight at once: one (a second costs a thread; see
+    # flow.IN_FLIGHT). The stateful specification also runs it with two, so that the turn's
+    # overlapping batches are checked with real threads, as the asyncio supervisor runs them.
+    _in_flight = 1
 
     def __init__(self, coordinator: ConnectorLeaseCoordinator, *,
                  on_change: Callable[[Change], object] | None = None,
@@ -106,7 +110,7 @@ class Supervisor(_Supervisor[ConnectorLeaseCoordinator]):
 
     def turn(self) -> None:
         """One turn: renew what is due, make the campaign calls due, or sleep."""
-        drive = Drive(turn(self._core), ())
+        drive = Drive(turn(self._core, self._in_flight), ())
         for call in drive:
             drive.send(self._perform(call))
 

@@ -73,10 +73,13 @@ class _FlakyStore:
         return call
 
 
-def make_supervisor_machine(harness_factory: Callable[[], StoreHarness]
-                            ) -> type[RuleBasedStateMachine]:
+def make_supervisor_machine(harness_factory: Callable[[], StoreHarness], *,
+                            in_flight: int = 1) -> type[RuleBasedStateMachine]:
     """A state machine class running a supervisor of several bindings against stores from
     the factory. Use it as ``TestMySupervisor = make_supervisor_machine(factory).TestCase``.
+    ``in_flight``: renewal batches of a tick the supervisor keeps in flight at once (the
+    thread supervisor keeps one, the asyncio one two; with two, bindings of different ttls
+    due together are renewed by overlapping calls on two threads).
     """
 
     class SupervisorMachine(RuleBasedStateMachine):
@@ -102,6 +105,7 @@ def make_supervisor_machine(harness_factory: Callable[[], StoreHarness]
                                          clock=self._clock, sleep=self._sleep,
                                          random=lambda: 0.5, background=False,
                                          notices=self.feed)
+            self.supervisor._in_flight = in_flight
             self.checked = 0  # reports checked so far
             self.held: dict[LeaseIdentity, LeaseHandle] = {}  # started, not yet lost
             self.started: set[Any] = set()  # lease ids reported started
@@ -326,7 +330,8 @@ def make_supervisor_machine(harness_factory: Callable[[], StoreHarness]
                     assert row.epoch >= self.last_epoch.get(identity, 0)
                     self.highest[identity] = row.epoch
 
-    SupervisorMachine.__name__ = "SupervisorMachine"
+    SupervisorMachine.__name__ = ("SupervisorMachine" if in_flight == 1
+                                  else f"SupervisorMachine{in_flight}InFlight")
     return SupervisorMachine
 
 

@@ -23,6 +23,13 @@ TestSupervisorMachine.settings = settings(
     max_examples=150, stateful_step_count=50, deadline=None,
     suppress_health_check=[HealthCheck.too_slow])
 
+# Two renewal batches in flight (as the asyncio supervisor keeps them): bindings of the two
+# ttls due in one tick are renewed by overlapping calls on two threads.
+TestSupervisorMachineTwoInFlight = make_supervisor_machine(MemoryHarness, in_flight=2).TestCase
+TestSupervisorMachineTwoInFlight.settings = settings(
+    max_examples=150, stateful_step_count=50, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow])
+
 
 def _run_flawed() -> None:
     machine = make_supervisor_machine(MemoryHarness)
