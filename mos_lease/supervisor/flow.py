@@ -171,9 +171,11 @@ def turn(core: Core, in_flight: int = 1) -> Flow:
 
 @attrs.frozen(slots=True, eq=False)
 class _Flight:
-    """A renewal batch in flight: started at ``started``, answered by ``ticket``, to be
-    given up at ``limit`` (the earliest deadline of the held leases when it started)."""
+    """A renewal batch in flight: batch ``index`` of the tick, started at ``started``,
+    answered by ``ticket``, to be given up at ``limit`` (the earliest deadline of the held
+    leases when it started)."""
 
+    index: int
     renew: Renew
     started: float
     ticket: object
@@ -188,31 +190,33 @@ def _renewals(core: Core, due: Due, in_flight: int) -> Generator[Call, Any, bool
         # Other threads only remove bindings or record losses, which never make a limit
         # earlier: these stay conservative while the tick runs.
         rest, pending = core.schedule.limits(due.renewals)
-    flying: deque[tuple[int, _Flight]] = deque()
+    flying: deque[_Flight] = deque()
+    closed_at: int | None = None
     for k, renew in enumerate(due.renewals):
         if len(flying) == in_flight:
-            rest = yield from _collect(core, flying.popleft()[1], rest)
+            rest = yield from _collect(core, flying.popleft(), rest)
         started = core.clock()
         with core.lock:
             closing = core.closing
         if closing:
-            while flying:
-                rest = yield from _collect(core, flying.popleft()[1], rest)
-            with core.lock:
-                _unclaim([s for later in due.renewals[k:] for s in later.slots])
-                _unclaim([call.slot for call in due.campaigns])
-                _unclaim_confirms([call.slot for call in due.confirms])
-            return False
+            closed_at = k
+            break
         # The earliest deadline of every held lease, counted from this call's start: those
         # outside the tick and those of the batches from the oldest still in flight on
         # (the batches before it took time too, and the leases of one in flight still have
         # their old deadlines).
-        limit = min(rest, *pending[flying[0][0] if flying else k:])
+        limit = min(rest, *pending[flying[0].index if flying else k:])
         ticket = yield attrs.evolve(renew, timeout=max(limit - started, 0.0))
-        flying.append((k, _Flight(renew, started, ticket, limit)))
+        flying.append(_Flight(k, renew, started, ticket, limit))
     while flying:
-        rest = yield from _collect(core, flying.popleft()[1], rest)
-    return True
+        rest = yield from _collect(core, flying.popleft(), rest)
+    if closed_at is None:
+        return True
+    with core.lock:
+        _unclaim([s for later in due.renewals[closed_at:] for s in later.slots])
+        _unclaim([call.slot for call in due.campaigns])
+        _unclaim_confirms([call.slot for call in due.confirms])
+    return False
 
 
 def _collect(core: Core, flight: _Flight, rest: float) -> Generator[Call, Any, float]:
