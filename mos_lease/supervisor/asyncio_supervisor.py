@@ -20,6 +20,7 @@ from mos_lease.bounded import abandon, bounded_async, bounded_wait
 from mos_lease.coordinator import AsyncConnectorLeaseCoordinator
 from mos_lease.flowdrive import Drive, outcome_of_async
 from mos_lease.identity import LeaseIdentity
+from mos_lease.records import LeaseHandle
 from mos_lease.results import GrantResult, LeaseResult
 from mos_lease.supervisor.base import _Supervisor
 from mos_lease.supervisor.changes import Change
@@ -132,8 +133,11 @@ class AsyncSupervisor(_Supervisor[AsyncConnectorLeaseCoordinator]):
         if isinstance(call, Attempt):
             return await self._bounded(self._campaign(call), call.timeout)
         assert isinstance(call, Release)
+        return await self._release(call.lease)
+
+    async def _release(self, lease: LeaseHandle) -> object:
         try:
-            return await self.coordinator.release(call.lease)
+            return await self.coordinator.release(lease)
         except Exception as error:
             return error
 
@@ -184,7 +188,7 @@ class AsyncSupervisor(_Supervisor[AsyncConnectorLeaseCoordinator]):
             # (the asyncio keeper's stop() explains why).
             await asyncio.wait((task,))
         for lease in self._close_all():
-            outcome = await self._perform(Release(lease), set())
+            outcome = await self._release(lease)
             if isinstance(outcome, BaseException):
                 log.warning(
                     "mos_lease: could not release %s on close: %r", lease.identity, outcome)
