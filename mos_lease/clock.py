@@ -4,6 +4,7 @@ clock, or a manual one for tests, demos and simulations)."""
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable
@@ -16,16 +17,14 @@ on it (and keepers keep their deadlines on it). Injectable, so tests can make a 
 without sleeping."""
 
 
-def _boottime() -> float:
-    """Seconds on ``CLOCK_BOOTTIME``: monotonic, and counting while the machine sleeps."""
-    return time.clock_gettime(time.CLOCK_BOOTTIME)
-
-
 # ``CLOCK_MONOTONIC`` stops while a machine is suspended; a lease's expiry in the store does
 # not. ``CLOCK_BOOTTIME`` (Linux) counts suspended time, so time spent suspended counts as
 # time elapsed, whether a keeper's deadline or a reply in flight is being judged.
+# A partial of the C function, not a Python wrapper: it is read several times per call
+# (deadlines, time in flight), and a Python frame costs more than the clock read itself.
 default_clock: Final[MonotonicClock] = (
-    _boottime if hasattr(time, "CLOCK_BOOTTIME") else time.monotonic)
+    functools.partial(time.clock_gettime, time.CLOCK_BOOTTIME)
+    if hasattr(time, "CLOCK_BOOTTIME") else time.monotonic)
 """Monotonic seconds that keep counting through suspend where the platform allows."""
 
 
