@@ -21,15 +21,19 @@ from mos_lease.records import AuditEntry
 
 T = TypeVar("T")
 
+# Each operation below is built for one store call and read once, by the driver: plain
+# slotted classes, not frozen ones, since a frozen attrs instance costs about twice as much
+# to build (every field is set through object.__setattr__) and nothing keeps or hashes them.
 
-@attrs.frozen(slots=True)
+
+@attrs.define(slots=True)
 class Load:
     """Read the identity's row and the store's time: answered with a ``Snapshot``."""
 
     identity: LeaseIdentity
 
 
-@attrs.frozen(slots=True)
+@attrs.define(slots=True)
 class Apply:
     """Apply a guarded write with its audit entry, atomically: a ``WriteOutcome``."""
 
@@ -37,21 +41,21 @@ class Apply:
     entry: AuditEntry
 
 
-@attrs.frozen(slots=True)
+@attrs.define(slots=True)
 class RenewMany:
     """Apply many renewals in one round trip, each on its own: a ``WriteOutcome`` each."""
 
     items: tuple[tuple[Renew, AuditEntry], ...]
 
 
-@attrs.frozen(slots=True)
+@attrs.define(slots=True)
 class Record:
     """Append an audit entry that changes no row (a refusal): answered with ``None``."""
 
     entry: AuditEntry
 
 
-@attrs.frozen(slots=True)
+@attrs.define(slots=True)
 class Committed:
     """Whether the audit row with this event id exists: a ``bool``."""
 

@@ -26,7 +26,7 @@ from mos_lease.records import AuditEntry, LeaseRow, Snapshot
 from mos_lease.vocabulary import LifecycleEvent, Outcome, Reason
 
 
-@attrs.frozen(slots=True)
+@attrs.define(slots=True)
 class Validate:
     """Use of a recognized grant: act for ``identity`` with the ``requested`` scopes.
 
@@ -34,6 +34,9 @@ class Validate:
     rules do not know the grant registry, only what it said about the grant object
     (``registry_reason``, e.g. an expired grant it already dropped). A validation has no
     write; only a refusal is audited, under an event id made when it is refused.
+
+    Built for every validation and read by the rules only: a plain slotted class, not a
+    frozen one (a frozen attrs instance costs about twice as much to build).
     """
 
     identity: LeaseIdentity

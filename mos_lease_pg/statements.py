@@ -149,9 +149,13 @@ class Kind(enum.Enum):
     WRITE = "write"  # may have committed: the outcome is unknown and must be reconciled
 
 
-@attrs.frozen(slots=True)
+@attrs.define(slots=True)
 class Call(Generic[T]):
-    """One statement to send, and how to turn its rows into the store's answer."""
+    """One statement to send, and how to turn its rows into the store's answer.
+
+    Built for every statement the store sends and read once: a plain slotted class, not a
+    frozen one (a frozen attrs instance costs about twice as much to build, every field
+    set through ``object.__setattr__``); nothing changes or hashes a call."""
 
     what: str  # for error messages: "load", "takeover write", ...
     statement: Statement
@@ -188,8 +192,10 @@ def _entry_params(entry: AuditEntry) -> dict[str, object]:
 
 def load(identity: LeaseIdentity, offset: timedelta, *,
          schema: str = DEFAULT_SCHEMA) -> Call[Snapshot]:
-    return Call("load", LOAD.at(schema), {"offset": offset, **_identity_params(identity)},
-                functools.partial(parse_snapshot, identity))
+    # Spelled out rather than merged from _identity_params: every validation sends this.
+    params = {"offset": offset, "tenant_id": identity.tenant_id,
+              "logical_agent_id": identity.logical_agent_id, "binding_id": identity.binding_id}
+    return Call("load", LOAD.at(schema), params, functools.partial(parse_snapshot, identity))
 
 
 def _metadata_json(metadata: Metadata) -> str:
