@@ -38,11 +38,16 @@ def lease_row(identity: LeaseIdentity, cols: Sequence[Any]) -> LeaseRow:
     expires_at, released_at, updated_at, holder_metadata) to a :class:`LeaseRow`."""
     (lease_id, connector_id, scopes, epoch, acquired, heartbeat, expires, released, updated,
      metadata) = cols
+    if updated.tzinfo is not UTC:
+        # One session's time zone delivered every column of the row: a UTC session (the
+        # default settings) needs no conversion, so it is asked once, not per column.
+        acquired, heartbeat, expires, updated = (
+            _utc(acquired), _utc(heartbeat), _utc(expires), _utc(updated))
+        released = _maybe_utc(released)
     return LeaseRow(
         identity=identity, lease_id=lease_id, connector_id=connector_id,
-        scopes=tuple(scopes), epoch=epoch, acquired_at=_utc(acquired),
-        heartbeat_at=_utc(heartbeat), expires_at=_utc(expires),
-        released_at=_maybe_utc(released), updated_at=_utc(updated),
+        scopes=tuple(scopes), epoch=epoch, acquired_at=acquired, heartbeat_at=heartbeat,
+        expires_at=expires, released_at=released, updated_at=updated,
         # psycopg reads jsonb as a dict; the statements send NULL for an empty object (no
         # JSON to parse on the hot paths), which is the shared empty.
         metadata=Metadata(metadata) if metadata else EMPTY_METADATA,
@@ -55,15 +60,12 @@ def _single(rows: Sequence[Row]) -> Row:
     return rows[0]
 
 
-def _time_and_row(identity: LeaseIdentity, rows: Sequence[Row]) -> tuple[datetime, LeaseRow | None]:
-    now, *cols = _single(rows)
-    # lease_id is NOT NULL in the table, so a NULL here means "no row" (LEFT JOIN).
-    return _utc(now), None if cols[0] is None else lease_row(identity, cols)
-
-
 def parse_snapshot(identity: LeaseIdentity, rows: Sequence[Row]) -> Snapshot:
-    now, row = _time_and_row(identity, rows)
-    return Snapshot(row, now)
+    """A read's one row: the database time, then the lease columns (all NULL for no row:
+    ``lease_id`` is NOT NULL in the table, so a NULL means the LEFT JOIN found none)."""
+    found = _single(rows)
+    row = None if found[1] is None else lease_row(identity, found[1:])
+    return Snapshot(row, _utc(found[0]))
 
 
 def parse_write_outcome(identity: LeaseIdentity, rows: Sequence[Row], *,
