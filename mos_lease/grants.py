@@ -195,8 +195,16 @@ class GrantRegistry:
 
     def prune(self, now: datetime) -> None:
         """Drop every grant whose expiry has passed by store time ``now``."""
-        with self._lock:
-            self._prune_locked(now)
+        # Looked at without the lock first (every validation prunes, and most find nothing
+        # due): reading the heap's head is atomic, and it is read again under the lock. It
+        # may empty between two reads, hence IndexError rather than a test for emptiness.
+        try:
+            due = self._expiry_heap[0][0] <= now
+        except IndexError:
+            return
+        if due:
+            with self._lock:
+                self._prune_locked(now)
 
     def _prune_locked(self, now: datetime) -> None:
         heap = self._expiry_heap
