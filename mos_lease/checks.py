@@ -137,6 +137,9 @@ class CheckedInputs:
                 return checked
         checked = check_identity(field, value)
         _remember(self._identities, value, checked)
+        # The checked identity travels on (in the handle a call returns, say) and comes
+        # back as the next call's input: it is its own answer.
+        _remember(self._identities, checked, checked)
         return checked
 
     def scopes(self, field: str, value: object) -> Scopes:
@@ -149,6 +152,7 @@ class CheckedInputs:
             return known[1]
         scopes = normalize_scopes(field, value)
         _remember(self._scopes, value, scopes)
+        _remember(self._scopes, scopes, scopes)  # as for identities
         return scopes
 
     def handle(self, lease: object) -> LeaseHandle:
