@@ -11,7 +11,9 @@ from a clock within a day of the database's; the in-memory store accepts any UUI
 from __future__ import annotations
 
 import os
+import threading
 import time
+from typing import Final
 from uuid import UUID
 
 LOW_BITS = 74
@@ -22,11 +24,43 @@ _VERSION_7 = 0x7 << 76
 _VARIANT = 0b10 << 62
 
 
+_DRAW: Final = 10  # bytes of randomness per id: 80 bits, of which 74 are used
+_POOL: Final = 4096 // _DRAW * _DRAW  # bytes asked of the kernel at once
+
+
+class _RandomPool:
+    """The random bits of this process's ids, asked of the kernel's CSPRNG (``os.urandom``)
+    4 KiB at a time: a write mints two ids, and a system call per id cost more than the
+    rest of minting it. Emptied in a forked child, which must never reuse its parent's
+    bytes (two processes would mint the same ids)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._bytes = b""
+        self._at = 0
+
+    def draw(self) -> int:
+        with self._lock:
+            at = self._at
+            if at == len(self._bytes):
+                self._bytes, at = os.urandom(_POOL), 0
+            self._at = at + _DRAW
+            return int.from_bytes(self._bytes[at:at + _DRAW], "big")
+
+    def forked(self) -> None:
+        self._lock = threading.Lock()  # another thread may have held it at fork time
+        self._bytes, self._at = b"", 0
+
+
+_RANDOM: Final = _RandomPool()
+os.register_at_fork(after_in_child=_RANDOM.forked)
+
+
 def uuid7(now_ns: int | None = None) -> UUID:
     """A fresh version-7 UUID: the millisecond of ``now_ns`` (default: the wall clock,
     ``time.time_ns()``), the version and variant bits, and 74 random bits."""
     ms = (time.time_ns() if now_ns is None else now_ns) // 1_000_000
-    return uuid7_of(ms, int.from_bytes(os.urandom(10), "big"))
+    return uuid7_of(ms, _RANDOM.draw())
 
 
 def uuid7_of(ms: int, low: int) -> UUID:

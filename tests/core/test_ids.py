@@ -3,6 +3,7 @@ an event id by its minting time (migration 0009)."""
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
 
@@ -50,3 +51,33 @@ def test_a_millisecond_outside_48_bits_is_refused(ms: int) -> None:
 
 def test_another_version_has_no_minting_time() -> None:
     assert minted_ms(uuid.uuid4()) is None
+
+
+def _random_part(value: uuid.UUID) -> int:
+    return value.int & ((1 << 80) - 1)  # all but the millisecond
+
+
+def test_ids_minted_in_a_row_share_no_random_bits() -> None:
+    # The bits come from a pool of kernel randomness drawn 4 KiB at a time: consecutive
+    # ids, across a refill, never repeat their random part.
+    parts = [_random_part(uuid7()) for _ in range(2000)]
+    assert len(set(parts)) == len(parts)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_never_mints_its_parents_next_ids() -> None:
+    uuid7()  # the pool holds unused bytes when the process forks
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: mint, report, leave without running the parent's cleanup
+        os.close(read)
+        os.write(write, b"".join(_random_part(uuid7()).to_bytes(10, "big") for _ in range(5)))
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        data = pipe.read()
+    os.waitpid(pid, 0)
+    child = {int.from_bytes(data[i:i + 10], "big") for i in range(0, len(data), 10)}
+    parent = {_random_part(uuid7()) for _ in range(5)}
+    assert len(child) == 5
+    assert not child & parent
