@@ -29,7 +29,7 @@ class Running(Generic[T]):
     for once with :meth:`wait`. Starting and waiting apart lets a driver keep two calls in
     flight (the supervisor's renewal batches) and still give up on each at its own limit."""
 
-    __slots__ = ("_abandoned", "_box", "_done", "_late", "_lock")
+    __slots__ = ("_abandoned", "_box", "_done", "_late", "_lock", "_thread")
 
     def __init__(self, call: Callable[[], T], name: str,
                  late: Callable[[T], object] | None) -> None:
@@ -38,7 +38,9 @@ class Running(Generic[T]):
         self._done = threading.Event()
         self._abandoned = False
         self._late = late
-        threading.Thread(target=self._run, args=(call,), daemon=True, name=name).start()
+        self._thread = threading.Thread(target=self._run, args=(call,), daemon=True,
+                                        name=name)
+        self._thread.start()
 
     def _run(self, call: Callable[[], T]) -> None:
         outcome: T | BaseException
@@ -63,6 +65,10 @@ class Running(Generic[T]):
                     self._abandoned = True
                     overdue: T | BaseException = OVERDUE
                     return overdue
+        # Finished and not abandoned: its thread has nothing left to do but end. Joined, so
+        # that a driver starting its next call right away never runs two threads at once
+        # (the supervisor holds its threads to three).
+        self._thread.join()
         return self._box[0]
 
 
