@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from datetime import timedelta
-from typing import Final, TypeVar
+from typing import Final, TypeVar, cast
 from uuid import UUID
 
 from mos_lease.errors import ConfigurationError, InvalidInput
@@ -114,15 +114,19 @@ class CheckedInputs:
     (``object.__setattr__`` can change a frozen instance, and then a field is another
     object), and scopes given as exactly a ``tuple`` or ``frozenset`` (immutable; a list
     may change between two calls, so it is checked every time). Comparing by identity,
-    never by ``==``, so a look-alike with a lying ``__eq__`` cannot borrow an answer.
+    never by ``==``, so a look-alike with a lying ``__eq__`` cannot borrow an answer; the
+    one exception is a tuple of exact strings, whose ``==`` is the strings' own, remembered
+    by its text.
     """
 
-    __slots__ = ("_identities", "_scopes")
+    __slots__ = ("_identities", "_scope_texts", "_scopes")
 
     def __init__(self) -> None:
         # id(object) -> (the object, kept alive so its id is not reused; the answer)
         self._identities: dict[int, tuple[object, LeaseIdentity]] = {}
         self._scopes: dict[int, tuple[object, Scopes]] = {}
+        # a tuple of exact strings -> its normalized scopes
+        self._scope_texts: dict[tuple[str, ...], Scopes] = {}
 
     def identity(self, field: str, value: object) -> LeaseIdentity:
         """:func:`~mos_lease.identity.check_identity`, remembered."""
@@ -145,14 +149,25 @@ class CheckedInputs:
     def scopes(self, field: str, value: object) -> Scopes:
         """:func:`~mos_lease.identity.normalize_scopes`, remembered for immutable input."""
         kind = type(value)
-        if kind is not tuple and kind is not frozenset:
+        if kind is tuple and all(type(scope) is str for scope in cast(tuple[object, ...], value)):
+            # Exact strings in an exact tuple hash and compare as their text, so such a
+            # tuple is remembered by value: the fresh tuple of a row the store returned (in
+            # the handle a heartbeat gives back) finds the answer of the last one.
+            text = cast(tuple[str, ...], value)
+            by_text = self._scope_texts.get(text)
+            if by_text is None:
+                by_text = normalize_scopes(field, text)
+                if len(self._scope_texts) >= MAX_REMEMBERED:
+                    self._scope_texts.clear()
+                self._scope_texts[text] = by_text
+            return by_text
+        if kind is not frozenset:
             return normalize_scopes(field, value)
         known = self._scopes.get(id(value))
         if known is not None and known[0] is value:
             return known[1]
         scopes = normalize_scopes(field, value)
         _remember(self._scopes, value, scopes)
-        _remember(self._scopes, scopes, scopes)  # as for identities
         return scopes
 
     def handle(self, lease: object) -> LeaseHandle:

@@ -72,8 +72,28 @@ def test_a_look_alike_identity_is_never_remembered_and_the_memory_is_bounded() -
     for i in range(3 * MAX_REMEMBERED):
         inputs.identity("identity", LeaseIdentity("t", "a", f"b{i}"))
         inputs.scopes("scopes", (f"s{i}",))
+        inputs.scopes("scopes", frozenset({f"s{i}"}))
     assert len(inputs._identities) <= MAX_REMEMBERED
     assert len(inputs._scopes) <= MAX_REMEMBERED
+    assert len(inputs._scope_texts) <= MAX_REMEMBERED
+
+
+def test_a_tuple_of_plain_strings_is_remembered_by_its_text_and_nothing_else_is() -> None:
+    inputs = CheckedInputs()
+    first = inputs.scopes("scopes", ("tool:run", "a"))
+    assert first == ("a", "tool:run")
+    # Another tuple of the same text (a row's scopes, read again): the same answer.
+    assert inputs.scopes("scopes", tuple(["tool:run", "a"])) is first
+
+    class Text(str):
+        __slots__ = ()
+
+    look_alike = inputs.scopes("scopes", (Text("tool:run"), Text("a")))
+    assert look_alike == first and look_alike is not first  # checked again, not borrowed
+    with pytest.raises(InvalidInput):
+        inputs.scopes("scopes", ("Tool Run",))
+    with pytest.raises(InvalidInput):
+        inputs.scopes("scopes", ("Tool Run",))  # a refusal is never remembered
 
 
 def test_the_default_correlation_id_is_not_an_event_id() -> None:
