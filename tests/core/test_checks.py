@@ -83,7 +83,10 @@ def test_a_tuple_of_plain_strings_is_remembered_by_its_text_and_nothing_else_is(
     first = inputs.scopes("scopes", ("tool:run", "a"))
     assert first == ("a", "tool:run")
     # Another tuple of the same text (a row's scopes, read again): the same answer.
-    assert inputs.scopes("scopes", tuple(["tool:run", "a"])) is first
+    given = ("tool:run", "a")
+    again = tuple(scope for scope in given)  # another tuple object, same text
+    assert again is not given
+    assert inputs.scopes("scopes", again) is first
 
     class Text(str):
         __slots__ = ()
