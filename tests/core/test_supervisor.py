@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Generic, TypeVar
 from uuid import uuid4
 
 import pytest
@@ -318,20 +318,35 @@ def test_the_thread_supervisor_uses_one_thread() -> None:
 # --- the asyncio supervisor --------------------------------------------------------------
 
 
-def test_the_asyncio_supervisor_holds_renews_and_loses_one_binding() -> None:
-    async def main() -> None:
-        time = Time()
-        store = AsyncInMemoryLeaseStore(InMemoryLeaseStore(time.wall))
-        coordinator = AsyncConnectorLeaseCoordinator(store, AllowAllPolicy(),
-                                                     monotonic_clock=time)
-        changes: list[Change] = []
-        sleeps: list[float] = []
+S = TypeVar("S", bound=AsyncInMemoryLeaseStore)
+
+
+class AsyncRig(Generic[S]):
+    """:class:`Rig` for the asyncio supervisor, over an asyncio store built on the rig's
+    wall clock by ``store_of``."""
+
+    def __init__(self, store_of: Callable[[InMemoryLeaseStore], S]) -> None:
+        self.time = Time()
+        self.store = store_of(InMemoryLeaseStore(self.time.wall))
+        self.coordinator = AsyncConnectorLeaseCoordinator(self.store, AllowAllPolicy(),
+                                                          monotonic_clock=self.time)
+        self.changes: list[Change] = []
+        self.sleeps: list[float] = []
 
         async def sleep(seconds: float) -> None:
-            sleeps.append(seconds)
+            self.sleeps.append(seconds)
 
-        supervisor = AsyncSupervisor(coordinator, on_change=changes.append, clock=time,
-                                     sleep=sleep, random=lambda: 0.5, background=False)
+        self.supervisor = AsyncSupervisor(self.coordinator, on_change=self.changes.append,
+                                          clock=self.time, sleep=sleep, random=lambda: 0.5,
+                                          background=False)
+
+
+
+def test_the_asyncio_supervisor_holds_renews_and_loses_one_binding() -> None:
+    async def main() -> None:
+        rig = AsyncRig(AsyncInMemoryLeaseStore)
+        time, store, changes, sleeps, supervisor = (
+            rig.time, rig.store, rig.changes, rig.sleeps, rig.supervisor)
 
         async def settle() -> None:
             before = len(sleeps)
@@ -690,19 +705,10 @@ class _Overlapping(AsyncInMemoryLeaseStore):
 
 def test_the_asyncio_supervisor_keeps_two_renewal_batches_in_flight() -> None:
     async def main() -> None:
-        time = Time()
-        store = _Overlapping(InMemoryLeaseStore(time.wall))
-        coordinator = AsyncConnectorLeaseCoordinator(store, AllowAllPolicy(),
-                                                     monotonic_clock=time)
-        changes: list[Change] = []
-        sleeps: list[float] = []
+        rig = AsyncRig(_Overlapping)
+        time, store, changes, sleeps, supervisor = (
+            rig.time, rig.store, rig.changes, rig.sleeps, rig.supervisor)
         tasks = 0
-
-        async def sleep(seconds: float) -> None:
-            sleeps.append(seconds)
-
-        supervisor = AsyncSupervisor(coordinator, on_change=changes.append, clock=time,
-                                     sleep=sleep, random=lambda: 0.5, background=False)
         for i in range(2500):
             supervisor.add(ident(i), "gw-a", scopes=SCOPES, ttl=TTL)
         before = len(asyncio.all_tasks())
