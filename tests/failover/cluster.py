@@ -59,6 +59,16 @@ class ClusterError(RuntimeError):
     pass
 
 
+def _tail(path: str, size: int = 2000) -> str:
+    try:
+        with open(path, "rb") as log:
+            log.seek(0, os.SEEK_END)
+            log.seek(max(0, log.tell() - size))
+            return log.read().decode(errors="replace")
+    except OSError as error:
+        return f"(unreadable: {error})"
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -130,8 +140,12 @@ class ReplicatedPair:
                                f"{exc.stderr.decode(errors='replace')[-2000:]}") from None
 
     def _start(self, node: Node) -> None:
-        self._run("pg_ctl", "-D", node.data, "-l", node.log, "-w", "-t", "60", "-o",
-                  f"-p {node.port} -k {self.base}", "start", env=node.env)
+        try:
+            self._run("pg_ctl", "-D", node.data, "-l", node.log, "-w", "-t", "60", "-o",
+                      f"-p {node.port} -k {self.base}", "start", env=node.env)
+        except ClusterError as failed:
+            # pg_ctl says only "could not start server": the server's own log says why.
+            raise ClusterError(f"{failed}\n{node.name}.log ends:\n{_tail(node.log)}") from None
         node.running = True
 
     def _stop(self, node: Node, mode: str) -> None:
