@@ -6,15 +6,18 @@ wrong, and nothing is read or written. What passes is rebuilt from plain values,
 a caller subclassed takes part in a fencing comparison.
 
 :class:`CheckedInputs` remembers what it already checked, recognised by object identity:
-a gateway validates with the same identity and scopes objects over and over, and checking
-them again each time was most of the coordinator's own cost of a validation.
+a gateway validates with the same identity and scopes objects over and over, and renews the
+handles its last heartbeat returned, and checking them again each time was most of the
+coordinator's own cost of a validation and a third of a batched heartbeat's.
 """
 
 from __future__ import annotations
 
+import functools
+import weakref
 from collections.abc import Callable, Sequence
 from datetime import timedelta
-from typing import Final, TypeVar, cast
+from typing import Any, Final, Generic, TypeVar, cast
 from uuid import UUID
 
 from mos_lease.errors import ConfigurationError, InvalidInput
@@ -35,7 +38,8 @@ A = TypeVar("A")
 MAX_BATCH: Final = 1000
 """The most leases one ``heartbeat_many`` renews."""
 MAX_REMEMBERED: Final = 1024
-"""How many checked objects of each kind :class:`CheckedInputs` keeps (then it starts over)."""
+"""How many scope texts :class:`CheckedInputs` keeps (then it starts over). Identities and
+handles are remembered for as long as they live, however many there are."""
 
 
 def check_cap(name: str, value: object, hard_cap: timedelta) -> timedelta:
@@ -105,26 +109,71 @@ def check_handle(lease: object,
                        epoch=epoch, scopes=scopes, expires_at=lease.expires_at)
 
 
-class CheckedInputs:
-    """Identities and scopes already checked, recognised by object identity.
+class _Memory(Generic[A]):
+    """Answers for objects that are still alive, found by object identity.
 
-    A remembered answer is given only for the very object it was computed from, and only
-    where that object cannot have changed since: an identity of exactly
-    :class:`LeaseIdentity` whose three fields are still the very strings that were checked
-    (``object.__setattr__`` can change a frozen instance, and then a field is another
-    object), and scopes given as exactly a ``tuple`` or ``frozenset`` (immutable; a list
-    may change between two calls, so it is checked every time). Comparing by identity,
-    never by ``==``, so a look-alike with a lying ``__eq__`` cannot borrow an answer; the
-    one exception is a tuple of exact strings, whose ``==`` is the strings' own, remembered
-    by its text.
+    Each entry is keyed by a weak reference and goes when its object does, so a gateway's
+    10,000 handles are all remembered while it keeps them, nothing is kept alive for the
+    memory's sake, and no bound makes a large gateway start over on every tick. An entry
+    also holds the object's fields as they were checked: a hit needs every field to be
+    still the very same object (``object.__setattr__`` can change a frozen instance, and
+    then a field is another object). An object that is its own answer is stored as
+    ``None``, since a strong reference to it would keep it alive forever.
     """
 
-    __slots__ = ("_identities", "_scope_texts", "_scopes")
+    __slots__ = ("__weakref__", "_entries")
 
     def __init__(self) -> None:
-        # id(object) -> (the object, kept alive so its id is not reused; the answer)
-        self._identities: dict[int, tuple[object, LeaseIdentity]] = {}
-        self._scopes: dict[int, tuple[object, Scopes]] = {}
+        self._entries: dict[int, tuple[weakref.ref[Any], tuple[object, ...], A | None]] = {}
+
+    def get(self, value: object, fields: tuple[object, ...]) -> A | None:
+        entry = self._entries.get(id(value))
+        if entry is None or entry[0]() is not value:
+            return None
+        for checked, now in zip(entry[1], fields, strict=True):
+            if checked is not now:
+                return None
+        answer = entry[2]
+        return cast(A, value) if answer is None else answer
+
+    def put(self, value: A, fields: tuple[object, ...], answer: A) -> None:
+        key = id(value)
+        # The callback holds the memory weakly: a coordinator's memory goes with it, not
+        # with the last object it ever checked.
+        ref = weakref.ref(value, functools.partial(_forget, weakref.ref(self), key))
+        self._entries[key] = (ref, fields, None if answer is value else answer)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+def _forget(memory: weakref.ref[_Memory[Any]], key: int, dead: weakref.ref[Any]) -> None:
+    live = memory()
+    if live is not None:
+        entry = live._entries.get(key)
+        if entry is not None and entry[0] is dead:  # not a newer object at the same id
+            live._entries.pop(key, None)
+
+
+class CheckedInputs:
+    """Identities, handles and scopes already checked, recognised by object identity.
+
+    A remembered answer is given only for the very object it was computed from, and only
+    where that object cannot have changed since: an identity or handle of exactly its class
+    whose fields are still the very objects that were checked (see :class:`_Memory`), and
+    scopes given as exactly a ``tuple`` or ``frozenset`` (immutable; a list may change
+    between two calls, so it is checked every time). Comparing by identity, never by ``==``,
+    so a look-alike with a lying ``__eq__`` cannot borrow an answer; the one exception is a
+    tuple of exact strings, whose ``==`` is the strings' own, remembered by its text. What a
+    call returns (a handle, with its checked identity) is its own answer when it comes back.
+    """
+
+    __slots__ = ("_handles", "_identities", "_scope_texts", "_scopes")
+
+    def __init__(self) -> None:
+        self._identities: _Memory[LeaseIdentity] = _Memory()
+        self._handles: _Memory[LeaseHandle] = _Memory()
+        self._scopes: _Memory[Scopes] = _Memory()
         # a tuple of exact strings -> its normalized scopes
         self._scope_texts: dict[tuple[str, ...], Scopes] = {}
 
@@ -132,18 +181,17 @@ class CheckedInputs:
         """:func:`~mos_lease.identity.check_identity`, remembered."""
         if type(value) is not LeaseIdentity:
             return check_identity(field, value)
-        known = self._identities.get(id(value))
-        if known is not None and known[0] is value:
-            checked = known[1]
-            if (value.tenant_id is checked.tenant_id
-                    and value.logical_agent_id is checked.logical_agent_id
-                    and value.binding_id is checked.binding_id):
-                return checked
+        fields = (value.tenant_id, value.logical_agent_id, value.binding_id)
+        known = self._identities.get(value, fields)
+        if known is not None:
+            return known
         checked = check_identity(field, value)
-        _remember(self._identities, value, checked)
-        # The checked identity travels on (in the handle a call returns, say) and comes
-        # back as the next call's input: it is its own answer.
-        _remember(self._identities, checked, checked)
+        self._identities.put(value, fields, checked)
+        if checked is not value:
+            # The checked identity travels on (in the handle a call returns, say) and comes
+            # back as the next call's input: it is its own answer.
+            self._identities.put(checked, (checked.tenant_id, checked.logical_agent_id,
+                                           checked.binding_id), checked)
         return checked
 
     def scopes(self, field: str, value: object) -> Scopes:
@@ -163,19 +211,29 @@ class CheckedInputs:
             return by_text
         if kind is not frozenset:
             return normalize_scopes(field, value)
-        known = self._scopes.get(id(value))
-        if known is not None and known[0] is value:
-            return known[1]
+        known = self._scopes.get(value, ())
+        if known is not None:
+            return known
         scopes = normalize_scopes(field, value)
-        _remember(self._scopes, value, scopes)
+        self._scopes.put(cast(Scopes, value), (), scopes)
         return scopes
 
     def handle(self, lease: object) -> LeaseHandle:
-        """:func:`check_handle`, with the handle's identity and scopes remembered."""
-        return check_handle(lease, self.identity, self.scopes)
-
-
-def _remember(memory: dict[int, tuple[object, A]], key: object, answer: A) -> None:
-    if len(memory) >= MAX_REMEMBERED:
-        memory.clear()  # bounded; the objects a gateway keeps using come back at once
-    memory[id(key)] = (key, answer)
+        """:func:`check_handle`, remembered: the handles a heartbeat returned are what the
+        next heartbeat renews, a supervisor's thousands of them on every tick."""
+        if type(lease) is not LeaseHandle:
+            return check_handle(lease, self.identity, self.scopes)
+        fields = (lease.identity, lease.connector_id, lease.lease_id, lease.epoch,
+                  lease.scopes, lease.expires_at)
+        known = self._handles.get(lease, fields)
+        # The identity is an object of its own, which can change apart from the handle.
+        if known is not None and self.identity("lease.identity", lease.identity) is (
+                known.identity):
+            return known
+        checked = check_handle(lease, self.identity, self.scopes)
+        self._handles.put(lease, fields, checked)
+        if checked is not lease:
+            self._handles.put(checked, (checked.identity, checked.connector_id,
+                                        checked.lease_id, checked.epoch, checked.scopes,
+                                        checked.expires_at), checked)
+        return checked

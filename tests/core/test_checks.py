@@ -3,12 +3,17 @@ would probe it: a remembered answer is only ever given for the very object, unch
 
 from __future__ import annotations
 
+import gc
+import uuid
+from datetime import UTC, datetime
+
 import pytest
 
 from mos_lease import ConnectorLeaseCoordinator, ExecutionGrant
 from mos_lease.checks import MAX_REMEMBERED, CheckedInputs
 from mos_lease.errors import InvalidInput
 from mos_lease.identity import LeaseIdentity
+from mos_lease.records import LeaseHandle
 from mos_lease.vocabulary import Reason
 from tests.helpers import IDENT, make_env
 
@@ -58,7 +63,7 @@ def test_scopes_that_can_change_or_look_alike_borrow_no_answer() -> None:
     ).reason is Reason.SCOPE_NOT_AUTHORIZED
 
 
-def test_a_look_alike_identity_is_never_remembered_and_the_memory_is_bounded() -> None:
+def test_a_look_alike_identity_is_never_remembered_and_the_memory_holds_nothing_alive() -> None:
     class Sub(LeaseIdentity):
         __slots__ = ()
 
@@ -73,9 +78,58 @@ def test_a_look_alike_identity_is_never_remembered_and_the_memory_is_bounded() -
         inputs.identity("identity", LeaseIdentity("t", "a", f"b{i}"))
         inputs.scopes("scopes", (f"s{i}",))
         inputs.scopes("scopes", frozenset({f"s{i}"}))
-    assert len(inputs._identities) <= MAX_REMEMBERED
-    assert len(inputs._scopes) <= MAX_REMEMBERED
+    gc.collect()
+    # Every object checked in the loop is gone, and its entry with it: what is left is
+    # `plain` and its checked copy.
+    assert len(inputs._identities) <= 2
+    assert len(inputs._scopes) == 0
     assert len(inputs._scope_texts) <= MAX_REMEMBERED
+    checked = inputs.identity("identity", plain)
+    del plain, checked
+    gc.collect()
+    assert len(inputs._identities) == 0
+
+
+def test_every_handle_a_gateway_keeps_is_remembered_however_many() -> None:
+    # A supervisor renews the handles its last heartbeat returned, thousands per tick: each
+    # must come back as its own answer, not be checked (and rebuilt) again because the
+    # memory started over (a bound of 1,024 objects did, on every tick).
+    inputs = CheckedInputs()
+    handles = [_handle(f"agent-{i}") for i in range(3 * MAX_REMEMBERED)]
+    checked = [inputs.handle(handle) for handle in handles]
+    again = [inputs.handle(handle) for handle in checked]
+    assert all(a is b for a, b in zip(again, checked, strict=True))
+    assert all(inputs.handle(h) is c for h, c in zip(handles, checked, strict=True))
+
+
+def test_a_remembered_handle_changed_behind_the_frozen_class_is_checked_again() -> None:
+    class Liar(str):
+        __slots__ = ()
+
+        def __eq__(self, other: object) -> bool:
+            return True
+
+        __hash__ = str.__hash__
+
+    inputs = CheckedInputs()
+    handle = inputs.handle(_handle("agent"))
+    assert inputs.handle(handle) is handle
+    object.__setattr__(handle, "connector_id", Liar("someone-else"))
+    rebuilt = inputs.handle(handle)
+    assert rebuilt is not handle and type(rebuilt.connector_id) is str
+    assert rebuilt.connector_id == "someone-else"
+    # The identity inside is an object of its own: changing it is seen too.
+    again = inputs.handle(rebuilt)
+    assert again is rebuilt
+    object.__setattr__(rebuilt.identity, "tenant_id", " padded")
+    with pytest.raises(InvalidInput, match=r"lease\.identity\.tenant_id"):
+        inputs.handle(rebuilt)
+
+
+def _handle(agent: str) -> LeaseHandle:
+    return LeaseHandle(identity=LeaseIdentity("t", agent, "b"), connector_id="conn",
+                       lease_id=uuid.uuid4(), epoch=1, scopes=("tool:run",),
+                       expires_at=datetime(2030, 1, 1, tzinfo=UTC))
 
 
 def test_a_tuple_of_plain_strings_is_remembered_by_its_text_and_nothing_else_is() -> None:
