@@ -130,7 +130,7 @@ class _Memory(Generic[A]):
         entry = self._entries.get(id(value))
         if entry is None or entry[0]() is not value:
             return None
-        for checked, now in zip(entry[1], fields, strict=True):
+        for checked, now in zip(entry[1], fields):  # noqa: B905 (always of one length)
             if checked is not now:
                 return None
         answer = entry[2]
@@ -233,7 +233,17 @@ class CheckedInputs:
         checked = check_handle(lease, self.identity, self.scopes)
         self._handles.put(lease, fields, checked)
         if checked is not lease:
-            self._handles.put(checked, (checked.identity, checked.connector_id,
-                                        checked.lease_id, checked.epoch, checked.scopes,
-                                        checked.expires_at), checked)
+            self.issued(checked)
         return checked
+
+    def issued(self, handle: LeaseHandle) -> LeaseHandle:
+        """Remember ``handle``, made by the coordinator from a store row, as its own answer:
+        it comes back as the next heartbeat's input. Only a handle whose identity is a
+        checked one is remembered (the identity of a row is the one the call was made
+        for); its other fields are the row's, which every fencing decision trusts."""
+        identity = handle.identity
+        if self._identities.get(identity, (identity.tenant_id, identity.logical_agent_id,
+                                           identity.binding_id)) is identity:
+            self._handles.put(handle, (identity, handle.connector_id, handle.lease_id,
+                                       handle.epoch, handle.scopes, handle.expires_at), handle)
+        return handle

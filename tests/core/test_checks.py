@@ -6,10 +6,11 @@ from __future__ import annotations
 import gc
 import uuid
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 
-from mos_lease import ConnectorLeaseCoordinator, ExecutionGrant
+from mos_lease import ConnectorLeaseCoordinator, ExecutionGrant, checks
 from mos_lease.checks import MAX_REMEMBERED, CheckedInputs
 from mos_lease.errors import InvalidInput
 from mos_lease.identity import LeaseIdentity
@@ -163,3 +164,32 @@ def test_the_default_correlation_id_is_not_an_event_id() -> None:
     assert len(correlations) == 2
     assert not correlations & events
     assert {record.entry.correlation_id for record in env.store.audit()} == correlations
+
+
+def test_the_handles_a_heartbeat_returns_are_not_checked_again_when_renewed(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    env = make_env()
+    first = env.acquire(IDENT, scopes=("tool:run",))
+    calls: list[object] = []
+    real = checks.check_handle
+
+    def counted(lease: object, *args: Any) -> LeaseHandle:
+        calls.append(lease)
+        return real(lease, *args)
+
+    monkeypatch.setattr(checks, "check_handle", counted)
+    leases = [first]
+    for _ in range(3):
+        results = env.coordinator.heartbeat_many(leases, ttl=60)
+        assert all(result.lease is not None for result in results)
+        leases = [result.lease for result in results if result.lease is not None]
+    assert calls == []  # each came back as the coordinator returned it
+    # A handle built by hand is checked, once.
+    hand = LeaseHandle(identity=LeaseIdentity(IDENT.tenant_id, IDENT.logical_agent_id,
+                                              IDENT.binding_id),
+                       connector_id=leases[0].connector_id, lease_id=leases[0].lease_id,
+                       epoch=leases[0].epoch, scopes=leases[0].scopes,
+                       expires_at=leases[0].expires_at)
+    assert env.coordinator.heartbeat(hand, ttl=60).lease is not None
+    assert env.coordinator.heartbeat(hand, ttl=60).lease is not None
+    assert calls == [hand]
