@@ -11,6 +11,7 @@ change made to the one is made to the other.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 import os
@@ -26,6 +27,7 @@ from mos_lease.context import ConnectorExecutionContext
 from mos_lease.errors import ConfigurationError, MosLeaseError
 from mos_lease.events import EventHook, emitter, store_system
 from mos_lease.flow_options import DEFAULT_MAX_CONFLICT_RETRIES
+from mos_lease.flowdrive import primed
 from mos_lease.flows import Flows
 from mos_lease.grants import ExecutionGrant
 from mos_lease.identity import GRANT_TTL_CAP, LEASE_TTL_CAP, LeaseIdentity
@@ -225,6 +227,17 @@ class AsyncConnectorLeaseCoordinator(_Coordinator[AsyncLeaseStore]):
         each lease is matched, refused and audited on its own."""
         return await self._run(self._flows.heartbeat_many(leases, ttl, correlation_id))
 
+    def prime_heartbeat_many(self, leases: Sequence[LeaseHandle], *, ttl: timedelta | float,
+                             correlation_id: str | None = None
+                             ) -> Callable[[], Awaitable[list[LeaseResult]]]:
+        """:meth:`heartbeat_many` in two halves. The leases are checked and the batch is
+        built now, on the calling thread (bad input raises here); calling what this returns
+        makes the store call and judges each result, exactly as :meth:`heartbeat_many`
+        does. Call it once. A driver that renews many batches primes the next one while
+        the last one's statement runs (the thread supervisor does)."""
+        return functools.partial(self._run,
+                                 primed(self._flows.heartbeat_many(leases, ttl, correlation_id)))
+
     async def release(self, lease: LeaseHandle, *,
                       correlation_id: str | None = None) -> LeaseResult:
         """Release an active lease, keeping its epoch; only a takeover follows it."""
@@ -375,6 +388,17 @@ class ConnectorLeaseCoordinator(_Coordinator[LeaseStore]):
         """Renew many leases in one store round trip; results are in the order given, and
         each lease is matched, refused and audited on its own."""
         return self._run(self._flows.heartbeat_many(leases, ttl, correlation_id))
+
+    def prime_heartbeat_many(self, leases: Sequence[LeaseHandle], *, ttl: timedelta | float,
+                             correlation_id: str | None = None
+                             ) -> Callable[[], list[LeaseResult]]:
+        """:meth:`heartbeat_many` in two halves. The leases are checked and the batch is
+        built now, on the calling thread (bad input raises here); calling what this returns
+        makes the store call and judges each result, exactly as :meth:`heartbeat_many`
+        does. Call it once. A driver that renews many batches primes the next one while
+        the last one's statement runs (the thread supervisor does)."""
+        return functools.partial(self._run,
+                                 primed(self._flows.heartbeat_many(leases, ttl, correlation_id)))
 
     def release(self, lease: LeaseHandle, *,
                 correlation_id: str | None = None) -> LeaseResult:

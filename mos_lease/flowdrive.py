@@ -94,3 +94,43 @@ class Drive(Generic[C, T]):
 
     def _finished(self, value: T) -> None:
         """Called once with the flow's value; a subclass may observe it."""
+
+
+def primed(flow: Generator[C, Any, T]) -> Generator[C, Any, T]:
+    """``flow`` with its first step taken now, on the calling thread: what it does before
+    its first call (checking its input, building what it sends) is done here, and the
+    generator returned yields that call first, then goes on exactly as ``flow`` would
+    (sent its outcomes, thrown its failures). An error the first step raises is raised
+    here. The thread supervisor primes its next renewal batch while the statement of the
+    last one runs, so that the client's work on one overlaps the database's on the other.
+    """
+    try:
+        first = flow.send(None)
+    except StopIteration as done:
+        return _returned(done.value)
+    return _resumed(flow, first)
+
+
+def _returned(value: T) -> Generator[Any, Any, T]:
+    return value
+    yield  # unreachable: makes this a generator, which returns at once
+
+
+def _resumed(flow: Generator[C, Any, T], first: C) -> Generator[C, Any, T]:
+    call = first
+    while True:
+        try:
+            outcome = yield call
+        except GeneratorExit:
+            flow.close()
+            raise
+        except BaseException as error:  # thrown in by the driver: the flow's to handle
+            try:
+                call = flow.throw(error)
+            except StopIteration as done:
+                return done.value  # type: ignore[no-any-return]
+            continue
+        try:
+            call = flow.send(outcome)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]

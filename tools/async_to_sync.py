@@ -25,6 +25,7 @@ NAMES: Final = (
     ("AsyncLeaseStore", "LeaseStore"),
     ("perform_async", "perform"),
     ("Awaitable[T]", "T"),
+    ("Awaitable[list[LeaseResult]]", "list[LeaseResult]"),
     ("The asyncio coordinator", "The synchronous coordinator"),
 )
 

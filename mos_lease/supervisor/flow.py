@@ -9,7 +9,7 @@ raised (as a value: store failures are judged by the schedule, not raised), or
 
 A renewal is the one call that is started and waited for apart: a :class:`~.slots.Renew` is
 answered at once with a ticket, which a later :class:`Collect` waits for. A driver may keep
-more than one batch of a tick in flight (the asyncio supervisor keeps :data:`IN_FLIGHT`), so
+more than one batch of a tick in flight (both supervisors keep :data:`IN_FLIGHT`), so
 that the client's own work on one batch (building the 1,000 renewals, reading the 1,000
 results) overlaps the database's work on the other, instead of each waiting for the other.
 """
@@ -48,12 +48,12 @@ MAX_CALL: Final = 30.0
 until the earliest local deadline, never longer)."""
 
 IN_FLIGHT: Final = 2
-"""Renewal batches of one tick the asyncio supervisor keeps in flight at once. Two: while the
-database runs one batch's statement, the client builds the next and reads the last one's
-results (some 40% of a batch's time, all of it Python), instead of each waiting for the
-other. A third would only queue behind them (a dedicated connection runs one statement at a
-time). The thread supervisor keeps one: a second would be a thread more, and with the
-PostgreSQL store's watchdog thread that is four (``docs/supervisor.md``)."""
+"""Renewal batches of one tick a supervisor keeps in flight at once. Two: while the database
+runs one batch's statement, the client builds the next and reads the last one's results
+(some 40% of a batch's time, all of it Python), instead of each waiting for the other. A
+third would only queue behind them (a dedicated connection runs one statement at a time).
+The thread supervisor builds the next batch on its own thread and runs one store call at a
+time on one renewal thread, so two in flight cost it no thread (``docs/supervisor.md``)."""
 
 
 @attrs.frozen(slots=True, eq=False)

@@ -2,11 +2,13 @@
 performs the calls they yield, each store call on a short-lived thread of its own so that
 one hanging past the earliest local deadline is abandoned (:func:`mos_lease.bounded.bounded`;
 a renewal is started and waited for apart, :func:`mos_lease.bounded.start`, as the turn
-asks; this driver keeps one in flight).
+asks: this driver keeps two in flight, the next one primed on its own thread while the
+last one's store call runs, see :class:`_Renewals`).
 """
 
 from __future__ import annotations
 
+import collections
 import logging
 import queue
 import random as _random
@@ -22,6 +24,7 @@ from mos_lease.results import GrantResult, LeaseResult
 from mos_lease.supervisor.base import _Supervisor
 from mos_lease.supervisor.changes import Change
 from mos_lease.supervisor.flow import (
+    IN_FLIGHT,
     Attempt,
     Call,
     Collect,
@@ -52,9 +55,9 @@ class Supervisor(_Supervisor[ConnectorLeaseCoordinator]):
     tick, each judged on its own with the keeper's deadline rule. A call runs on a
     short-lived daemon thread so that one hanging past the earliest local deadline is
     abandoned and that deadline still reported; at most two threads run at once (three with
-    the PostgreSQL store's watchdog). One renewal batch is in flight at a time: a second
-    would overlap the client's work with the database's, as the asyncio supervisor does, but
-    cost a thread more.
+    the PostgreSQL store's watchdog). Two renewal batches are in flight, as in the asyncio
+    supervisor, without a thread more: the next batch is checked and built on the
+    supervisor's thread while the last one's statement runs on the renewal thread.
     ``on_change`` is called with each :data:`~mos_lease.supervisor.Change`, from the
     supervisor thread (or from the thread whose call found it). With ``background=False``
     no thread is started and :meth:`turn` drives the supervisor by hand; ``clock``
@@ -69,10 +72,9 @@ class Supervisor(_Supervisor[ConnectorLeaseCoordinator]):
     """
 
     _kind = ConnectorLeaseCoordinator
-    # Renewal batches of a tick in flight at once: one (a second costs a thread; see
-    # flow.IN_FLIGHT). The stateful specification also runs it with two, so that the turn's
-    # overlapping batches are checked with real threads, as the asyncio supervisor runs them.
-    _in_flight = 1
+    # Renewal batches of a tick in flight at once (flow.IN_FLIGHT); the stateful
+    # specification also runs it with one.
+    _in_flight = IN_FLIGHT
 
     def __init__(self, coordinator: ConnectorLeaseCoordinator, *,
                  on_change: Callable[[Change], object] | None = None,
@@ -85,6 +87,7 @@ class Supervisor(_Supervisor[ConnectorLeaseCoordinator]):
                          background=background, notices=notices)
         self._sleep = sleep if sleep is not None else self._wakeup.wait
         self._thread: threading.Thread | None = None
+        self._renewals = _Renewals()
 
     def _started(self) -> None:
         self._wakeup.set()
@@ -117,12 +120,11 @@ class Supervisor(_Supervisor[ConnectorLeaseCoordinator]):
     def _perform(self, call: Call) -> object:
         if isinstance(call, Sleep):
             return self._sleep(min(call.seconds, threading.TIMEOUT_MAX))
-        if isinstance(call, Renew):  # started now, waited for by its Collect
-            return start(lambda: self.coordinator.heartbeat_many(call.leases, ttl=call.ttl),
-                         name="mos-lease-supervisor-renewal")
+        if isinstance(call, Renew):
+            return self._renewals.prime(self.coordinator, call)
         if isinstance(call, Collect):
-            assert isinstance(call.ticket, Running)
-            return call.ticket.wait(call.timeout)
+            assert isinstance(call.ticket, _Batch)
+            return self._renewals.collect(call.ticket, call.timeout)
         if isinstance(call, Attempt):
             return bounded(lambda: self._campaign(call), call.timeout,
                            name="mos-lease-supervisor-campaign")
@@ -206,3 +208,63 @@ class Supervisor(_Supervisor[ConnectorLeaseCoordinator]):
 
     def __exit__(self, *_exc: object) -> None:
         self.close()
+
+
+class _Batch:
+    """A renewal batch primed on the supervisor's thread (its leases checked, its statement
+    built), whose store call and judging run on a thread of their own once started."""
+
+    __slots__ = ("outcome", "rest", "running")
+
+    def __init__(self, rest: Callable[[], list[LeaseResult]] | None,
+                 outcome: object = None) -> None:
+        self.rest = rest  # None: answered already (priming raised ``outcome``)
+        self.outcome = outcome
+        self.running: Running[list[LeaseResult]] | None = None
+
+
+class _Renewals:
+    """The renewal batches of the thread supervisor: each is primed when the turn asks for
+    it, and its store call starts only when the one before it was collected, so one renewal
+    thread runs at a time however many batches the turn keeps in flight. With two in
+    flight, the next batch is primed (and the last one judged) on the supervisor's thread
+    while a statement runs: the client's work overlaps the database's, and the library
+    still runs three threads (the supervisor's, one renewal, the PostgreSQL store's
+    watchdog)."""
+
+    __slots__ = ("_queued", "_started")
+
+    def __init__(self) -> None:
+        self._queued: collections.deque[_Batch] = collections.deque()
+        self._started: _Batch | None = None  # the batch whose thread may still run
+
+    def prime(self, coordinator: ConnectorLeaseCoordinator, renew: Renew) -> _Batch:
+        try:
+            batch = _Batch(coordinator.prime_heartbeat_many(renew.leases, ttl=renew.ttl))
+        except Exception as error:  # bad input: the batch's outcome, as its call's would be
+            return _Batch(None, error)
+        if self._started is None:
+            self._start(batch)
+        else:
+            self._queued.append(batch)
+        return batch
+
+    def collect(self, batch: _Batch, timeout: float) -> object:
+        """The batch's results, the exception its call raised, or ``OVERDUE`` (abandoned)
+        after ``timeout`` seconds; the next batch's call starts as soon as this one ends."""
+        if batch.rest is None:
+            return batch.outcome
+        while batch.running is None:  # queued behind batches collected before it
+            self._start(self._queued.popleft())
+        assert batch.running is not None
+        outcome = batch.running.wait(timeout)
+        if self._started is batch:
+            self._started = None
+            if self._queued:
+                self._start(self._queued.popleft())
+        return outcome
+
+    def _start(self, batch: _Batch) -> None:
+        assert batch.rest is not None
+        batch.running = start(batch.rest, name="mos-lease-supervisor-renewal")
+        self._started = batch

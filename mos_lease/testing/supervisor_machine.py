@@ -39,6 +39,7 @@ from mos_lease.notice_confirmer import NoticeConfirmer
 from mos_lease.policy import AllowAllPolicy
 from mos_lease.records import LeaseHandle, Snapshot
 from mos_lease.supervisor import BindingLost, BindingStarted, Change, Supervisor
+from mos_lease.supervisor.flow import IN_FLIGHT
 from mos_lease.testing.harness import StoreHarness
 from mos_lease.testing.notice_feed import ManualNoticeFeed
 from mos_lease.vocabulary import LeaseState
@@ -74,12 +75,12 @@ class _FlakyStore:
 
 
 def make_supervisor_machine(harness_factory: Callable[[], StoreHarness], *,
-                            in_flight: int = 1) -> type[RuleBasedStateMachine]:
+                            in_flight: int = IN_FLIGHT) -> type[RuleBasedStateMachine]:
     """A state machine class running a supervisor of several bindings against stores from
     the factory. Use it as ``TestMySupervisor = make_supervisor_machine(factory).TestCase``.
-    ``in_flight``: renewal batches of a tick the supervisor keeps in flight at once (the
-    thread supervisor keeps one, the asyncio one two; with two, bindings of different ttls
-    due together are renewed by overlapping calls on two threads).
+    ``in_flight``: renewal batches of a tick the supervisor keeps in flight at once (both
+    supervisors keep :data:`~mos_lease.supervisor.flow.IN_FLIGHT`, two: the next batch is
+    primed while the last one's store call runs; one is the turn's other shape).
     """
 
     class SupervisorMachine(RuleBasedStateMachine):
@@ -330,7 +331,7 @@ def make_supervisor_machine(harness_factory: Callable[[], StoreHarness], *,
                     assert row.epoch >= self.last_epoch.get(identity, 0)
                     self.highest[identity] = row.epoch
 
-    SupervisorMachine.__name__ = ("SupervisorMachine" if in_flight == 1
+    SupervisorMachine.__name__ = ("SupervisorMachine" if in_flight == IN_FLIGHT
                                   else f"SupervisorMachine{in_flight}InFlight")
     return SupervisorMachine
 

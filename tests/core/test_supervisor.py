@@ -729,29 +729,52 @@ def test_the_asyncio_supervisor_keeps_two_renewal_batches_in_flight() -> None:
     asyncio.run(main())
 
 
-def test_the_thread_supervisor_keeps_one_renewal_batch_in_flight() -> None:
-    """Its thread budget: the supervisor's thread and one call's, and the PostgreSQL store's
-    watchdog; a second batch in flight would be a fourth."""
+def test_the_thread_supervisor_primes_the_next_batch_while_one_store_call_runs() -> None:
+    """Its thread budget: the supervisor's thread, one renewal thread, and the PostgreSQL
+    store's watchdog. Two batches are in flight, but only their priming (checks, building)
+    overlaps: the next batch is primed on the supervisor's thread while the last one's store
+    call runs, and its call starts once that one was collected."""
     import threading
 
     rig = Rig()
     lock = threading.Lock()
     running = [0, 0]  # now, most
+    renewal_threads: list[int] = []
+    primed_while_running: list[int] = []
+    second_primed = threading.Event()
     inner = rig.store.renew_many
+    real_prime = rig.coordinator.prime_heartbeat_many
 
     def renew_many(items: Sequence[tuple[RenewWrite, AuditEntry]]) -> list[WriteOutcome]:
         with lock:
             running[0] += 1
             running[1] = max(running)
+        renewal_threads.append(sum(t.name == "mos-lease-supervisor-renewal"
+                                   for t in threading.enumerate()))
         try:
+            # The first call waits (a while at most) for the next batch to be primed: the
+            # overlap is then certain, however fast the in-memory store answers.
+            second_primed.wait(5)
             return inner(items)
         finally:
             with lock:
                 running[0] -= 1
 
+    def prime(leases: Sequence[LeaseHandle], *, ttl: float | timedelta,
+              correlation_id: str | None = None) -> Callable[[], list[LeaseResult]]:
+        with lock:
+            primed_while_running.append(running[0])
+        if len(primed_while_running) == 2:
+            second_primed.set()
+        return real_prime(leases, ttl=ttl, correlation_id=correlation_id)
+
     rig.store.renew_many = renew_many  # type: ignore[method-assign]
+    rig.coordinator.prime_heartbeat_many = prime  # type: ignore[method-assign]
     rig.add(2500)
     rig.settle()
     rig.run(12)
     assert rig.store.calls.get("renew_many") == 3 and running[1] == 1
+    assert primed_while_running[:3] == [0, 1, 1]  # the 2nd and 3rd primed during a call
+    assert max(renewal_threads) == 1
     assert not rig.of(BindingLost)
+    assert all(rig.supervisor.lease(ident(i)) is not None for i in (0, 1500, 2499))
