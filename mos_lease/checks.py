@@ -109,6 +109,19 @@ def check_handle(lease: object,
                        epoch=epoch, scopes=scopes, expires_at=lease.expires_at)
 
 
+class _Entry(weakref.ref[Any]):
+    """One remembered answer: a weak reference to the object it is for, which carries the
+    object's fields as they were checked and the answer (``None``: the object is its own).
+    One object per entry, as few as a gateway renewing thousands of handles a tick can leave
+    behind for the garbage collector."""
+
+    __slots__ = ("answer", "fields", "key")
+
+    key: int
+    fields: tuple[object, ...]
+    answer: Any
+
+
 class _Memory(Generic[A]):
     """Answers for objects that are still alive, found by object identity.
 
@@ -121,38 +134,39 @@ class _Memory(Generic[A]):
     ``None``, since a strong reference to it would keep it alive forever.
     """
 
-    __slots__ = ("__weakref__", "_entries")
+    __slots__ = ("__weakref__", "_entries", "_forget")
 
     def __init__(self) -> None:
-        self._entries: dict[int, tuple[weakref.ref[Any], tuple[object, ...], A | None]] = {}
+        self._entries: dict[int, _Entry] = {}
+        # One callback for every entry; it holds the memory weakly, so a coordinator's
+        # memory goes with it, not with the last object it ever checked.
+        self._forget = functools.partial(_forget, weakref.ref(self))
 
     def get(self, value: object, fields: tuple[object, ...]) -> A | None:
         entry = self._entries.get(id(value))
-        if entry is None or entry[0]() is not value:
+        if entry is None or entry() is not value:
             return None
-        for checked, now in zip(entry[1], fields):  # noqa: B905 (always of one length)
+        for checked, now in zip(entry.fields, fields):  # noqa: B905 (always of one length)
             if checked is not now:
                 return None
-        answer = entry[2]
-        return cast(A, value) if answer is None else answer
+        answer = entry.answer
+        return cast(A, value) if answer is None else cast(A, answer)
 
     def put(self, value: A, fields: tuple[object, ...], answer: A) -> None:
-        key = id(value)
-        # The callback holds the memory weakly: a coordinator's memory goes with it, not
-        # with the last object it ever checked.
-        ref = weakref.ref(value, functools.partial(_forget, weakref.ref(self), key))
-        self._entries[key] = (ref, fields, None if answer is value else answer)
+        entry = _Entry(value, self._forget)
+        entry.key = key = id(value)
+        entry.fields = fields
+        entry.answer = None if answer is value else answer
+        self._entries[key] = entry
 
     def __len__(self) -> int:
         return len(self._entries)
 
 
-def _forget(memory: weakref.ref[_Memory[Any]], key: int, dead: weakref.ref[Any]) -> None:
+def _forget(memory: weakref.ref[_Memory[Any]], dead: _Entry) -> None:
     live = memory()
-    if live is not None:
-        entry = live._entries.get(key)
-        if entry is not None and entry[0] is dead:  # not a newer object at the same id
-            live._entries.pop(key, None)
+    if live is not None and live._entries.get(dead.key) is dead:  # not a newer object's
+        live._entries.pop(dead.key, None)
 
 
 class CheckedInputs:
