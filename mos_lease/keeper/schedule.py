@@ -198,9 +198,14 @@ class ReportLoss:
 Action = HeartbeatDue | Wait | ReportLoss
 
 
-def held(timing: KeeperTiming, lease: LeaseHandle, started: float, draw: float) -> KeeperState:
-    """The state after a success (acquire, takeover or heartbeat) that started at ``started``."""
-    return KeeperState(lease, timing.deadline(started), started + timing.renew_delay(draw))
+def held(timing: KeeperTiming, lease: LeaseHandle, started: float, draw: float,
+         renew_from: float | None = None) -> KeeperState:
+    """The state after a success (acquire, takeover or heartbeat) that started at
+    ``started``: its deadline counts from then, and so does its next renewal unless
+    ``renew_from`` (earlier) is given."""
+    return KeeperState(lease, timing.deadline(started),
+                       (started if renew_from is None else renew_from)
+                       + timing.renew_delay(draw))
 
 
 def next_action(state: KeeperState, now: float) -> Action:
@@ -221,9 +226,11 @@ def lose(state: KeeperState, loss: LeaseLoss) -> KeeperState:
 
 
 def after_renewal(state: KeeperState, timing: KeeperTiming, started: float, finished: float,
-                  outcome: LeaseResult | BaseException, draw: float) -> KeeperState:
+                  outcome: LeaseResult | BaseException, draw: float,
+                  renew_from: float | None = None) -> KeeperState:
     """The state after a heartbeat that started at ``started`` and returned at ``finished``
-    with ``outcome`` (its result, or the exception it raised)."""
+    with ``outcome`` (its result, or the exception it raised). ``renew_from``: on success,
+    the next renewal counts from then rather than from ``started`` (see :func:`held`)."""
     if state.loss is not None:
         return state
     if isinstance(outcome, LeaseResult):
@@ -233,7 +240,7 @@ def after_renewal(state: KeeperState, timing: KeeperTiming, started: float, fini
                 # loss is reported the moment the deadline passes; it cannot be undone.
                 return lose(state, LeaseLoss(LossCause.DEADLINE, Reason.LEASE_EXPIRED,
                                              finished, state.last_error))
-            return held(timing, outcome.lease, started, draw)
+            return held(timing, outcome.lease, started, draw, renew_from)
         reason = outcome.reason if outcome.reason is not None else Reason.LEASE_MISSING
         return lose(state, LeaseLoss(LossCause.DENIED, reason, finished))
     error = f"{type(outcome).__name__}: {outcome}"

@@ -22,8 +22,6 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Final
 
-import attrs
-
 from mos_lease.checks import MAX_BATCH
 from mos_lease.errors import InvalidInput, StoreUnavailable
 from mos_lease.holder.waiting import RETRY_REASONS, pause_for
@@ -300,13 +298,11 @@ class Schedule:
                                         StoreUnavailable(OVERDUE_RENEWAL), self._draw())
             else:
                 single = outcome if isinstance(outcome, BaseException) else outcome[k]
+                # The deadline counts from this call's start, as it must; the next renewal
+                # from the tick's, so the batches of a tick that took a while stay one tick
+                # (renewing a little early only moves deadlines later).
                 new = after_renewal(state, slot.binding.timing, started, finished, single,
-                                    self._draw())
-                if new.loss is None and new.failures == 0 and started > call.tick:
-                    # The deadline counts from this call's start, as it must; the next
-                    # renewal from the tick's, so the batches of a tick that took a while
-                    # stay one tick (renewing a little early only moves deadlines later).
-                    new = attrs.evolve(new, renew_at=new.renew_at - (started - call.tick))
+                                    self._draw(), min(call.tick, started))
                 if isinstance(single, BaseException) and new.loss is None:
                     log.warning("mos_lease: renewal of %s failed (attempt %d): %s; retrying "
                                 "in %.3f s, %.3f s before the local deadline",
