@@ -2,12 +2,12 @@
 
 Bad input raises :class:`~mos_lease.errors.InvalidInput` (an argument of a call) or
 :class:`~mos_lease.errors.ConfigurationError` (an option of the constructor) naming what is
-wrong, and nothing is read or written. What passes is rebuilt from plain values, so nothing
-a caller subclassed takes part in a fencing comparison.
+wrong, and nothing is read or written. What passes is rebuilt from plain values (or kept,
+if it is plain already), so nothing a caller subclassed takes part in a fencing comparison.
 
 :class:`CheckedInputs` remembers what it already checked, recognised by object identity:
-a gateway validates with the same identity and scopes objects over and over, and renews the
-handles its last heartbeat returned, and checking them again each time was most of the
+a gateway validates with the same identity and scopes objects over and over, and renews
+with the same identities every tick, and checking them again each time was most of the
 coordinator's own cost of a validation and a third of a batched heartbeat's.
 """
 
@@ -38,8 +38,8 @@ A = TypeVar("A")
 MAX_BATCH: Final = 1000
 """The most leases one ``heartbeat_many`` renews."""
 MAX_REMEMBERED: Final = 1024
-"""How many scope texts :class:`CheckedInputs` keeps (then it starts over). Identities and
-handles are remembered for as long as they live, however many there are."""
+"""How many scope texts :class:`CheckedInputs` keeps (then it starts over). Identities are
+remembered for as long as they live, however many there are."""
 
 
 def check_cap(name: str, value: object, hard_cap: timedelta) -> timedelta:
@@ -104,7 +104,16 @@ def check_handle(lease: object,
     if type(lease_id) is not UUID:
         lease_id = UUID(int=int.__index__(lease_id.int))
     epoch = check_epoch("lease.epoch", lease.epoch)
-    scopes = scopes_check("lease.scopes", lease.scopes)
+    given = lease.scopes
+    scopes = scopes_check("lease.scopes", given)
+    if (type(lease) is LeaseHandle and identity is lease.identity
+            and connector_id is lease.connector_id and lease_id is lease.lease_id
+            and epoch is lease.epoch and type(given) is tuple
+            and all(type(scope) is str for scope in given) and given == scopes):
+        # Plain and normalized already (the handle a heartbeat returned, renewed by the
+        # next one): a rebuild would be an equal copy, one more object per lease per tick
+        # for the garbage collector of a supervisor renewing thousands.
+        return lease
     return LeaseHandle(identity=identity, connector_id=connector_id, lease_id=lease_id,
                        epoch=epoch, scopes=scopes, expires_at=lease.expires_at)
 
@@ -112,8 +121,7 @@ def check_handle(lease: object,
 class _Entry(weakref.ref[Any]):
     """One remembered answer: a weak reference to the object it is for, which carries the
     object's fields as they were checked and the answer (``None``: the object is its own).
-    One object per entry, as few as a gateway renewing thousands of handles a tick can leave
-    behind for the garbage collector."""
+    One object per entry: little for the garbage collector to go through."""
 
     __slots__ = ("answer", "fields", "key")
 
@@ -126,7 +134,7 @@ class _Memory(Generic[A]):
     """Answers for objects that are still alive, found by object identity.
 
     Each entry is keyed by a weak reference and goes when its object does, so a gateway's
-    10,000 handles are all remembered while it keeps them, nothing is kept alive for the
+    10,000 identities are all remembered while it keeps them, nothing is kept alive for the
     memory's sake, and no bound makes a large gateway start over on every tick. An entry
     also holds the object's fields as they were checked: a hit needs every field to be
     still the very same object (``object.__setattr__`` can change a frozen instance, and
@@ -170,23 +178,23 @@ def _forget(memory: weakref.ref[_Memory[Any]], dead: _Entry) -> None:
 
 
 class CheckedInputs:
-    """Identities, handles and scopes already checked, recognised by object identity.
+    """Identities and scopes already checked, recognised by object identity.
 
     A remembered answer is given only for the very object it was computed from, and only
-    where that object cannot have changed since: an identity or handle of exactly its class
-    whose fields are still the very objects that were checked (see :class:`_Memory`), and
+    where that object cannot have changed since: an identity of exactly its class whose
+    fields are still the very objects that were checked (see :class:`_Memory`), and
     scopes given as exactly a ``tuple`` or ``frozenset`` (immutable; a list may change
     between two calls, so it is checked every time). Comparing by identity, never by ``==``,
     so a look-alike with a lying ``__eq__`` cannot borrow an answer; the one exception is a
-    tuple of exact strings, whose ``==`` is the strings' own, remembered by its text. What a
-    call returns (a handle, with its checked identity) is its own answer when it comes back.
+    tuple of exact strings, whose ``==`` is the strings' own, remembered by its text. A
+    handle is checked each time (its expiry changes with every renewal, so a memory of
+    handles would churn), but with these answers, and is not rebuilt when it is plain.
     """
 
-    __slots__ = ("_handles", "_identities", "_scope_texts", "_scopes")
+    __slots__ = ("_identities", "_scope_texts", "_scopes")
 
     def __init__(self) -> None:
         self._identities: _Memory[LeaseIdentity] = _Memory()
-        self._handles: _Memory[LeaseHandle] = _Memory()
         self._scopes: _Memory[Scopes] = _Memory()
         # a tuple of exact strings -> its normalized scopes
         self._scope_texts: dict[tuple[str, ...], Scopes] = {}
@@ -233,31 +241,5 @@ class CheckedInputs:
         return scopes
 
     def handle(self, lease: object) -> LeaseHandle:
-        """:func:`check_handle`, remembered: the handles a heartbeat returned are what the
-        next heartbeat renews, a supervisor's thousands of them on every tick."""
-        if type(lease) is not LeaseHandle:
-            return check_handle(lease, self.identity, self.scopes)
-        fields = (lease.identity, lease.connector_id, lease.lease_id, lease.epoch,
-                  lease.scopes, lease.expires_at)
-        known = self._handles.get(lease, fields)
-        # The identity is an object of its own, which can change apart from the handle.
-        if known is not None and self.identity("lease.identity", lease.identity) is (
-                known.identity):
-            return known
-        checked = check_handle(lease, self.identity, self.scopes)
-        self._handles.put(lease, fields, checked)
-        if checked is not lease:
-            self.issued(checked)
-        return checked
-
-    def issued(self, handle: LeaseHandle) -> LeaseHandle:
-        """Remember ``handle``, made by the coordinator from a store row, as its own answer:
-        it comes back as the next heartbeat's input. Only a handle whose identity is a
-        checked one is remembered (the identity of a row is the one the call was made
-        for); its other fields are the row's, which every fencing decision trusts."""
-        identity = handle.identity
-        if self._identities.get(identity, (identity.tenant_id, identity.logical_agent_id,
-                                           identity.binding_id)) is identity:
-            self._handles.put(handle, (identity, handle.connector_id, handle.lease_id,
-                                       handle.epoch, handle.scopes, handle.expires_at), handle)
-        return handle
+        """:func:`check_handle`, with the handle's identity and scopes remembered."""
+        return check_handle(lease, self.identity, self.scopes)

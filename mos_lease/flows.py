@@ -202,10 +202,11 @@ class Flows(GrantFlows):
         row = reconciled_row(command, write, snapshot.row, snapshot.now) if committed else None
         return WriteOutcome(row, snapshot.now, reconciled=True)
 
-    def _success(self, command: Command, outcome: WriteOutcome) -> LeaseResult:
+    @staticmethod
+    def _success(command: Command, outcome: WriteOutcome) -> LeaseResult:
         assert outcome.row is not None
-        return LeaseResult(success_outcome(command), None, command.correlation_id,
-                           lease=self.inputs.issued(LeaseHandle.of(outcome.row)),
+        return LeaseResult(success_outcome(command), None,
+                           command.correlation_id, lease=LeaseHandle.of(outcome.row),
                            current_epoch=outcome.row.epoch, reconciled=outcome.reconciled)
 
     def _deny(self, command: Command, reason: Reason | None,

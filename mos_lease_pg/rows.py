@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any, Final
+from uuid import UUID
 
 from mos_lease.identity import LeaseIdentity
 from mos_lease.metadata import EMPTY_METADATA, Metadata
@@ -33,11 +34,17 @@ LEASE_COLUMNS: Final = 10
 """How many columns :func:`lease_row` maps (a statement returns them in its order)."""
 
 
-def lease_row(identity: LeaseIdentity, cols: Sequence[Any]) -> LeaseRow:
+def lease_row(identity: LeaseIdentity, cols: Sequence[Any],
+              known_id: UUID | None = None) -> LeaseRow:
     """Map (lease_id, connector_id, allowed_scopes, epoch, acquired_at, heartbeat_at,
-    expires_at, released_at, updated_at, holder_metadata) to a :class:`LeaseRow`."""
+    expires_at, released_at, updated_at, holder_metadata) to a :class:`LeaseRow`. A lease id
+    equal to ``known_id`` (the one a renewal sent) is that object, not a new one: a
+    supervisor keeps the handles of thousands of leases, renewed every tick, and a copy of
+    each id per tick is work for the garbage collector."""
     (lease_id, connector_id, scopes, epoch, acquired, heartbeat, expires, released, updated,
      metadata) = cols
+    if lease_id == known_id:
+        lease_id = known_id
     if updated.tzinfo is not UTC:
         # One session's time zone delivered every column of the row: a UTC session (the
         # default settings) needs no conversion, so it is asked once, not per column.
@@ -116,9 +123,15 @@ def parse_audit_records(rows: Sequence[Row]) -> list[AuditRecord]:
     return [audit_record(row) for row in rows]
 
 
-def parse_write_outcomes(identities: Sequence[LeaseIdentity],
-                    rows: Sequence[Row]) -> list[WriteOutcome]:
-    if len(rows) != len(identities):
-        raise AssertionError(f"expected {len(identities)} rows, got {len(rows)}")
-    return [parse_write_outcome(identity, (row,)) for identity, row in zip(identities, rows,
-                                                                       strict=True)]
+def parse_renewals(renewed: Sequence[tuple[LeaseIdentity, UUID]],
+                   rows: Sequence[Row]) -> list[WriteOutcome]:
+    """A batched heartbeat's rows (``renew_many.sql``), one per ``(identity, lease_id)``
+    renewed, in order: the time, then the lease columns if that lease was renewed."""
+    if len(rows) != len(renewed):
+        raise AssertionError(f"expected {len(renewed)} rows, got {len(rows)}")
+    outcomes = []
+    for (identity, lease_id), row in zip(renewed, rows, strict=True):
+        now = _utc(row[0])
+        outcomes.append(WriteOutcome(None, now) if row[1] is None  # lease_id is NOT NULL
+                        else WriteOutcome(lease_row(identity, row[1:], lease_id), now))
+    return outcomes

@@ -44,10 +44,10 @@ from mos_lease_pg.rows import (
     parse_flag,
     parse_lease_rows,
     parse_nothing,
+    parse_renewals,
     parse_snapshot,
     parse_time,
     parse_write_outcome,
-    parse_write_outcomes,
 )
 from mos_lease_pg.sql_files import (
     DEFAULT_SCHEMA,
@@ -285,7 +285,8 @@ def renew_many(renewals: Sequence[tuple[Renew, AuditEntry]], offset: timedelta, 
     first_write, first_entry = items[0]
     template = RENEW_MANY if audit_heartbeats else QUIET_RENEW_MANY
     return Call(f"batch of {len(items)} heartbeats", template.at(schema), params,
-                functools.partial(parse_write_outcomes, [w.identity for w in renews]), Kind.WRITE,
+                functools.partial(parse_renewals, [(w.identity, w.lease_id) for w in renews]),
+                Kind.WRITE,
                 event_id=first_entry.event_id, identity=first_write.identity,
                 audited=audit_heartbeats)
 

@@ -11,7 +11,7 @@ import pytest
 
 from mos_lease import LeaseIdentity
 from mos_lease.metadata import EMPTY_METADATA
-from mos_lease_pg.rows import parse_snapshot
+from mos_lease_pg.rows import parse_renewals, parse_snapshot
 
 pytestmark = pytest.mark.pg
 
@@ -57,3 +57,23 @@ def test_a_read_that_found_no_row_maps_to_none() -> None:
 def test_a_read_of_other_than_one_row_is_a_bug_not_an_answer() -> None:
     with pytest.raises(AssertionError, match="exactly one row"):
         parse_snapshot(IDENTITY, [])
+
+
+def test_a_batched_heartbeats_rows_map_in_order_and_reuse_the_lease_ids_sent() -> None:
+    other = LeaseIdentity("tenant", "agent-2", "binding")
+    sent = uuid.UUID(int=7)
+    renewed = _read(timezone(timedelta(hours=-8)), released=False)
+    refused = (renewed[0],) + (None,) * 10  # the LEFT JOIN found no renewed row
+    outcomes = parse_renewals([(IDENTITY, sent), (other, uuid.UUID(int=8))],
+                              [renewed, refused])
+    first, second = outcomes
+    assert first.row is not None and first.row.identity is IDENTITY
+    assert first.row.lease_id is sent  # the object sent, not a copy per renewal
+    assert first.now == T0 + timedelta(seconds=50) and first.now.tzinfo is UTC
+    assert second.row is None and second.found is None and second.now == first.now
+    # A row whose lease id differs from the one sent keeps its own (no borrowing by
+    # position).
+    [odd] = parse_renewals([(IDENTITY, uuid.UUID(int=9))], [renewed])
+    assert odd.row is not None and odd.row.lease_id == LEASE
+    with pytest.raises(AssertionError, match="expected 2 rows, got 1"):
+        parse_renewals([(IDENTITY, sent), (other, sent)], [renewed])
