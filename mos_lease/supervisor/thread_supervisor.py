@@ -113,6 +113,9 @@ class Supervisor(_Supervisor[ConnectorLeaseCoordinator]):
 
     def turn(self) -> None:
         """One turn: renew what is due, make the campaign calls due, or sleep."""
+        # A turn collects every batch it started; one that raised part-way (turn_failed)
+        # left its batches behind, and they are not started now, nor waited for.
+        self._renewals.clear()
         drive = Drive(turn(self._core, self._in_flight), ())
         for call in drive:
             drive.send(self._perform(call))
@@ -237,6 +240,12 @@ class _Renewals:
     def __init__(self) -> None:
         self._queued: collections.deque[_Batch] = collections.deque()
         self._started: _Batch | None = None  # the batch whose thread may still run
+
+    def clear(self) -> None:
+        """Forget the batches of a turn that ended without collecting them: a queued one is
+        never started, a started one is abandoned (as at its limit)."""
+        self._queued.clear()
+        self._started = None
 
     def prime(self, coordinator: ConnectorLeaseCoordinator, renew: Renew) -> _Batch:
         try:

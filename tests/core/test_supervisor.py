@@ -729,6 +729,44 @@ def test_the_asyncio_supervisor_keeps_two_renewal_batches_in_flight() -> None:
     asyncio.run(main())
 
 
+def test_a_thread_supervisor_turn_that_fails_part_way_leaves_no_batch_to_start_later(
+        ) -> None:
+    """A turn that raised (a bug) after priming a batch it never started: the next turn
+    starts only its own batches, and the renewals go on."""
+    from mos_lease.supervisor.flow import Collect, turn_failed
+
+    rig = Rig()
+    rig.add(2500)
+    rig.settle()
+    perform = rig.supervisor._perform
+    failures: list[Exception] = []
+
+    def failing(call: object) -> object:
+        if not failures and isinstance(call, Collect):
+            failures.append(RuntimeError("a bug in the turn"))
+            raise failures[0]
+        return perform(call)  # type: ignore[arg-type]
+
+    rig.supervisor._perform = failing  # type: ignore[method-assign]
+    before = rig.store.calls.get("renew_many", 0)
+    for _ in range(40):  # until the renewals are due and the turn fails at its first Collect
+        rig.time.advance(0.5)
+        try:
+            rig.supervisor.turn()
+        except RuntimeError as error:
+            turn_failed(rig.supervisor._core, error)  # as the supervisor's thread does
+            break
+    assert failures, "the renewals never came due"
+    assert rig.store.calls.get("renew_many", 0) == before + 1  # the second was only primed
+    rig.supervisor._perform = perform  # type: ignore[method-assign]
+    rig.settle()
+    # Its own three batches, not the failed turn's leftover as well.
+    assert rig.store.calls.get("renew_many", 0) == before + 1 + 3
+    rig.run(12)
+    assert not rig.of(BindingLost)
+    assert all(rig.supervisor.lease(ident(i)) is not None for i in (0, 1500, 2499))
+
+
 def test_the_thread_supervisor_primes_the_next_batch_while_one_store_call_runs() -> None:
     """Its thread budget: the supervisor's thread, one renewal thread, and the PostgreSQL
     store's watchdog. Two batches are in flight, but only their priming (checks, building)
