@@ -2,7 +2,7 @@
 renewal tick, and leases renewed per second against single heartbeats, in one run.
 
     python bench/supervisor.py [--bindings 10000] [--ttl 15] [--rounds 4] [--singles 100]
-                               [--no-async]
+                               [--no-async] [--pool N]
 
 Finds PostgreSQL as the tests do and works in a throwaway database. A :class:`Supervisor`
 (then an :class:`AsyncSupervisor`) runs ``--bindings`` bindings in real time with the default
@@ -20,6 +20,11 @@ timing (renewal due every ``ttl / 3``); the store is wrapped to record every cal
   runs, before the round's tick; the ratio is the median over rounds of the per-round ratio.
   The floor beside it: one ``heartbeat_many`` of 1,000 of the leases called directly in the
   same round, so the supervisor's own cost shows apart from the batch call's.
+
+With ``--pool N`` the store takes its connections from a pool of N (``make_pool``,
+``open_async_pool``; minimum and maximum N) instead of its one dedicated connection: the
+asyncio supervisor's two batches in flight then run on two backends at once. The pool's own
+worker threads and tasks are counted with the library's.
 
 Absolute rates on a shared machine are noise; the ratio is measured side by side.
 Exit status: 0 ran, 2 could not run (no server), 3 a correctness check failed.
@@ -49,7 +54,12 @@ from mos_lease import (
     LeaseIdentity,
 )
 from mos_lease.supervisor import AsyncSupervisor, BindingLost, BindingStarted, Change, Supervisor
-from mos_lease_pg import AsyncPostgresLeaseStore, PostgresLeaseStore
+from mos_lease_pg import (
+    AsyncPostgresLeaseStore,
+    PostgresLeaseStore,
+    make_pool,
+    open_async_pool,
+)
 
 TARGETS = {"threads": 3, "round_trips": 11, "ratio": 10.0}
 
@@ -257,7 +267,8 @@ def run_sync(dsn: str, args: Size) -> Figures:
 
 
 def _run_sync(dsn: str, args: Size, census: Census) -> Figures:
-    store = PostgresLeaseStore(dsn)
+    pool = make_pool(dsn, min_size=args.pool, max_size=args.pool) if args.pool else None
+    store = PostgresLeaseStore(pool=pool) if pool is not None else PostgresLeaseStore(dsn)
     recorder = Recorder(store, asynchronous=False)
     coordinator = ConnectorLeaseCoordinator(recorder, AllowAllPolicy())
     tally = Tally()
@@ -290,6 +301,8 @@ def _run_sync(dsn: str, args: Size, census: Census) -> Figures:
     supervisor.close(timeout=60)
     close_seconds = time.perf_counter() - t1
     store.close()
+    if pool is not None:
+        pool.close()
     return Figures("sync", args.bindings, acquire_seconds, census.peak, census.names, ticks,
                    singles, floors,
                    len(tally.lost) - args.bindings, close_seconds)
@@ -307,7 +320,10 @@ def single_rate(coordinator: ConnectorLeaseCoordinator, handles: list[LeaseHandl
 async def run_async(dsn: str, args: Size) -> Figures:
     census = TaskCensus()
     census.install()
-    store = AsyncPostgresLeaseStore(dsn)
+    pool = (await open_async_pool(dsn, min_size=args.pool, max_size=args.pool)
+            if args.pool else None)
+    store = (AsyncPostgresLeaseStore(pool=pool) if pool is not None
+             else AsyncPostgresLeaseStore(dsn))
     recorder = Recorder(store, asynchronous=True)
     coordinator = AsyncConnectorLeaseCoordinator(recorder, AllowAllPolicy())
     tally = Tally()
@@ -350,6 +366,8 @@ async def run_async(dsn: str, args: Size) -> Figures:
     await supervisor.close()
     close_seconds = time.perf_counter() - t1
     await store.aclose()
+    if pool is not None:
+        await pool.close()
     return Figures("async", args.bindings, acquire_seconds, census.peak, [], ticks, singles,
                    floors,
                    len(tally.lost) - args.bindings, close_seconds)
@@ -433,6 +451,7 @@ class Size:
     singles: int = 100
     gap: float = 0.5  # seconds without a renewal that end a tick
     asynchronous: bool = True  # the AsyncSupervisor as well as the Supervisor
+    pool: int = 0  # connections of a pool for the store; 0: its one dedicated connection
 
 
 # The size; and bench/run.py --quick's: just enough bindings for two renewal round
@@ -463,20 +482,26 @@ def parse_args(argv: list[str] | None) -> Size:
     parser.add_argument("--gap", type=float, default=FULL_SIZE.gap,
                         help="seconds without a renewal that end a tick")
     parser.add_argument("--no-async", action="store_true")
+    parser.add_argument("--pool", type=int, default=0,
+                        help="take the store's connections from a pool of this many")
     args = parser.parse_args(argv)
     if args.bindings < 1 or args.rounds < 1 or args.singles < 1:
         parser.error("--bindings, --rounds and --singles must be at least 1")
+    if args.pool < 0:
+        parser.error("--pool must not be negative")
     return Size(args.bindings, ttl=args.ttl, rounds=args.rounds,
                 singles=min(args.singles, args.bindings), gap=args.gap,
-                asynchronous=not args.no_async)
+                asynchronous=not args.no_async, pool=args.pool)
 
 
 def main(argv: list[str] | None = None) -> int:
     size = parse_args(argv)
     try:
         srv = server()
+        store = f"a pool of {size.pool}" if size.pool else "one dedicated connection"
         print(f"mos-lease supervisor benchmark: {size.bindings:,} bindings, ttl {size.ttl:g} s,"
-              f" {size.rounds} rounds; load average {os.getloadavg()[0]:.2f}", flush=True)
+              f" {size.rounds} rounds, the store on {store}; load average "
+              f"{os.getloadavg()[0]:.2f}", flush=True)
         with throwaway_database(srv, "mos_lease_bench_sup") as dsn:
             results = [run_sync(dsn, size)]
             for line in report(results[0]):
