@@ -76,13 +76,14 @@ def parse_snapshot(identity: LeaseIdentity, rows: Sequence[Row]) -> Snapshot:
 
 
 def parse_write_outcome(identity: LeaseIdentity, rows: Sequence[Row], *,
-                   finds_row: bool = False) -> WriteOutcome:
+                   finds_row: bool = False, known_id: UUID | None = None) -> WriteOutcome:
     """A guarded write's row: the time, its new lease columns, and (``finds_row``: for the
-    writes that lock an existing row) the row it found, which names a refusal."""
+    writes that lock an existing row) the row it found, which names a refusal. ``known_id``
+    is the lease id the write sent (:func:`lease_row`)."""
     now, *cols = _single(rows)
     written = cols[:LEASE_COLUMNS]
     if written[0] is not None:  # lease_id is NOT NULL: a NULL means the guard did not hold
-        return WriteOutcome(lease_row(identity, written), _utc(now))
+        return WriteOutcome(lease_row(identity, written, known_id), _utc(now))
     found = cols[LEASE_COLUMNS:2 * LEASE_COLUMNS]
     if not finds_row or len(found) != LEASE_COLUMNS:
         return WriteOutcome(None, _utc(now))
@@ -129,9 +130,5 @@ def parse_renewals(renewed: Sequence[tuple[LeaseIdentity, UUID]],
     renewed, in order: the time, then the lease columns if that lease was renewed."""
     if len(rows) != len(renewed):
         raise AssertionError(f"expected {len(renewed)} rows, got {len(rows)}")
-    outcomes = []
-    for (identity, lease_id), row in zip(renewed, rows, strict=True):
-        now = _utc(row[0])
-        outcomes.append(WriteOutcome(None, now) if row[1] is None  # lease_id is NOT NULL
-                        else WriteOutcome(lease_row(identity, row[1:], lease_id), now))
-    return outcomes
+    return [parse_write_outcome(identity, (row,), known_id=lease_id)
+            for (identity, lease_id), row in zip(renewed, rows, strict=True)]
