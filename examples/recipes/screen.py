@@ -6,22 +6,22 @@ connector, a lease or an epoch, in the query string, a header or the JSON body �
 with ``403 caller_identity``, whatever else it carries; nothing of it reaches the
 coordinator.
 
-A name is judged by what it means, not by a list of spellings. It is read in one case
-(NFKC, case-folded) and split into tokens at everything that is not a letter (``-``, ``_``,
-digits, dots, spaces); it names an identity when a token *contains* one of
-:data:`IDENTITY_WORDS` — ``tenant``, ``agent``, ``logical``, ``bind``, ``connector``,
+A name is judged by what it means, not by a list of spellings. It is read in one case (NFKC,
+case-folded) and split into tokens at every character but the letters ``a`` to ``z`` (``-``,
+``_``, digits, dots, spaces, other scripts); it names an identity when a token *contains*
+one of :data:`IDENTITY_WORDS` — ``tenant``, ``agent``, ``logical``, ``bind``, ``connector``,
 ``identit``, ``lease``, ``epoch`` — so their plurals (``tenants``, ``identities``), forms
 glued to a prefix or suffix (``tenantId``, ``xtenantname``, ``bindingRef``) and any other
 token around them (``X-Tenant-Name``, ``x_mos_lease_epoch``, ``Agent2``) are refused alike.
-A case change needs no split of its own: looking inside each token finds ``tenantName``,
-and an HTTP server hands header names over in one case anyway (``X-TenantName`` reaches an
-ASGI application as ``x-tenantname``). A token that merely contains a word (``release``,
+A case change needs no split of its own: looking inside each token finds ``tenantName``, and
+an HTTP server hands header names over in one case anyway (``X-TenantName`` reaches an ASGI
+application as ``x-tenantname``). A token that merely contains a word (``release``,
 ``reagent``) is refused too: the screen errs on the side of refusing. Two header names
 contain a word but name no identity, and are taken, compared whole and ignoring case
 (:data:`NOT_IDENTITY_HEADERS`): ``User-Agent`` (the caller's HTTP software) and
 ``X-Mos-Lease-Hops`` (below); any other spelling of them (``X-Mos-Lease-Hop``,
-``X_Mos_Lease_Hops``) is refused, and in the query string or the body they are refused
-like any other identity name.
+``X_Mos_Lease_Hops``) is refused, and in the query string or the body they are refused like
+any other identity name.
 
 Everything else is an allow-list: the body is a JSON object ``{"text": ...}`` and nothing
 more, the query string is empty, and the one header a gateway reads, ``X-Mos-Lease-Hops``,
@@ -82,7 +82,7 @@ class Work:
 
 
 def tokens(name: str) -> list[str]:
-    """``name`` read in one case and split at everything that is not a letter."""
+    """``name`` read in one case and split at every character but ``a`` to ``z``."""
     folded = unicodedata.normalize("NFKC", name).casefold()
     return [token for token in _NOT_LETTERS.split(folded) if token]
 

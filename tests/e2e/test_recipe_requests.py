@@ -106,7 +106,9 @@ MEANING_HEADERS = ["X-Tenant-Name", "X-Lease-Epoch", "X-Agent-Name", "X-Mos-Leas
                    "X-Mos-Lease-Epoch", "X-Connector-Name", "X-Binding-Name"]
 MEANING_KEYS = ["tenantName", "lease_epoch", "agentName", "mosLeaseEpoch", "connector-name",
                 "bindingName", "X-Lease-Epoch", "tenants", "identities", "logicalAgent",
-                "agent2", "x-tenantname", "leaseholder", HOPS_HEADER]
+                "agent2", "x-tenantname", "leaseholder", HOPS_HEADER,
+                "\uff54\uff45\uff4e\uff41\uff4e\uff54_id",  # fullwidth letters (NFKC)
+                "lea\u017fe"]  # a long s, which case-folds to "s"
 
 
 def as_servers_hand_it_over(header: str) -> list[str]:
