@@ -19,9 +19,9 @@ Each process:
   worker thread, at most ``max_hops`` times); an unknown name is ``404 unknown_binding``;
 * serves ``GET /status``: each configured binding's ``current_holder()``.
 
-A request that names a tenant, agent, binding or connector of its own (query string, header
-or JSON body) is refused ``403 caller_identity`` before the library sees it
-(:mod:`examples.recipes.screen`).
+A request that names a tenant, agent, binding, connector, lease or epoch of its own (query
+string, header or JSON body, in any spelling) is refused ``403 caller_identity`` before the
+library sees it (:mod:`examples.recipes.screen` says exactly which names).
 """
 
 from __future__ import annotations

@@ -4,15 +4,36 @@ The identity a gateway acts for comes from its own configuration (:mod:`.config`
 a caller. So a request that brings an identity of its own — a tenant, an agent, a binding, a
 connector, a lease or an epoch, in the query string, a header or the JSON body — is refused
 with ``403 caller_identity``, whatever else it carries; nothing of it reaches the
-coordinator. Everything else is an allow-list: the body is a JSON object ``{"text": ...}``
-and nothing more, the query string is empty, and the one header a gateway reads,
-``X-Mos-Lease-Hops``, counts how often the request was forwarded already.
+coordinator.
+
+A name is judged by what it means, not by a list of spellings. It is read in one case (NFKC,
+case-folded) and split into tokens at every character but the letters ``a`` to ``z`` (``-``,
+``_``, digits, dots, spaces, other scripts); it names an identity when a token *contains*
+one of :data:`IDENTITY_WORDS` — ``tenant``, ``agent``, ``logical``, ``bind``, ``connector``,
+``identit``, ``lease``, ``epoch`` — so their plurals (``tenants``, ``identities``), forms
+glued to a prefix or suffix (``tenantId``, ``xtenantname``, ``bindingRef``) and any other
+token around them (``X-Tenant-Name``, ``x_mos_lease_epoch``, ``Agent2``) are refused alike.
+A case change needs no split of its own: looking inside each token finds ``tenantName``, and
+an HTTP server hands header names over in one case anyway (``X-TenantName`` reaches an ASGI
+application as ``x-tenantname``). A token that merely contains a word (``release``,
+``reagent``) is refused too: the screen errs on the side of refusing. Two header names
+contain a word but name no identity, and are taken, compared whole and ignoring case
+(:data:`NOT_IDENTITY_HEADERS`): ``User-Agent`` (the caller's HTTP software) and
+``X-Mos-Lease-Hops`` (below); any other spelling of them (``X-Mos-Lease-Hop``,
+``X_Mos_Lease_Hops``) is refused, and in the query string or the body they are refused like
+any other identity name.
+
+Everything else is an allow-list: the body is a JSON object ``{"text": ...}`` and nothing
+more, the query string is empty, and the one header a gateway reads, ``X-Mos-Lease-Hops``,
+counts how often the request was forwarded already. Other headers (``Accept``,
+``Content-Type``, ``X-Request-Id``, ...) are neither read nor passed on.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import unicodedata
 from collections.abc import Iterable
 from typing import Final
 from urllib.parse import parse_qsl
@@ -24,14 +45,15 @@ MAX_BODY_BYTES: Final = 16 * 1024
 MAX_TEXT: Final = 1000
 MAX_HOPS_VALUE: Final = 8
 _DIGITS: Final = re.compile(r"[0-9]{1,2}")  # ASCII only: str.isdigit() takes "²" too
-# Names of identity fields, compared after lower-casing, "-" -> "_" and dropping an "x_"
-# prefix, so "X-Tenant-Id", "tenant-id" and "TENANT_ID" are all one name. Generic names
-# ("agent", "tenant") are here too: a caller may not name an identity in any spelling.
-IDENTITY_NAMES: Final = frozenset({
-    "tenant", "tenant_id", "tenantid", "logical_agent", "logical_agent_id", "agent",
-    "agent_id", "agentid", "binding", "binding_id", "bindingid", "connector", "connector_id",
-    "identity", "lease_identity", "lease_id", "epoch", "mos_lease_tenant_id",
-    "mos_lease_logical_agent_id", "mos_lease_binding_id", "mos_lease_connector_id"})
+# The words an identity's parts, a lease and an epoch are named with, looked for inside
+# every token of a name (see the module's docstring). A stem stands for its plain variants:
+# "bind" for bind, binding and bindings; "identit" for identity and identities.
+IDENTITY_WORDS: Final = ("tenant", "agent", "logical", "bind", "connector", "identit", "lease",
+                         "epoch")
+# Header names that contain a word but name no identity, compared whole after lower-casing:
+# the hop count this screen reads, and the HTTP software every client sends (curl included).
+NOT_IDENTITY_HEADERS: Final = frozenset({HOPS_HEADER.lower(), "user-agent"})
+_NOT_LETTERS: Final = re.compile(r"[^a-z]+")
 
 
 @attrs.frozen
@@ -59,16 +81,35 @@ class Work:
         return json.dumps({"text": self.text}).encode("utf-8")
 
 
+def tokens(name: str) -> list[str]:
+    """``name`` read in one case and split at every character but ``a`` to ``z``."""
+    folded = unicodedata.normalize("NFKC", name).casefold()
+    return [token for token in _NOT_LETTERS.split(folded) if token]
+
+
+def identity_word(name: str) -> str | None:
+    """The word of :data:`IDENTITY_WORDS` that ``name`` (a query parameter, header or body
+    field) names an identity with, or ``None``."""
+    for token in tokens(name):
+        for word in IDENTITY_WORDS:
+            if word in token:
+                return word
+    return None
+
+
 def is_identity_name(name: str) -> bool:
     """Whether ``name`` (a query parameter, header or body field) names an identity."""
-    key = name.strip().lower().replace("-", "_")
-    return key in IDENTITY_NAMES or key.removeprefix("x_") in IDENTITY_NAMES
+    return identity_word(name) is not None
+
+
+def _header_names_identity(name: str) -> bool:
+    return name.lower() not in NOT_IDENTITY_HEADERS and is_identity_name(name)
 
 
 def _caller_identity(where: str, name: str) -> Refusal:
     return Refusal(403, "caller_identity",
-                   f"the {where} {name!r} names an identity; a route's binding is the "
-                   "gateway's own configuration, never the caller's")
+                   f"the {where} {name!r} names an identity ({identity_word(name)}); a "
+                   "route's binding is the gateway's own configuration, never the caller's")
 
 
 def screen(query: str, headers: Iterable[tuple[str, str]], body: bytes) -> Work | Refusal:
@@ -82,7 +123,7 @@ def screen(query: str, headers: Iterable[tuple[str, str]], body: bytes) -> Work 
         return Refusal(400, "unexpected_query", "this route takes no query parameters")
     hops_values: list[str] = []
     for name, value in headers:
-        if is_identity_name(name):
+        if _header_names_identity(name):
             return _caller_identity("header", name)
         if name.lower() == HOPS_HEADER.lower():
             hops_values.append(value)

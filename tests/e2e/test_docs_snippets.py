@@ -226,3 +226,40 @@ def test_store_readme_names_every_migration_and_tested_version() -> None:
     assert len(migrations) >= 3
     assert [m for m in migrations if f"`{m}`" not in readme] == []
     assert "tested on 15 and 18" in " ".join(readme.split())
+
+
+README_MAX_LINES = 200  # a newcomer reads it in five minutes; the rest is the site's
+
+
+def test_the_readme_stays_short() -> None:
+    lines = len((ROOT / "README.md").read_text().splitlines())
+    assert lines <= README_MAX_LINES, (
+        f"README.md has {lines} lines, over {README_MAX_LINES}: move detail into docs/")
+
+
+def _quick_start(page: Path) -> list[str]:
+    (block,) = [b for b in blocks(page) if b.language == "sh" and "mos-lease demo" in b.code
+                and "pytest" in b.code]
+    return block.code.splitlines()
+
+
+def _installs(command: str) -> list[str]:
+    """What each ``pip install`` of ``command`` installs (its arguments but ``-q``)."""
+    return [" ".join(arg for arg in found.split() if arg != "-q")
+            for found in re.findall(r"pip install ([^&\n]+?)\s*(?:&&|$)", command,
+                                     flags=re.MULTILINE)]
+
+
+def test_the_quick_start_runs_the_demo_on_the_core_and_the_tests_on_dev() -> None:
+    """Command 1 installs the package without any extra (the demo needs only ``attrs``:
+    tests/e2e/test_packaging.py runs it so), command 2 the ``dev`` extra and the tests; the
+    getting-started page says the same, and CI installs and runs what command 2 does."""
+    first, second = _quick_start(ROOT / "README.md")
+    assert _quick_start(ROOT / "docs" / "getting-started.md") == [first, second]
+    assert _installs(first) == ["-e ."], first
+    assert "[" not in first and first.endswith(".venv/bin/mos-lease demo"), first
+    assert _installs(second) == ["-e '.[dev]'"], second
+    assert second.endswith(".venv/bin/python -m pytest"), second
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert [line for line in _installs(ci) if ".[" in line] == ["-e '.[dev]'"]
+    assert "\npython -m pytest -q\n" in ci

@@ -10,11 +10,13 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from examples.recipes.config import ENV, ConfigError, load_config, parse_config
 from examples.recipes.forward import forward
 from examples.recipes.routing import Forward, Serve, route
-from examples.recipes.screen import MAX_BODY_BYTES, Refusal, Work, screen
+from examples.recipes.screen import HOPS_HEADER, MAX_BODY_BYTES, Refusal, Work, screen
 from mos_lease import LeaseIdentity
 from mos_lease.results import HolderView
 from mos_lease.vocabulary import LeaseState
@@ -96,6 +98,117 @@ def reason(query: str = "", headers: list[tuple[str, str]] | None = None,
     "X-Mos-Lease-Tenant-Id"])
 def test_a_header_naming_an_identity_is_refused(header: str) -> None:
     assert reason(headers=[("User-Agent", "curl"), (header, "other")]) == "caller_identity"
+
+
+# Names that say "tenant", "agent", "binding", "connector", "lease" or "epoch" with a prefix
+# or a suffix of their own: refused by what they mean, not by a list of spellings.
+MEANING_HEADERS = ["X-Tenant-Name", "X-Lease-Epoch", "X-Agent-Name", "X-Mos-Lease-Agent-Id",
+                   "X-Mos-Lease-Epoch", "X-Connector-Name", "X-Binding-Name"]
+MEANING_KEYS = ["tenantName", "lease_epoch", "agentName", "mosLeaseEpoch", "connector-name",
+                "bindingName", "X-Lease-Epoch", "tenants", "identities", "logicalAgent",
+                "agent2", "x-tenantname", "leaseholder", HOPS_HEADER,
+                "\uff54\uff45\uff4e\uff41\uff4e\uff54_id",  # fullwidth letters (NFKC)
+                "lea\u017fe"]  # a long s, which case-folds to "s"
+
+
+def as_servers_hand_it_over(header: str) -> list[str]:
+    """``header`` as the ASGI recipe sees it (lower-cased) and as the WSGI one does
+    (``HTTP_X_TENANT_NAME`` in the environ, turned back into ``X-TENANT-NAME``)."""
+    return [header, header.lower(), header.upper().replace("_", "-")]
+
+
+@pytest.mark.parametrize("header", MEANING_HEADERS)
+def test_a_header_meaning_an_identity_is_refused_in_any_spelling(header: str) -> None:
+    for spelled in as_servers_hand_it_over(header):
+        assert reason(headers=[("User-Agent", "curl"), (spelled, "other")]) == (
+            "caller_identity"), spelled
+
+
+@pytest.mark.parametrize("key", MEANING_KEYS)
+def test_a_query_key_or_body_field_meaning_an_identity_is_refused(key: str) -> None:
+    assert reason(query=f"{key}=other") == "caller_identity"
+    assert reason(body=json.dumps({"text": "hi", key: "other"}).encode()) == "caller_identity"
+
+
+def test_the_hop_count_and_the_user_agent_are_the_only_headers_exempted_whole() -> None:
+    # Both contain a word ("lease", "agent") but name no identity: taken as they are...
+    assert reason(headers=[("User-Agent", "agent/1"), (HOPS_HEADER, "1")]) == Work("hi", 1)
+    assert reason(headers=[("USER-AGENT", "x"), ("x-mos-lease-hops", "1")]) == Work("hi", 1)
+    # ...and in no other spelling, nor anywhere but the headers.
+    for header in ["X-Mos-Lease-Hop", "X_Mos_Lease_Hops", "X-Mos-Lease-Hops-2", "Agent",
+                   "User-Agent-Id", "X-User-Agent", "UserAgent"]:
+        assert reason(headers=[(header, "1")]) == "caller_identity", header
+    assert reason(query="x-mos-lease-hops=1") == "caller_identity"
+    assert reason(body=b'{"text": "hi", "User-Agent": "x"}') == "caller_identity"
+
+
+@pytest.mark.parametrize("header", [
+    "Accept", "Accept-Encoding", "Accept-Language", "Authorization", "Cache-Control",
+    "Connection", "Content-Length", "Content-Type", "Cookie", "Forwarded", "Host", "Origin",
+    "Referer", "Traceparent", "Tracestate", "Baggage", "X-Request-Id", "X-Correlation-Id",
+    "X-Forwarded-For", "X-Forwarded-Proto", "X-Real-IP", "X-Amzn-Trace-Id", "X-B3-TraceId",
+    "Sec-CH-UA-Platform", "Sec-Fetch-Mode", "Idempotency-Key", "X-Api-Key", "Priority"])
+def test_the_headers_clients_and_proxies_send_pass(header: str) -> None:
+    for spelled in as_servers_hand_it_over(header):
+        assert reason(headers=[(spelled, "v")]) == Work("hi", 0), spelled
+
+
+# Every spelling Hypothesis makes of an identity word: plurals, any case, any prefix and
+# suffix tokens, joined by separators, digits or nothing (camelCase and glued).
+WORDS = ["tenant", "tenants", "agent", "agents", "logical", "bind", "binding", "bindings",
+         "connector", "connectors", "identity", "identities", "lease", "leases", "epoch",
+         "epochs"]
+# Tokens that contain no identity word, alone or glued to each other ("user" and "hop" are
+# here so that names close to the two exempt headers are made too).
+PLAIN = ["x", "mos", "id", "name", "ref", "key", "my", "request", "trace", "client", "user",
+         "hop", "count", "session", "version", "v1", "2", "api", "token", "page"]
+SEPARATORS = ["-", "_", "", ".", "0", "42"]
+
+
+def spelled(draw: st.DrawFn, middle: list[str]) -> str:
+    prefix = draw(st.lists(st.sampled_from(PLAIN), max_size=3))
+    suffix = draw(st.lists(st.sampled_from(PLAIN), max_size=3))
+    separator = draw(st.sampled_from(SEPARATORS))
+    parts = [*prefix, *middle, *suffix]
+    style = draw(st.sampled_from(["lower", "upper", "title", "camel", "random"]))
+    if style == "upper":
+        parts = [part.upper() for part in parts]
+    elif style == "title" or (style == "camel" and separator == ""):
+        parts = [part.title() for part in parts]
+    elif style == "random":
+        parts = ["".join(c.upper() if draw(st.booleans()) else c for c in part)
+                 for part in parts]
+    name = separator.join(parts)
+    return name[0].lower() + name[1:] if style == "camel" else name
+
+
+@st.composite
+def identity_names(draw: st.DrawFn) -> str:
+    return spelled(draw, [draw(st.sampled_from(WORDS))])
+
+
+@st.composite
+def plain_names(draw: st.DrawFn) -> str:
+    return spelled(draw, draw(st.lists(st.sampled_from(PLAIN), min_size=1, max_size=3)))
+
+
+@given(identity_names())
+def test_every_spelling_of_an_identity_word_is_refused_everywhere(name: str) -> None:
+    for header in as_servers_hand_it_over(name):
+        assert reason(headers=[(header, "other")]) == "caller_identity", header
+    assert reason(query=f"{name}=other") == "caller_identity"
+    assert reason(body=json.dumps({"text": "hi", name: "other"}).encode()) == (
+        "caller_identity")
+
+
+@given(plain_names())
+def test_a_name_without_an_identity_word_is_no_identity(name: str) -> None:
+    # As a header it is neither read nor refused; in the query or the body it is still
+    # refused, by the allow-list, with its own reason.
+    for header in as_servers_hand_it_over(name):
+        assert reason(headers=[(header, "v")]) == Work("hi", 0), header
+    assert reason(query=f"{name}=v") == "unexpected_query"
+    assert reason(body=json.dumps({"text": "hi", name: "v"}).encode()) == "unknown_field"
 
 
 @pytest.mark.parametrize("query", ["tenant_id=other", "agent=a", "x-binding-id=b",

@@ -5,10 +5,12 @@
 ``mos-lease setup``, the effect table made by ``setup`` as a superuser, both processes
 connected as the gateway role, each configured with the same two bindings and its own
 endpoint. For each kind: the first process holds both bindings, the second forwards to it
-and each effect lands once under the holder's epoch; a request naming a tenant, agent or
-binding of its own is refused on both and writes nothing; the holder is SIGKILLed, the
-survivor takes both bindings over once the ttl has run out and serves the next requests;
-no effect row of the old epoch follows the takeover; a clean stop releases the leases.
+and each effect lands once under the holder's epoch; a request naming a tenant, agent,
+binding, connector, lease or epoch of its own (in any spelling: ``X-Tenant-Name``,
+``X-Mos-Lease-Epoch``, ``tenantName``, ...) is refused on both and writes nothing; the
+holder is SIGKILLed, the survivor takes both bindings over once the ttl has run out and
+serves the next requests; no effect row of the old epoch follows the takeover; a clean stop
+releases the leases.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from typing import IO, Any
 import psycopg
 import pytest
 
+from tests.e2e.test_recipe_requests import MEANING_HEADERS
 from tests.pg_fixtures import SetUpDatabase
 
 pytestmark = [pytest.mark.e2e, pytest.mark.pg]
@@ -153,6 +156,19 @@ def refused_everywhere(ports: list[int], tenant: str) -> None:
             (call(port, "POST", f"/bindings/ledger/invoke?tenant_id={tenant}",
                   b'{"text": "forged"}'), 403, "caller_identity"),
             (call(port, "GET", "/status?agent_id=agent-9"), 403, "caller_identity"),
+            # Names that mean an identity, whatever their prefix or suffix.
+            *[(call(port, "POST", "/bindings/ledger/invoke", b'{"text": "forged"}',
+                    {header: "other"}), 403, "caller_identity") for header in MEANING_HEADERS],
+            (call(port, "GET", "/status", headers={"X-Lease-Epoch": "9"}), 403,
+             "caller_identity"),
+            (call(port, "POST", "/bindings/ledger/invoke?tenantName=other",
+                  b'{"text": "forged"}'), 403, "caller_identity"),
+            (call(port, "POST", "/bindings/ledger/invoke?x-mos-lease-hops=0",
+                  b'{"text": "forged"}'), 403, "caller_identity"),
+            (post(port, "ledger", {"text": "forged", "mosLeaseEpoch": 3}), 403,
+             "caller_identity"),
+            (post(port, "ledger", {"text": "forged", "agentName": "agent-9"}), 403,
+             "caller_identity"),
             # A route names a configured binding, never a tenant or an agent.
             (post(port, tenant, {"text": "forged"}), 404, "unknown_binding"),
             (post(port, "agent-1", {"text": "forged"}), 404, "unknown_binding"),
@@ -221,7 +237,8 @@ def test_two_gateways_route_refuse_and_take_over(
     replies = {}
     for port, name, text in [(b.port, "ledger", "via-b-1"), (a.port, "ledger", "via-a-1"),
                              (b.port, "mail", "via-b-2"), (b.port, "ledger", "via-b-3")]:
-        code, body = post(port, name, {"text": text})
+        # A client's User-Agent says "agent" but names none: it is taken, as curl's is.
+        code, body = post(port, name, {"text": text}, User_Agent="curl/8.5.0")
         assert code == 200, body
         assert (body["served_by"], body["epoch"], body["binding"]) == ("gw-a", 1, name)
         assert body["hops"] == (1 if port == b.port else 0)
