@@ -224,10 +224,12 @@ def test_status_shows_a_marker_and_no_control_character(
 
 def _handle(layout: Layout, name: str) -> LeaseHandle:
     with psycopg.connect(layout.owner_dsn, autocommit=True) as conn:
-        lease_id, connector, epoch, scopes, expires = conn.execute(sql.SQL(
+        found = conn.execute(sql.SQL(
             "SELECT lease_id, connector_id, epoch, allowed_scopes, expires_at FROM {}"
             " WHERE tenant_id = %s AND binding_id = %s").format(
                 sql.Identifier(layout.schema, LEASES)), (TENANT, _binding(name))).fetchone()
+    assert found is not None
+    lease_id, connector, epoch, scopes, expires = found
     expires_at: datetime = expires
     return LeaseHandle(_ident(name), connector, lease_id, epoch, tuple(scopes), expires_at)
 
