@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 
+import attrs
 import psycopg
 import pytest
 from psycopg import errors, sql
@@ -26,6 +27,7 @@ from mos_lease.vocabulary import LeaseState
 from mos_lease_pg import ConnectionSettings, PostgresLeaseStore
 from mos_lease_pg.admin import migrate
 from mos_lease_pg.admin import migrations as migrations_module
+from mos_lease_pg.admin.check import ClockReading, Facts, Status, evaluate, run_check
 from tests.pg.test_pg_cli import run
 from tests.pg.test_pg_roles import Layout
 from tests.pg.test_pg_roles import _apply as apply_roles_file
@@ -355,3 +357,39 @@ def test_the_database_and_the_library_judge_the_same_characters(
     got = _database_refuses(layout, values)
     differ = [hex(cp) for cp, e, g in zip(CODE_POINTS, expected, got, strict=True) if e != g]
     assert differ == [] and len(got) > 60_000
+
+
+# -- `mos-lease check` counts them -----------------------------------------------------------
+
+
+def test_check_counts_the_rows_whose_metadata_is_withheld(
+        upgraded: tuple[Layout, list[tuple[Any, ...]]]) -> None:
+    layout, _ = upgraded
+    with psycopg.connect(layout.owner_dsn, autocommit=True) as conn:
+        found = conn.execute(sql.SQL(
+            "SELECT count(*) FROM {} WHERE {}(holder_metadata) IS NOT NULL").format(
+                sql.Identifier(layout.schema, LEASES),
+                sql.Identifier(layout.schema, "mos_lease_metadata_problem"))).fetchone()
+    assert found is not None and found[0] >= 1
+    report, code = run_check(layout.gateway_dsn, layout.schema)  # as the gateway role
+    item = {i.name: i for i in report.items}["holder_metadata"]
+    assert item.status is Status.WARN and item.value.startswith(f"{found[0]} lease row(s)")
+    assert item.fix is not None and "mos_lease_metadata_problem" in item.fix
+    assert code == report.exit_code  # a warning, not a problem of its own
+
+
+def test_check_judges_the_count() -> None:
+    clock = ClockReading(0.0, 0.001)
+    facts = Facts(schema="mos_lease", server_version_num=150000, server_version="15",
+                  role="gw", database="db", schema_check=None, schema_error="not read",
+                  synchronous_commit="on", synchronous_standby_names="", in_recovery=False,
+                  statement_timeout="5s", lock_timeout="2s", clock=clock, client_port=5432,
+                  server_port=5432, backend_pids=(1,))
+
+    def item(withheld: int | None) -> list[tuple[str, Status]]:
+        report = evaluate(attrs.evolve(facts, metadata_withheld=withheld))
+        return [(i.name, i.status) for i in report.items if i.name == "holder_metadata"]
+
+    assert item(None) == []
+    assert item(0) == [("holder_metadata", Status.OK)]
+    assert item(3) == [("holder_metadata", Status.WARN)]
