@@ -296,7 +296,8 @@ class AsyncConnectorLeaseCoordinator(_Coordinator[AsyncLeaseStore]):
 
     async def current_holder(self, identity: LeaseIdentity) -> HolderView | None:
         """Who holds ``identity``'s lease now (``None`` if it never had one). A read: no
-        audit row, no lease UUID, no scopes."""
+        audit row, no lease UUID, no scopes. Stored metadata that breaks the rules a write
+        passes is withheld (``metadata_invalid``; :mod:`mos_lease.metadata`)."""
         return await self._run(self._flows.current_holder(identity))
 
     async def reconcile(self, identity: LeaseIdentity, event_id: UUID) -> bool:
@@ -458,7 +459,8 @@ class ConnectorLeaseCoordinator(_Coordinator[LeaseStore]):
 
     def current_holder(self, identity: LeaseIdentity) -> HolderView | None:
         """Who holds ``identity``'s lease now (``None`` if it never had one). A read: no
-        audit row, no lease UUID, no scopes."""
+        audit row, no lease UUID, no scopes. Stored metadata that breaks the rules a write
+        passes is withheld (``metadata_invalid``; :mod:`mos_lease.metadata`)."""
         return self._run(self._flows.current_holder(identity))
 
     def reconcile(self, identity: LeaseIdentity, event_id: UUID) -> bool:

@@ -17,7 +17,10 @@ class LeaseRow:
     """The durable current lease of one identity: one row, never deleted.
 
     ``metadata`` is what the holder said of itself when it acquired or took over (see
-    :mod:`mos_lease.metadata`); renewals and a release keep it."""
+    :mod:`mos_lease.metadata`); renewals and a release keep it. ``metadata_invalid``: the
+    stored metadata breaks the rules every write passes (a row written around the library),
+    so the store withheld it and ``metadata`` is empty
+    (:func:`mos_lease.metadata.stored_metadata`)."""
 
     identity: LeaseIdentity
     lease_id: UUID
@@ -30,6 +33,7 @@ class LeaseRow:
     released_at: datetime | None
     updated_at: datetime
     metadata: Metadata = EMPTY_METADATA
+    metadata_invalid: bool = False
 
     def state(self, now: datetime) -> LeaseState:
         """The row's state at ``now`` (the store's time): released, expired (``expires_at <=

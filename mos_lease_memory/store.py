@@ -2,6 +2,12 @@
 
 It applies writes with the pure core's own guard (``mos_lease.machine.write_outcome``) under
 one lock, so a write and its audit row happen together or not at all.
+
+Holder metadata is judged as the PostgreSQL store judges what it reads back
+(:func:`mos_lease.metadata.stored_metadata`). A row here has no writer but :meth:`apply`,
+so it is judged once, as the insert or takeover that sets its metadata creates it, and
+kept as every read returns it: a write built by hand around the coordinator's checks
+cannot hand on metadata the library refuses.
 """
 
 from __future__ import annotations
@@ -12,13 +18,24 @@ from datetime import datetime
 from typing import ClassVar, TypeVar
 from uuid import UUID
 
+import attrs
+
 from mos_lease.clock import Clock, SystemClock
 from mos_lease.identity import LeaseIdentity, check_count, check_id, check_identity
-from mos_lease.machine import Renew, Write, write_outcome
+from mos_lease.machine import Insert, Renew, Rotate, Write, write_outcome
+from mos_lease.metadata import EMPTY_METADATA, stored_metadata
 from mos_lease.ports import MAX_AUDIT_PAGE
 from mos_lease.records import AuditEntry, AuditRecord, LeaseRow, Snapshot, WriteOutcome
 
 T = TypeVar("T")
+
+
+def _judged(row: LeaseRow) -> LeaseRow:
+    """``row`` as every read returns it: metadata the library refuses is withheld."""
+    shown = stored_metadata(row.metadata, row.identity, row.epoch)
+    if shown is None:
+        return attrs.evolve(row, metadata=EMPTY_METADATA, metadata_invalid=True)
+    return row if shown is row.metadata else attrs.evolve(row, metadata=shown)
 
 
 class InMemoryLeaseStore:
@@ -57,6 +74,8 @@ class InMemoryLeaseStore:
             if row is None:  # refused: the row it found names the refusal
                 return WriteOutcome(None, now, found=Snapshot(current, now))
             self._append(entry, now)  # refuses a repeated event id before any change
+            if isinstance(write, Insert | Rotate):  # the writes that set metadata
+                row = _judged(row)
             self._rows[write.identity] = row
             return WriteOutcome(row, now)
 

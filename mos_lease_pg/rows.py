@@ -13,7 +13,7 @@ from typing import Any, Final
 from uuid import UUID
 
 from mos_lease.identity import LeaseIdentity
-from mos_lease.metadata import EMPTY_METADATA, Metadata
+from mos_lease.metadata import EMPTY_METADATA, stored_metadata
 from mos_lease.records import AuditEntry, AuditRecord, LeaseRow, Snapshot, WriteOutcome
 from mos_lease.vocabulary import LifecycleEvent, Outcome, Reason
 
@@ -43,6 +43,11 @@ def lease_row(identity: LeaseIdentity, cols: Sequence[Any],
     each id per tick is work for the garbage collector."""
     (lease_id, connector_id, scopes, epoch, acquired, heartbeat, expires, released, updated,
      metadata) = cols
+    # Judged as a write is judged (mos_lease.metadata): the database bounds the column only
+    # from migration 0010 on, and a row written before, or around the library, may hold what
+    # no write of the library could. psycopg reads jsonb as a dict; the statements send NULL
+    # for an empty object (no JSON to parse on the hot paths), which is the shared empty.
+    shown = stored_metadata(metadata, identity, epoch)
     if lease_id == known_id:
         lease_id = known_id
     if updated.tzinfo is not UTC:
@@ -55,9 +60,7 @@ def lease_row(identity: LeaseIdentity, cols: Sequence[Any],
         identity=identity, lease_id=lease_id, connector_id=connector_id,
         scopes=tuple(scopes), epoch=epoch, acquired_at=acquired, heartbeat_at=heartbeat,
         expires_at=expires, released_at=released, updated_at=updated,
-        # psycopg reads jsonb as a dict; the statements send NULL for an empty object (no
-        # JSON to parse on the hot paths), which is the shared empty.
-        metadata=Metadata(metadata) if metadata else EMPTY_METADATA,
+        metadata=EMPTY_METADATA if shown is None else shown, metadata_invalid=shown is None,
     )
 
 
