@@ -12,7 +12,7 @@ from typing import Protocol
 from uuid import UUID
 
 from mos_lease.identity import LeaseIdentity
-from mos_lease.machine import Renew, Write
+from mos_lease.machine import Close, Insert, Renew, Rotate, Write
 from mos_lease.records import AuditEntry, AuditRecord, LeaseRow, Snapshot, WriteOutcome
 
 IdSource = Callable[[], UUID]
@@ -34,6 +34,14 @@ class LeaseStore(Protocol):
     * ``renew_many`` renews a batch of heartbeats: each ``(renew, entry)`` as ``apply``
       would, in one round trip; a refused renewal does not affect the others. Outcomes come
       back in order. (It is how ``heartbeat_many`` is one round trip.)
+    * ``acquire_many``, ``takeover_many`` and ``release_many`` are the same for a batch of
+      first acquisitions (``Insert``), takeovers (``Rotate``) and releases (``Close``) of
+      distinct identities: each applied and audited as ``apply`` would, in one round trip
+      and one atomic step, a refused one affecting none of the others. A takeover or
+      release whose row another transaction holds locked is not waited for: its outcome
+      has ``reached=False`` (nothing judged, written or audited) and the others go ahead.
+    * ``load_many`` reads the rows of many identities at one store time, as ``load`` would
+      each, without writing anything (how ``current_holders`` is one round trip).
     * ``record`` appends one audit entry (a refusal or a grant issue) and returns nothing.
     * ``event_committed`` tells whether the audit entry ``event_id`` exists, which is how a
       write whose commit outcome was lost is reconciled.
@@ -66,6 +74,24 @@ class LeaseStore(Protocol):
         """Apply each renewal as :meth:`apply` would, in order, ideally in one round trip;
         return the outcomes in the same order."""
 
+    def acquire_many(self, inserts: Sequence[tuple[Insert, AuditEntry]]
+                     ) -> Sequence[WriteOutcome]:
+        """Apply each first acquisition as :meth:`apply` would, distinct identities, in one
+        round trip; the outcomes in the same order."""
+
+    def takeover_many(self, rotations: Sequence[tuple[Rotate, AuditEntry]]
+                      ) -> Sequence[WriteOutcome]:
+        """Apply each takeover as :meth:`apply` would, distinct identities, in one round
+        trip; a row locked elsewhere is skipped (``reached=False``)."""
+
+    def release_many(self, closes: Sequence[tuple[Close, AuditEntry]]
+                     ) -> Sequence[WriteOutcome]:
+        """Apply each release as :meth:`apply` would, distinct identities, in one round
+        trip; a row locked elsewhere is skipped (``reached=False``)."""
+
+    def load_many(self, identities: Sequence[LeaseIdentity]) -> Sequence[Snapshot]:
+        """Each identity's row (or ``None``), all read at one store time, in order."""
+
     def record(self, entry: AuditEntry) -> None:
         """Append one audit entry (a refusal or a grant issue) on its own, stamped with the
         store's time; an event id is stored at most once."""
@@ -87,6 +113,21 @@ class AsyncLeaseStore(Protocol):
     async def renew_many(self, renewals: Sequence[tuple[Renew, AuditEntry]]
                          ) -> Sequence[WriteOutcome]:
         """As :meth:`LeaseStore.renew_many`."""
+
+    async def acquire_many(self, inserts: Sequence[tuple[Insert, AuditEntry]]
+                           ) -> Sequence[WriteOutcome]:
+        """As :meth:`LeaseStore.acquire_many`."""
+
+    async def takeover_many(self, rotations: Sequence[tuple[Rotate, AuditEntry]]
+                            ) -> Sequence[WriteOutcome]:
+        """As :meth:`LeaseStore.takeover_many`."""
+
+    async def release_many(self, closes: Sequence[tuple[Close, AuditEntry]]
+                           ) -> Sequence[WriteOutcome]:
+        """As :meth:`LeaseStore.release_many`."""
+
+    async def load_many(self, identities: Sequence[LeaseIdentity]) -> Sequence[Snapshot]:
+        """As :meth:`LeaseStore.load_many`."""
 
     async def record(self, entry: AuditEntry) -> None:
         """As :meth:`LeaseStore.record`."""

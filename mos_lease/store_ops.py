@@ -49,6 +49,23 @@ class RenewMany:
 
 
 @attrs.define(slots=True)
+class WriteMany:
+    """Apply a batch of writes of one kind in one round trip, each on its own: ``method``
+    is the store's batch method (``acquire_many``, ``takeover_many``, ``release_many``),
+    answered with a ``WriteOutcome`` each."""
+
+    method: str
+    items: tuple[tuple[Write, AuditEntry], ...]
+
+
+@attrs.define(slots=True)
+class LoadMany:
+    """Read many identities' rows at one store time: answered with a ``Snapshot`` each."""
+
+    identities: tuple[LeaseIdentity, ...]
+
+
+@attrs.define(slots=True)
 class Record:
     """Append an audit entry that changes no row (a refusal): answered with ``None``."""
 
@@ -62,7 +79,7 @@ class Committed:
     event_id: UUID
 
 
-Op = Load | Apply | RenewMany | Record | Committed
+Op = Load | Apply | RenewMany | WriteMany | LoadMany | Record | Committed
 """Every store operation a flow may yield."""
 
 Flow = Generator[Op, Any, T]
@@ -77,6 +94,10 @@ def store_call(op: Op) -> tuple[str, tuple[object, ...]]:
         return "apply", (op.write, op.entry)
     if isinstance(op, RenewMany):
         return "renew_many", (op.items,)
+    if isinstance(op, WriteMany):
+        return op.method, (op.items,)
+    if isinstance(op, LoadMany):
+        return "load_many", (op.identities,)
     if isinstance(op, Record):
         return "record", (op.entry,)
     return "event_committed", (op.event_id,)

@@ -72,17 +72,25 @@ def _pieced(text: str, pieces: Mapping[str, str]) -> str:
     return text
 
 
-# The columns active_holder.sql matches, each written there as ``{column}``.
-_HOLDER_KEY: Final = ("tenant_id", "logical_agent_id", "binding_id", "connector_id",
-                      "lease_id", "epoch")
+# The columns each shared guard matches, each written in its file as ``{column}``.
+_GUARDS: Final[Mapping[str, tuple[str, ...]]] = {
+    "active_holder": ("tenant_id", "logical_agent_id", "binding_id", "connector_id",
+                      "lease_id", "epoch"),
+    "takeover_guard": ("tenant_id", "logical_agent_id", "binding_id", "expected_epoch",
+                       "preempt_active"),
+}
 
 
 def _with_active_holder(text: str, value: Callable[[str], str]) -> str:
-    # Heartbeat, release and the batched heartbeat share their guard, kept once in
-    # active_holder.sql; ``value`` names what each key column must equal.
-    guard = _pieced(statement_text("active_holder.sql"),
-                    {f"{{{column}}}": value(column) for column in _HOLDER_KEY})
-    return _pieced(text, {"    {active_holder}": guard}) if "{active_holder}" in text else text
+    # A single write and its batch share their guard, kept once in active_holder.sql
+    # (heartbeat, release) or takeover_guard.sql (takeover); ``value`` names what each key
+    # column must equal: a parameter, or a request row's column.
+    for name, columns in _GUARDS.items():
+        if f"{{{name}}}" in text:
+            guard = _pieced(statement_text(f"{name}.sql"),
+                            {f"{{{column}}}": value(column) for column in columns})
+            text = _pieced(text, {f"    {{{name}}}": guard})
+    return text
 
 
 def _guarded(name: str, lock: str = "lock_row.sql", *, notify: bool = False,

@@ -20,7 +20,7 @@ from uuid import UUID
 
 from mos_lease.fencing import AsyncResourceGuard, GuardDecision
 from mos_lease.identity import LeaseIdentity
-from mos_lease.machine import Renew, Write
+from mos_lease.machine import Close, Insert, Renew, Rotate, Write
 from mos_lease.records import AuditEntry, AuditRecord, LeaseRow, Snapshot, WriteOutcome
 from mos_lease.testing.guard_contract import GuardFactory
 from mos_lease.testing.harness import AsyncInspectableStore, AsyncStoreHarness, StoreHarness
@@ -99,6 +99,21 @@ class DrivenStore:
     def renew_many(self, renewals: Sequence[tuple[Renew, AuditEntry]]
                    ) -> Sequence[WriteOutcome]:
         return self._run(self.store.renew_many(renewals))
+
+    def acquire_many(self, inserts: Sequence[tuple[Insert, AuditEntry]]
+                     ) -> Sequence[WriteOutcome]:
+        return self._run(self.store.acquire_many(inserts))
+
+    def takeover_many(self, rotations: Sequence[tuple[Rotate, AuditEntry]]
+                      ) -> Sequence[WriteOutcome]:
+        return self._run(self.store.takeover_many(rotations))
+
+    def release_many(self, closes: Sequence[tuple[Close, AuditEntry]]
+                     ) -> Sequence[WriteOutcome]:
+        return self._run(self.store.release_many(closes))
+
+    def load_many(self, identities: Sequence[LeaseIdentity]) -> Sequence[Snapshot]:
+        return self._run(self.store.load_many(identities))
 
     def record(self, entry: AuditEntry) -> None:
         self._run(self.store.record(entry))
