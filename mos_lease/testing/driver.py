@@ -11,16 +11,18 @@ one: build them inside the factories, or with :meth:`EventLoopThread.run`.
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import threading
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from datetime import timedelta
 from typing import Any, TypeVar
 from uuid import UUID
 
 from mos_lease.fencing import AsyncResourceGuard, GuardDecision
 from mos_lease.identity import LeaseIdentity
-from mos_lease.machine import Close, Insert, Renew, Rotate, Write
+from mos_lease.machine import Renew, Write
+from mos_lease.ports import BATCH_METHODS
 from mos_lease.records import AuditEntry, AuditRecord, LeaseRow, Snapshot, WriteOutcome
 from mos_lease.testing.guard_contract import GuardFactory
 from mos_lease.testing.harness import AsyncInspectableStore, AsyncStoreHarness, StoreHarness
@@ -89,6 +91,15 @@ class DrivenStore:
     def __init__(self, store: AsyncInspectableStore, loop: EventLoopThread) -> None:
         self.store = store
         self._run = loop.run
+        # The batch operations are optional (mos_lease.ports.AsyncBatchLeaseStore): driven
+        # only where the store has them, so the kit checks them only there.
+        for name in BATCH_METHODS:
+            method = getattr(store, name, None)
+            if method is not None:
+                setattr(self, name, functools.partial(self._drive, method))
+
+    def _drive(self, method: Callable[..., Coroutine[Any, Any, T]], *args: object) -> T:
+        return self._run(method(*args))
 
     def load(self, identity: LeaseIdentity) -> Snapshot:
         return self._run(self.store.load(identity))
@@ -99,21 +110,6 @@ class DrivenStore:
     def renew_many(self, renewals: Sequence[tuple[Renew, AuditEntry]]
                    ) -> Sequence[WriteOutcome]:
         return self._run(self.store.renew_many(renewals))
-
-    def acquire_many(self, inserts: Sequence[tuple[Insert, AuditEntry]]
-                     ) -> Sequence[WriteOutcome]:
-        return self._run(self.store.acquire_many(inserts))
-
-    def takeover_many(self, rotations: Sequence[tuple[Rotate, AuditEntry]]
-                      ) -> Sequence[WriteOutcome]:
-        return self._run(self.store.takeover_many(rotations))
-
-    def release_many(self, closes: Sequence[tuple[Close, AuditEntry]]
-                     ) -> Sequence[WriteOutcome]:
-        return self._run(self.store.release_many(closes))
-
-    def load_many(self, identities: Sequence[LeaseIdentity]) -> Sequence[Snapshot]:
-        return self._run(self.store.load_many(identities))
 
     def record(self, entry: AuditEntry) -> None:
         self._run(self.store.record(entry))

@@ -162,7 +162,7 @@ def test_a_takeover_judged_on_a_stale_view_is_refused_by_the_store(
     key = _keys(pg_tenant, 1)[0]
     lease = gateway.acquire(key, "c1", scopes=[], ttl=1).lease
     assert lease is not None
-    store.advance(2)  # type: ignore[attr-defined]
+    store.advance(2)
     view = gateway.current_holder(key)
     assert view is not None and view.state.value == "expired"
     assert gateway.takeover(key, "c0", scopes=[], ttl=60, expected_epoch=1).ok
@@ -237,8 +237,8 @@ def test_a_batch_racing_a_single_takeover_leaves_one_winner_per_row(
         assert mine.ok != theirs.ok, (mine, theirs)
         loser = theirs if mine.ok else mine
         assert loser.reason in (Reason.EPOCH_MISMATCH, Reason.STORE_UNAVAILABLE), loser
-        row = setup.store.load(contested).row  # type: ignore[attr-defined]
-        assert row.epoch == 2
+        row = setup.store.load(contested).row
+        assert row is not None and row.epoch == 2
         assert row.connector_id == ("batch" if mine.ok else "single")
         winners = [r for r in setup.store.audit(contested)  # type: ignore[attr-defined]
                    if r.entry.outcome is Outcome.TAKEN_OVER]
