@@ -4,6 +4,7 @@ waited for, and a batch racing a single takeover leaves exactly one winner."""
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from typing import Any
@@ -17,9 +18,10 @@ from mos_lease.errors import InvalidInput
 from mos_lease.events import StoreCall
 from mos_lease.identity import MAX_EPOCH
 from mos_lease.vocabulary import Outcome, Reason
-from mos_lease_pg import sql_files
+from mos_lease_pg import ConnectionSettings, sql_files
 from tests.faults.support import set_epoch
 from tests.pg_fixtures import StoreFactory
+from tests.pg_support import FaultProxy
 
 pytestmark = pytest.mark.pg
 
@@ -261,3 +263,37 @@ def test_bad_batches_are_refused_before_anything_is_written(
         gateway.current_holders(_keys(pg_tenant, 1001))
     assert store.leases(pg_tenant) == []
     assert store.audit(key) == []
+
+
+@pytest.mark.faults
+@pytest.mark.parametrize("lose", ["reply", "request"])
+def test_a_lost_takeover_batch_is_reconciled_item_by_item_by_its_lease_uuids(
+        lose: str, proxy: FaultProxy, pg_stores: StoreFactory, pg_tenant: str,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The batch statement's reply (or the statement itself) is lost on the wire: each
+    takeover is settled by its own event id, then recognized by the lease UUID it carried;
+    none is applied twice and none is reported lost when it committed."""
+    observer = pg_stores()
+    keys = _keys(pg_tenant, 5)
+    ConnectorLeaseCoordinator(observer, AllowAllPolicy()).acquire_many(keys, "c1", scopes=[],
+                                                                       ttl=60)
+    survivor = ConnectorLeaseCoordinator(
+        pg_stores(proxy.dsn, settings=ConnectionSettings(prepare=False)), AllowAllPolicy())
+    views = survivor.current_holders(keys)
+    # Only the batched takeover's statement names a request row's new lease UUID.
+    if lose == "reply":
+        proxy.cut_reply_to(b"r.new_lease_id")
+    else:
+        proxy.cut_request(b"r.new_lease_id")
+    with caplog.at_level(logging.WARNING, logger="mos_lease"):
+        results = survivor.takeover_many([(key, 1) for key in keys], "c2", scopes=[], ttl=60,
+                                         observed=views)
+    assert all(r.outcome is Outcome.TAKEN_OVER and r.current_epoch == 2 for r in results)
+    assert all(r.reconciled for r in results) == (lose == "reply")
+    assert caplog.text.count(f"committed={lose == 'reply'}") == len(keys)
+    for key, result in zip(keys, results, strict=True):
+        row = observer.load(key).row
+        assert row is not None and result.lease is not None
+        assert (row.epoch, row.lease_id) == (2, result.lease.lease_id)
+        outcomes = [r.entry.outcome for r in observer.audit(key)]
+        assert outcomes == [Outcome.ACQUIRED, Outcome.TAKEN_OVER]
