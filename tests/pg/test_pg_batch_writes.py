@@ -7,7 +7,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from datetime import timedelta
 from typing import Any
+from uuid import uuid4
 
 import psycopg
 import pytest
@@ -17,9 +19,15 @@ from mos_lease import AllowAllPolicy, ConnectorLeaseCoordinator, LeaseIdentity
 from mos_lease.errors import InvalidInput
 from mos_lease.events import StoreCall
 from mos_lease.identity import MAX_EPOCH
-from mos_lease.vocabulary import Outcome, Reason
-from mos_lease_pg import ConnectionSettings, sql_files
+from mos_lease.ids import uuid7
+from mos_lease.machine import Close, Rotate, Write
+from mos_lease.records import AuditEntry
+from mos_lease.vocabulary import LifecycleEvent, Outcome, Reason
+from mos_lease_pg import ConnectionSettings, batch_statements, sql_files
+from mos_lease_pg.statements import notice_channel
 from tests.faults.support import set_epoch
+from tests.pg.test_pg_lock_first import _subplan
+from tests.pg.test_pg_notices import heard
 from tests.pg_fixtures import StoreFactory
 from tests.pg_support import FaultProxy
 
@@ -297,3 +305,55 @@ def test_a_lost_takeover_batch_is_reconciled_item_by_item_by_its_lease_uuids(
         assert (row.epoch, row.lease_id) == (2, result.lease.lease_id)
         outcomes = [r.entry.outcome for r in observer.audit(key)]
         assert outcomes == [Outcome.ACQUIRED, Outcome.TAKEN_OVER]
+
+
+def test_each_takeover_and_release_of_a_batch_sends_its_own_notice(
+        pg_dsn: str, pg_stores: StoreFactory, pg_tenant: str) -> None:
+    """As a single takeover or release does: the same payload, one per write applied, none
+    for an acquire or a refused write."""
+    gateway = ConnectorLeaseCoordinator(pg_stores(), AllowAllPolicy())
+    keys = _keys(pg_tenant, 3)
+    with psycopg.connect(pg_dsn, autocommit=True) as listener:
+        listener.execute(sql.SQL("LISTEN {}").format(sql.Identifier(notice_channel())))
+        gateway.acquire_many(keys, "c1", scopes=[], ttl=60)
+        views = gateway.current_holders(keys)
+        taken = gateway.takeover_many([(keys[0], 1), (keys[1], 1), (keys[2], 5)], "c2",
+                                      scopes=[], ttl=60, observed=[*views[:2], None])
+        assert [r.ok for r in taken] == [True, True, False]
+        got = sorted(data["b"] + data["k"] + str(data["e"])
+                     for _c, _p, data in heard(listener, pg_tenant, expect=2))
+        assert got == [f"{keys[0].binding_id}takeover2", f"{keys[1].binding_id}takeover2"]
+        leases = [r.lease for r in taken if r.lease is not None]
+        gateway.release_many(leases)
+        released = heard(listener, pg_tenant, expect=2)
+        assert sorted(data["b"] for _c, _p, data in released) == [k.binding_id
+                                                                  for k in keys[:2]]
+        assert all(data == {"t": pg_tenant, "a": "agent", "b": data["b"], "e": 2,
+                            "k": "release"} for _c, _p, data in released)
+        assert not any(str(lease.lease_id) in payload
+                       for lease in leases for _c, payload, _d in released)
+
+
+@pytest.mark.parametrize("name", ["takeover_many", "release_many"])
+def test_a_batch_plan_locks_the_rows_before_it_reads_the_clock(
+        name: str, pg_admin: psycopg.Connection[Any]) -> None:
+    """As test_pg_lock_first checks of the single writes: the clock CTE's only input is the
+    locking CTE (a LockRows node, skipping rows held elsewhere)."""
+    keys = [LeaseIdentity("plan", "agent", f"b{i}") for i in range(2)]
+    ttl = timedelta(seconds=2)
+    writes: list[Write] = ([Rotate(key, 1, False, uuid4(), "c", ("s",), ttl) for key in keys]
+                           if name == "takeover_many" else
+                           [Close(key, "c", uuid4(), 1) for key in keys])
+    entries = [AuditEntry(uuid7(), *((LifecycleEvent.TAKEOVER, Outcome.TAKEN_OVER, None, key,
+                                      "c", 2) if name == "takeover_many" else
+                                     (LifecycleEvent.RELEASE, Outcome.RELEASED, None, key,
+                                      "c", 1)), "corr") for key in keys]
+    call = batch_statements.write_many(list(zip(writes, entries, strict=True)),
+                                       timedelta(0))
+    rows = pg_admin.execute(b"EXPLAIN (COSTS OFF) " + call.statement.text,
+                            dict(call.params)).fetchall()
+    plan = "\n".join(row[0] for row in rows)
+    assert plan.index("CTE locked") < plan.index("CTE t"), plan
+    assert "LockRows" in _subplan(plan, "CTE locked"), plan
+    assert "CTE Scan on locked" in _subplan(plan, "CTE t"), plan
+    assert "SKIP LOCKED" in call.statement.text.decode()
