@@ -13,7 +13,7 @@ from typing import Final
 
 from mos_lease.errors import InvalidInput
 from mos_lease.identity import LeaseIdentity
-from mos_lease.machine import Close, Insert, Rotate, Write
+from mos_lease.machine import Close, Insert, Rotate, Write, written_epoch
 from mos_lease.records import AuditEntry, WriteOutcome
 from mos_lease.vocabulary import LifecycleEvent, Outcome
 from mos_lease_pg.rows import parse_batch_writes
@@ -24,7 +24,7 @@ from mos_lease_pg.statements import (
     Kind,
     _metadata_json,
     _pieced,
-    _with_active_holder,
+    _with_guards,
     notice_channel,
 )
 
@@ -33,7 +33,7 @@ def _write_many(name: str, *, notify: bool) -> Template:
     # A batched acquire, takeover or release (acquire_many.sql, takeover_many.sql,
     # release_many.sql): its guard, its audit rows and (for the two that lock) its lock step,
     # notices and final SELECT, each kept once in its own file.
-    text = _with_active_holder(statement_text(name), lambda column: f"r.{column}")
+    text = _with_guards(statement_text(name), lambda column: f"r.{column}")
     pieces = {"{audit_many}": statement_text("audit_many.sql")}
     if notify:
         pieces |= {"{lock_many}": statement_text("lock_many.sql"),
@@ -100,7 +100,7 @@ def write_many(items: Sequence[tuple[Write, AuditEntry]], offset: timedelta, *,
         if (type(write) is not kind or entry.event is not event
                 or entry.outcome is not outcome or entry.reason is not None
                 or entry.identity != write.identity or entry.connector_id != write.connector_id
-                or entry.epoch != _written_epoch(write)):
+                or entry.epoch != written_epoch(write)):
             raise InvalidInput("writes", f"each must be a {kind.__name__} with the "
                                f"{outcome.value} {event.value} audit entry of the same "
                                "identity, connector and epoch")
@@ -120,12 +120,3 @@ def write_many(items: Sequence[tuple[Write, AuditEntry]], offset: timedelta, *,
                 functools.partial(parse_batch_writes, [w.identity for w in writes],
                                   finds_row=kind is not Insert),
                 Kind.WRITE, event_id=first_entry.event_id, identity=first_write.identity)
-
-
-def _written_epoch(write: Write) -> int | None:
-    """The epoch a batched write's audit row records: the row's after the write."""
-    if isinstance(write, Insert):
-        return 1
-    if isinstance(write, Rotate):
-        return write.expected_epoch + 1
-    return write.epoch if isinstance(write, Close) else None

@@ -81,7 +81,7 @@ _GUARDS: Final[Mapping[str, tuple[str, ...]]] = {
 }
 
 
-def _with_active_holder(text: str, value: Callable[[str], str]) -> str:
+def _with_guards(text: str, value: Callable[[str], str]) -> str:
     # A single write and its batch share their guard, kept once in active_holder.sql
     # (heartbeat, release) or takeover_guard.sql (takeover); ``value`` names what each key
     # column must equal: a parameter, or a request row's column.
@@ -97,7 +97,7 @@ def _guarded(name: str, lock: str = "lock_row.sql", *, notify: bool = False,
              audit: bool = True) -> Template:
     # ``lock`` is the step that takes the row lock before the clock is read; ``notify``: the
     # write sends a push notice; ``audit``: it appends its audit row (see guarded_write.sql).
-    write = _with_active_holder(statement_text(name), lambda column: f"%({column})s")
+    write = _with_guards(statement_text(name), lambda column: f"%({column})s")
     return Template(name, _pieced(statement_text("guarded_write.sql"), {
         "{lock}": statement_text(lock), "{write}": write,
         "{audit}": statement_text("audit_write.sql" if audit else "audit_none.sql"),
@@ -105,7 +105,7 @@ def _guarded(name: str, lock: str = "lock_row.sql", *, notify: bool = False,
 
 
 def _renew_many(*, audit: bool) -> Template:
-    text = _with_active_holder(statement_text("renew_many.sql"), lambda column: f"r.{column}")
+    text = _with_guards(statement_text("renew_many.sql"), lambda column: f"r.{column}")
     return Template("renew_many.sql", _pieced(text, {
         "{audit}": statement_text("audit_renewals.sql" if audit else "audit_none.sql")}))
 

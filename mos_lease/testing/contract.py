@@ -20,7 +20,15 @@ from uuid import UUID, uuid4
 
 from mos_lease.identity import MAX_EPOCH, LeaseIdentity
 from mos_lease.ids import uuid7
-from mos_lease.machine import Close, Insert, Renew, Rotate, Write, write_outcome
+from mos_lease.machine import (
+    Close,
+    Insert,
+    Renew,
+    Rotate,
+    Write,
+    write_outcome,
+    written_epoch,
+)
 from mos_lease.metadata import EMPTY_METADATA, Metadata
 from mos_lease.ports import BATCH_METHODS, BatchLeaseStore, LeaseStore
 from mos_lease.records import AuditEntry, LeaseRow
@@ -94,10 +102,8 @@ def _metadata_case(store: LeaseStore, identity: LeaseIdentity) -> None:
 def _batch_entry(write: Write) -> AuditEntry:
     # A batch's audit entry names the epoch the row is left at (stores may check it).
     event, outcome = _EVENTS[type(write)]
-    epoch = (1 if isinstance(write, Insert) else write.expected_epoch + 1
-             if isinstance(write, Rotate) else write.epoch if isinstance(write, Close) else None)
-    return AuditEntry(uuid7(), event, outcome, None, write.identity, write.connector_id, epoch,
-                      "contract-batch")
+    return AuditEntry(uuid7(), event, outcome, None, write.identity, write.connector_id,
+                      written_epoch(write), "contract-batch")
 
 
 def _batch(store: BatchLeaseStore, method: str, writes: list[Write]) -> list[LeaseRow | None]:
