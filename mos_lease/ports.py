@@ -12,7 +12,7 @@ from typing import Protocol
 from uuid import UUID
 
 from mos_lease.identity import LeaseIdentity
-from mos_lease.machine import Renew, Write
+from mos_lease.machine import Close, Insert, Renew, Rotate, Write
 from mos_lease.records import AuditEntry, AuditRecord, LeaseRow, Snapshot, WriteOutcome
 
 IdSource = Callable[[], UUID]
@@ -34,6 +34,7 @@ class LeaseStore(Protocol):
     * ``renew_many`` renews a batch of heartbeats: each ``(renew, entry)`` as ``apply``
       would, in one round trip; a refused renewal does not affect the others. Outcomes come
       back in order. (It is how ``heartbeat_many`` is one round trip.)
+    * Optionally, the batch operations of :class:`BatchLeaseStore`.
     * ``record`` appends one audit entry (a refusal or a grant issue) and returns nothing.
     * ``event_committed`` tells whether the audit entry ``event_id`` exists, which is how a
       write whose commit outcome was lost is reconciled.
@@ -75,6 +76,43 @@ class LeaseStore(Protocol):
         lost is reconciled."""
 
 
+class BatchLeaseStore(LeaseStore, Protocol):
+    """A :class:`LeaseStore` that also writes and reads in batches (both shipped stores do).
+
+    The coordinator's ``acquire_many``, ``takeover_many``, ``release_many`` and
+    ``current_holders`` use these when the store has them, one call per batch; on a store
+    without them it makes the batch's calls one by one (``apply``, ``load``), with the same
+    results. Contract (checked by :mod:`mos_lease.testing` when a store has them):
+
+    * ``acquire_many``, ``takeover_many`` and ``release_many`` apply a batch of first
+      acquisitions (``Insert``), takeovers (``Rotate``) or releases (``Close``) of distinct
+      identities: each ``(write, entry)`` applied and audited as ``apply`` would, ideally in
+      one round trip and one atomic step, a refused one affecting none of the others;
+      outcomes in order. A takeover or release whose row another transaction holds locked
+      need not be waited for: its outcome then has ``reached=False`` (nothing judged,
+      written or audited) and the others go ahead.
+    * ``load_many`` reads the rows of many identities at one store time, as ``load`` reads
+      each, writing nothing.
+    """
+
+    def acquire_many(self, inserts: Sequence[tuple[Insert, AuditEntry]]
+                     ) -> Sequence[WriteOutcome]:
+        """Apply each first acquisition as :meth:`apply` would; the outcomes in order."""
+
+    def takeover_many(self, rotations: Sequence[tuple[Rotate, AuditEntry]]
+                      ) -> Sequence[WriteOutcome]:
+        """Apply each takeover as :meth:`apply` would (or skip a row locked elsewhere:
+        ``reached=False``); the outcomes in order."""
+
+    def release_many(self, closes: Sequence[tuple[Close, AuditEntry]]
+                     ) -> Sequence[WriteOutcome]:
+        """Apply each release as :meth:`apply` would (or skip a row locked elsewhere:
+        ``reached=False``); the outcomes in order."""
+
+    def load_many(self, identities: Sequence[LeaseIdentity]) -> Sequence[Snapshot]:
+        """Each identity's row (or ``None``), all read at one store time, in order."""
+
+
 class AsyncLeaseStore(Protocol):
     """The asyncio twin of :class:`LeaseStore`, with the same contract."""
 
@@ -93,6 +131,29 @@ class AsyncLeaseStore(Protocol):
 
     async def event_committed(self, event_id: UUID) -> bool:
         """As :meth:`LeaseStore.event_committed`."""
+
+
+class AsyncBatchLeaseStore(AsyncLeaseStore, Protocol):
+    """The asyncio twin of :class:`BatchLeaseStore`, with the same contract."""
+
+    async def acquire_many(self, inserts: Sequence[tuple[Insert, AuditEntry]]
+                           ) -> Sequence[WriteOutcome]:
+        """As :meth:`BatchLeaseStore.acquire_many`."""
+
+    async def takeover_many(self, rotations: Sequence[tuple[Rotate, AuditEntry]]
+                            ) -> Sequence[WriteOutcome]:
+        """As :meth:`BatchLeaseStore.takeover_many`."""
+
+    async def release_many(self, closes: Sequence[tuple[Close, AuditEntry]]
+                           ) -> Sequence[WriteOutcome]:
+        """As :meth:`BatchLeaseStore.release_many`."""
+
+    async def load_many(self, identities: Sequence[LeaseIdentity]) -> Sequence[Snapshot]:
+        """As :meth:`BatchLeaseStore.load_many`."""
+
+
+BATCH_METHODS = ("acquire_many", "takeover_many", "release_many", "load_many")
+"""The methods of :class:`BatchLeaseStore` beyond :class:`LeaseStore`."""
 
 
 MAX_AUDIT_PAGE = 1_000_000

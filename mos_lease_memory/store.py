@@ -22,7 +22,7 @@ import attrs
 
 from mos_lease.clock import Clock, SystemClock
 from mos_lease.identity import LeaseIdentity, check_count, check_id, check_identity
-from mos_lease.machine import Insert, Renew, Rotate, Write, write_outcome
+from mos_lease.machine import Close, Insert, Renew, Rotate, Write, write_outcome
 from mos_lease.metadata import EMPTY_METADATA, stored_metadata
 from mos_lease.ports import MAX_AUDIT_PAGE
 from mos_lease.records import AuditEntry, AuditRecord, LeaseRow, Snapshot, WriteOutcome
@@ -95,6 +95,30 @@ class InMemoryLeaseStore:
         order."""
         return [self.apply(write, entry) for write, entry in items]
 
+    def acquire_many(self, items: Sequence[tuple[Insert, AuditEntry]]) -> list[WriteOutcome]:
+        """:meth:`mos_lease.ports.LeaseStore.acquire_many`: each as :meth:`apply`, in order,
+        under one hold of the lock (one atomic step)."""
+        return self._apply_all(items)
+
+    def takeover_many(self, items: Sequence[tuple[Rotate, AuditEntry]]) -> list[WriteOutcome]:
+        """:meth:`mos_lease.ports.LeaseStore.takeover_many`, as :meth:`acquire_many`. Nothing
+        here holds a row apart from the store's lock, so every takeover is reached."""
+        return self._apply_all(items)
+
+    def release_many(self, items: Sequence[tuple[Close, AuditEntry]]) -> list[WriteOutcome]:
+        """:meth:`mos_lease.ports.LeaseStore.release_many`, as :meth:`takeover_many`."""
+        return self._apply_all(items)
+
+    def _apply_all(self, items: Sequence[tuple[Write, AuditEntry]]) -> list[WriteOutcome]:
+        with self._lock:
+            return [self.apply(write, entry) for write, entry in items]
+
+    def load_many(self, identities: Sequence[LeaseIdentity]) -> list[Snapshot]:
+        """:meth:`mos_lease.ports.LeaseStore.load_many`: every row at one clock reading."""
+        with self._lock:
+            now = self.clock.now()
+            return [Snapshot(self._rows.get(identity), now) for identity in identities]
+
     def record(self, entry: AuditEntry) -> None:
         """:meth:`mos_lease.ports.LeaseStore.record`; an event id recorded twice raises
         ``ValueError``."""
@@ -161,6 +185,25 @@ class AsyncInMemoryLeaseStore:
                          ) -> list[WriteOutcome]:
         """As :meth:`InMemoryLeaseStore.renew_many`."""
         return self.sync.renew_many(items)
+
+    async def acquire_many(self, items: Sequence[tuple[Insert, AuditEntry]]
+                           ) -> list[WriteOutcome]:
+        """As :meth:`InMemoryLeaseStore.acquire_many`."""
+        return self.sync.acquire_many(items)
+
+    async def takeover_many(self, items: Sequence[tuple[Rotate, AuditEntry]]
+                            ) -> list[WriteOutcome]:
+        """As :meth:`InMemoryLeaseStore.takeover_many`."""
+        return self.sync.takeover_many(items)
+
+    async def release_many(self, items: Sequence[tuple[Close, AuditEntry]]
+                           ) -> list[WriteOutcome]:
+        """As :meth:`InMemoryLeaseStore.release_many`."""
+        return self.sync.release_many(items)
+
+    async def load_many(self, identities: Sequence[LeaseIdentity]) -> list[Snapshot]:
+        """As :meth:`InMemoryLeaseStore.load_many`."""
+        return self.sync.load_many(identities)
 
     async def record(self, entry: AuditEntry) -> None:
         """As :meth:`InMemoryLeaseStore.record`."""

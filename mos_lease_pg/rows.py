@@ -135,3 +135,17 @@ def parse_renewals(renewed: Sequence[tuple[LeaseIdentity, UUID]],
         raise AssertionError(f"expected {len(renewed)} rows, got {len(rows)}")
     return [parse_write_outcome(identity, (row,), known_id=lease_id)
             for (identity, lease_id), row in zip(renewed, rows, strict=True)]
+
+
+def parse_batch_writes(identities: Sequence[LeaseIdentity], rows: Sequence[Row], *,
+                       finds_row: bool) -> list[WriteOutcome]:
+    """A batched acquire's, takeover's or release's rows (``acquire_many.sql``,
+    ``takeover_many.sql``, ``release_many.sql``), one per identity, in order: each read as
+    :func:`parse_write_outcome` reads a single write's row. A takeover's or release's row
+    also says whether it was skipped, held by another transaction (``reached=False``)."""
+    if len(rows) != len(identities):
+        raise AssertionError(f"expected {len(identities)} rows, got {len(rows)}")
+    width = 1 + 2 * LEASE_COLUMNS
+    return [WriteOutcome(None, _utc(row[0]), reached=False) if finds_row and row[width]
+            else parse_write_outcome(identity, (row[:width],), finds_row=finds_row)
+            for identity, row in zip(identities, rows, strict=True)]

@@ -5,7 +5,9 @@ Each guarded write is applied to the store and compared with the reference seman
 time the store reports for the write. The audit row must appear exactly when the write
 applied, stamped with the write's time. Holder metadata is part of the row: an insert sets
 it, a takeover replaces it (with none, too), a renewal and a release keep it
-(:func:`_metadata_case`, and the random writes carry some).
+(:func:`_metadata_case`, and the random writes carry some). A store with the batch
+operations (:class:`~mos_lease.ports.BatchLeaseStore`) has each item of a mixed batch
+checked the same way (:func:`_batch_case`).
 """
 
 from __future__ import annotations
@@ -13,14 +15,23 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from datetime import timedelta
+from typing import cast
 from uuid import UUID, uuid4
 
 from mos_lease.identity import MAX_EPOCH, LeaseIdentity
 from mos_lease.ids import uuid7
-from mos_lease.machine import Close, Insert, Renew, Rotate, Write, write_outcome
+from mos_lease.machine import (
+    Close,
+    Insert,
+    Renew,
+    Rotate,
+    Write,
+    write_outcome,
+    written_epoch,
+)
 from mos_lease.metadata import EMPTY_METADATA, Metadata
-from mos_lease.ports import LeaseStore
-from mos_lease.records import AuditEntry
+from mos_lease.ports import BATCH_METHODS, BatchLeaseStore, LeaseStore
+from mos_lease.records import AuditEntry, LeaseRow
 from mos_lease.testing.harness import StoreHarness
 from mos_lease.vocabulary import LifecycleEvent, Outcome
 
@@ -88,6 +99,74 @@ def _metadata_case(store: LeaseStore, identity: LeaseIdentity) -> None:
     applied(Rotate(identity, epoch, False, uuid4(), "c3", (), ttl), EMPTY_METADATA)
 
 
+def _batch_entry(write: Write) -> AuditEntry:
+    # A batch's audit entry names the epoch the row is left at (stores may check it).
+    event, outcome = _EVENTS[type(write)]
+    return AuditEntry(uuid7(), event, outcome, None, write.identity, write.connector_id,
+                      written_epoch(write), "contract-batch")
+
+
+def _batch(store: BatchLeaseStore, method: str, writes: list[Write]) -> list[LeaseRow | None]:
+    """One batch through ``method``, each outcome checked against the reference semantics on
+    the row read just before, at the time the store reports for it."""
+    keys = [write.identity for write in writes]
+    before = list(store.load_many(keys))
+    assert [s.row for s in before] == [store.load(key).row for key in keys], \
+        "load_many disagrees with load"
+    entries = [_batch_entry(write) for write in writes]
+    outcomes = list(getattr(store, method)(list(zip(writes, entries, strict=True))))
+    assert len(outcomes) == len(writes), f"{method}: {len(outcomes)} outcomes"
+    rows: list[LeaseRow | None] = []
+    for write, entry, read, outcome in zip(writes, entries, before, outcomes, strict=True):
+        assert outcome.reached, f"{method}: {write} not reached, with no other transaction"
+        reference = write_outcome(write, read.row, outcome.now)
+        assert outcome.row == reference, f"{method}: {write} gave {outcome.row}, " \
+                                         f"reference {reference}"
+        assert outcome.found is None or outcome.row is not None or \
+            outcome.found.row == read.row, f"{method}: {write} found {outcome.found}"
+        assert store.load(write.identity).row == (reference if reference is not None
+                                                  else read.row)
+        assert store.event_committed(entry.event_id) == (reference is not None), \
+            f"{method}: audit row presence does not match {write}"
+        rows.append(reference)
+    return rows
+
+
+def _batch_case(harness: StoreHarness, run: str) -> None:
+    """The optional batch operations (:class:`~mos_lease.ports.BatchLeaseStore`), if the
+    store has them: mixed batches where each item applies or is refused on its own."""
+    if not all(hasattr(harness.store, name) for name in BATCH_METHODS):
+        return
+    store = cast(BatchLeaseStore, harness.store)
+    k = [LeaseIdentity(f"contract-{run}", "agent", f"batch{i}") for i in range(6)]
+    ttl = timedelta(seconds=30)
+    made = _batch(store, "acquire_many", [Insert(key, uuid4(), "c1", ("a",), ttl,
+                                                  _METADATA[i % 3])
+                                           for i, key in enumerate(k[:4])])
+    assert all(row is not None for row in made), "acquire_many refused a fresh identity"
+    again = _batch(store, "acquire_many", [Insert(k[0], uuid4(), "c2", (), ttl),
+                                           Insert(k[4], uuid4(), "c2", (), ttl)])
+    assert again[0] is None and again[1] is not None
+    taken = _batch(store, "takeover_many", [
+        Rotate(k[0], 1, True, uuid4(), "c2", ("a", "b"), ttl, _METADATA[1]),
+        Rotate(k[1], 2, True, uuid4(), "c2", (), ttl),
+        Rotate(k[2], 1, False, uuid4(), "c2", (), ttl),
+        Rotate(k[5], 1, True, uuid4(), "c2", (), ttl)])
+    assert [row is not None for row in taken] == [True, False, False, False]
+    first, fourth, fifth = taken[0], made[3], again[1]
+    assert first is not None and fourth is not None and fifth is not None
+    released = _batch(store, "release_many", [
+        Close(k[0], "c2", first.lease_id, 2), Close(k[3], "c1", uuid4(), 1),
+        Close(k[4], "c2", fifth.lease_id, 1)])
+    assert [row is not None for row in released] == [True, False, True]
+    harness.advance(ttl + timedelta(seconds=1))
+    late = _batch(store, "takeover_many", [
+        Rotate(k[3], 1, False, uuid4(), "c3", (), ttl), Rotate(k[4], 1, False, uuid4(), "c3",
+                                                               (), ttl)])
+    assert all(row is not None and row.epoch == 2 for row in late)
+    assert list(store.load_many([])) == []
+
+
 def run_store_contract(harness_factory: Callable[[], StoreHarness], *, steps: int = 300,
                        seed: int = 0) -> None:
     """Raise ``AssertionError`` at the first step where the store departs from the contract."""
@@ -98,6 +177,7 @@ def run_store_contract(harness_factory: Callable[[], StoreHarness], *, steps: in
     identities = [LeaseIdentity(f"contract-{run}", "agent", f"b{i}") for i in range(3)]
     current = {identity: ("c1", uuid4(), 1) for identity in identities}
     _metadata_case(store, LeaseIdentity(f"contract-{run}", "agent", "metadata"))
+    _batch_case(harness, run)
 
     # The bigint ceiling: a takeover at MAX_EPOCH must be refused, never wrap.
     assert not write_outcome(
