@@ -26,7 +26,7 @@ from mos_lease.machine import Close, Insert, Renew, Rotate, Write, write_outcome
 from mos_lease.metadata import EMPTY_METADATA, Metadata
 from mos_lease.ports import LeaseStore
 from mos_lease.records import AuditEntry
-from mos_lease.testing.harness import StoreHarness
+from mos_lease.testing.harness import InspectableStore, StoreHarness
 from mos_lease.vocabulary import LifecycleEvent, Outcome, Reason
 
 _EVENTS: dict[type[Write], tuple[LifecycleEvent, Outcome]] = {
@@ -49,7 +49,7 @@ def _refusal(entry: AuditEntry) -> AuditEntry:
     return attrs.evolve(entry, outcome=Outcome.DENIED, reason=Reason.LEASE_REPLACED)
 
 
-def _reconcile_case(store: LeaseStore, identity: LeaseIdentity) -> None:
+def _reconcile_case(store: InspectableStore, identity: LeaseIdentity) -> None:
     """``event_committed`` answers from the attempt's outcome, and a resent record is kept
     once, on one fresh identity."""
     ttl = timedelta(seconds=30)
