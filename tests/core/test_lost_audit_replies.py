@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from datetime import timedelta
+from pathlib import Path
 from uuid import UUID
 
 import pytest
@@ -24,8 +25,10 @@ from mos_lease import (
     StoreUnavailable,
 )
 from mos_lease.clock import ManualClock
+from mos_lease.ids import uuid7
 from mos_lease.machine import PolicyVerdict
 from mos_lease.policy import PolicyRequest
+from mos_lease.reconciliation import took_effect
 from mos_lease.records import AuditEntry, AuditRecord
 from mos_lease.vocabulary import LifecycleEvent
 from mos_lease_memory import AsyncInMemoryLeaseStore, InMemoryLeaseStore
@@ -198,3 +201,21 @@ def test_the_asyncio_coordinator_returns_the_refusal_too() -> None:
     assert result.reason is Reason.LEASE_HELD
     assert len([r for r in _rows_of(store, LifecycleEvent.ACQUIRE)
                 if r.entry.outcome is Outcome.DENIED]) == 1
+
+
+def test_the_spec_table_of_reconciling_matches_took_effect() -> None:
+    spec = Path(__file__).resolve().parents[2] / "specs" / "transitions.md"
+    section = spec.read_text().split("## Reconciling an event id", 1)[1].split("\n## ", 1)[0]
+    rows = [[cell.strip() for cell in line.strip().strip("|").split("|")]
+            for line in section.splitlines() if line.startswith("|")][2:]
+    assert [row[0] for row in rows] == ["none", "outcome `denied`", "any other outcome"]
+    store = InMemoryLeaseStore(ManualClock(START))
+    assert store.event_committed(UUID(int=1)) is (rows[0][1] == "yes")
+    for outcome in Outcome:
+        entry = AuditEntry(uuid7(), LifecycleEvent.ACQUIRE, outcome,
+                           Reason.LEASE_HELD if outcome is Outcome.DENIED else None, IDENT,
+                           "conn-a", None, "spec")
+        row = rows[1] if outcome is Outcome.DENIED else rows[2]
+        assert took_effect(entry) is (row[1] == "yes"), outcome
+        store.record(entry)
+        assert store.event_committed(entry.event_id) is took_effect(entry), outcome
