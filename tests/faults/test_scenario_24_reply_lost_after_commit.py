@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -62,6 +63,11 @@ pytestmark = [pytest.mark.faults, pytest.mark.pg]
 SETTINGS = ConnectionSettings(prepare=False, statement_timeout=timedelta(seconds=1),
                               lock_timeout=timedelta(seconds=0.5), connect_timeout=2.0,
                               call_timeout=1.5)
+# Every call here makes at most three store calls (a read or the write, then the audit
+# append or the lookup, then the append's one resend or the reread), each within the call
+# bound B, reconnecting included (docs/operations.md, "One bound per call"); plus an
+# allowance for the deadline watch and a loaded machine.
+BOUND = 3 * SETTINGS.call_bound() + 0.5
 SCOPES = ["tool:run"]
 # A piece of each write statement's text: the proxy strikes the request that carries it.
 MARKERS = {"insert": b"ON CONFLICT (tenant_id", "renew": b"SET heartbeat_at",
@@ -129,6 +135,7 @@ class Outcome:
     strikes: int
     raised: bool
     answer: str  # what the call returned: "ok", "reconciled", a refusal's reason, "grant"
+    seconds: float  # how long the call took, on the monotonic clock
     rows: int  # audit rows of the event (kind, outcome) for the identities written
     lease_as_written: bool
     reconcile_same: bool | None  # reconcile from the coordinator that made the call
@@ -195,12 +202,14 @@ def _run_case(case: Case, mode: str, gate: Gate, proxy: ReplyLossProxy, fresh: G
     event_id: UUID | None = None
     raised = False
     answer = "-"
+    began = time.monotonic()
     try:
         result = calls[case.name]()
     except CommitOutcomeUnknown as unknown:
         raised, event_id = True, unknown.event_id
     else:
         answer = _answer(case, result, problems)
+    seconds = time.monotonic() - began
     strikes = proxy.strikes
     proxy.heal()
     if raised != (mode == "raised"):
@@ -220,7 +229,7 @@ def _run_case(case: Case, mode: str, gate: Gate, proxy: ReplyLossProxy, fresh: G
     if event_id is not None:
         same = gate.reconcile(identity, event_id)
         fresh_answer = fresh.reconcile(identity, event_id)
-    return Outcome(case.name, mode, strikes, raised, answer, sum(len(f) for f in rows),
+    return Outcome(case.name, mode, strikes, raised, answer, seconds, sum(len(f) for f in rows),
                    as_written, same, fresh_answer, problems)
 
 
@@ -331,6 +340,9 @@ def test_reply_lost_after_commit(flavour: str, loss_proxy: ReplyLossProxy, pg_ds
     resent = caplog.text.count("audit append outcome unknown, sending it again")
     figures.add("cases (write kinds x modes)", f"{len(outcomes)} on {flavour} stores", "20",
                 len(outcomes) == len(CASES) * len(MODES))
+    longest = max(outcomes, key=lambda o: o.seconds)
+    figures.add("longest call", f"{longest.seconds:.3f} s ({longest.case}/{longest.mode})",
+                f"<= 3 B + 0.5 s = {BOUND:g} s", longest.seconds <= BOUND)
     figures.add("replies lost after their commit", sum(o.strikes for o in outcomes),
                 "every case struck as armed", not unstruck)
     figures.add("answered mode: results", dict(Counter(
