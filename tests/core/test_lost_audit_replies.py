@@ -219,3 +219,15 @@ def test_the_spec_table_of_reconciling_matches_took_effect() -> None:
         assert took_effect(entry) is (row[1] == "yes"), outcome
         store.record(entry)
         assert store.event_committed(entry.event_id) is took_effect(entry), outcome
+
+
+def test_a_grant_renewal_whose_audit_reply_was_lost_hands_out_its_successor() -> None:
+    store, coordinator, lease = _setup()
+    issued = coordinator.issue_grant(lease, scopes=["tool:run"], ttl=10)
+    assert issued.grant is not None
+    store.faults = ["after"]
+    renewed = coordinator.renew_grant(issued.grant, identity=IDENT, scopes=["tool:run"], ttl=10)
+    assert renewed.grant is not None and renewed.context is not None
+    assert store.records == 3  # the first grant's row, the successor's and its resend
+    assert [r.entry.outcome for r in _rows_of(store, LifecycleEvent.GRANT_ISSUE)] == [
+        Outcome.GRANT_ISSUED, Outcome.GRANT_ISSUED]
