@@ -60,10 +60,10 @@ from mos_lease.machine import (
 )
 from mos_lease.metadata import check_metadata
 from mos_lease.policy import PolicyRequest
-from mos_lease.reconciliation import is_own_write, reconciled_row
+from mos_lease.reconciliation import is_own_write, reconciled_row, recorded
 from mos_lease.records import AuditEntry, LeaseHandle, Snapshot, WriteOutcome
 from mos_lease.results import HolderView, LeaseResult
-from mos_lease.store_ops import Apply, Committed, Flow, Load, Record, RenewMany
+from mos_lease.store_ops import Apply, Committed, Flow, Load, RenewMany
 from mos_lease.vocabulary import LifecycleEvent, Outcome, Reason
 
 log = logging.getLogger("mos_lease")
@@ -214,7 +214,8 @@ class Flows(GrantFlows):
         """A denial; ``snapshot`` is the read that named a state-based one (``None`` for the
         policy's refusals, which reveal nothing about the lease)."""
         assert reason is not None
-        yield Record(audit_entry(command, reason, presented_epoch(command)))
+        # Sent once more if its reply is lost: the caller gets its refusal (reconciliation).
+        yield from recorded(audit_entry(command, reason, presented_epoch(command)))
         log.info("mos_lease: %s denied for %s connector=%s reason=%s", event_of(command),
                  command.identity, command.connector_id, reason)
         if snapshot is None or snapshot.row is None:

@@ -35,9 +35,13 @@ class LeaseStore(Protocol):
       would, in one round trip; a refused renewal does not affect the others. Outcomes come
       back in order. (It is how ``heartbeat_many`` is one round trip.)
     * Optionally, the batch operations of :class:`BatchLeaseStore`.
-    * ``record`` appends one audit entry (a refusal or a grant issue) and returns nothing.
-    * ``event_committed`` tells whether the audit entry ``event_id`` exists, which is how a
-      write whose commit outcome was lost is reconciled.
+    * ``record`` appends one audit entry (a refusal or a grant issue) and returns nothing;
+      the same entry sent again (its reply was lost) is kept once, not refused.
+    * ``event_committed`` tells whether the attempt of audit entry ``event_id`` took effect:
+      the entry exists and its outcome is not ``denied``
+      (:func:`mos_lease.reconciliation.took_effect`; a refusal's entry carries the event id
+      of the write it refused). It is how a write whose commit outcome was lost is
+      reconciled.
     * Rows are never deleted and audit entries never changed or removed.
 
     Optional: a ``clock_can_step`` attribute, ``False`` for a store whose time no failover
@@ -69,11 +73,12 @@ class LeaseStore(Protocol):
 
     def record(self, entry: AuditEntry) -> None:
         """Append one audit entry (a refusal or a grant issue) on its own, stamped with the
-        store's time; an event id is stored at most once."""
+        store's time; an event id is stored at most once (the same entry sent again is
+        already done)."""
 
     def event_committed(self, event_id: UUID) -> bool:
-        """Whether the audit entry ``event_id`` exists: how a write whose commit outcome was
-        lost is reconciled."""
+        """Whether the audit entry ``event_id`` exists with an outcome other than ``denied``:
+        how a write whose commit outcome was lost is reconciled."""
 
 
 class BatchLeaseStore(LeaseStore, Protocol):

@@ -68,14 +68,16 @@ class LoadMany:
 
 @attrs.define(slots=True)
 class Record:
-    """Append an audit entry that changes no row (a refusal): answered with ``None``."""
+    """Append an audit entry that changes no row (a refusal, a grant issue); the same entry
+    sent again is kept once: answered with ``None``."""
 
     entry: AuditEntry
 
 
 @attrs.define(slots=True)
 class Committed:
-    """Whether the audit row with this event id exists: a ``bool``."""
+    """Whether the attempt with this event id took effect (its audit row exists with an
+    outcome other than ``denied``): a ``bool``."""
 
     event_id: UUID
 

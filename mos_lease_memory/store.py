@@ -25,6 +25,7 @@ from mos_lease.identity import LeaseIdentity, check_count, check_id, check_ident
 from mos_lease.machine import Close, Insert, Renew, Rotate, Write, write_outcome
 from mos_lease.metadata import EMPTY_METADATA, stored_metadata
 from mos_lease.ports import MAX_AUDIT_PAGE
+from mos_lease.reconciliation import took_effect
 from mos_lease.records import AuditEntry, AuditRecord, LeaseRow, Snapshot, WriteOutcome
 
 T = TypeVar("T")
@@ -57,7 +58,7 @@ class InMemoryLeaseStore:
         self._lock = threading.RLock()
         self._rows: dict[LeaseIdentity, LeaseRow] = {}
         self._audit: list[AuditRecord] = []
-        self._event_ids: set[UUID] = set()
+        self._entries: dict[UUID, AuditEntry] = {}  # every audit entry, by event id
 
     def load(self, identity: LeaseIdentity) -> Snapshot:
         """:meth:`mos_lease.ports.LeaseStore.load` under the store's lock, at its clock's time."""
@@ -120,20 +121,25 @@ class InMemoryLeaseStore:
             return [Snapshot(self._rows.get(identity), now) for identity in identities]
 
     def record(self, entry: AuditEntry) -> None:
-        """:meth:`mos_lease.ports.LeaseStore.record`; an event id recorded twice raises
+        """:meth:`mos_lease.ports.LeaseStore.record`: the same entry sent again (after its
+        reply was lost) is recorded once; another entry under a recorded event id raises
         ``ValueError``."""
         with self._lock:
+            if self._entries.get(entry.event_id) == entry:
+                return
             self._append(entry, self.clock.now())
 
     def event_committed(self, event_id: UUID) -> bool:
-        """:meth:`mos_lease.ports.LeaseStore.event_committed`."""
+        """:meth:`mos_lease.ports.LeaseStore.event_committed`: from the entry's outcome, since
+        a refusal's entry carries the event id of the write it refused."""
         with self._lock:
-            return event_id in self._event_ids
+            entry = self._entries.get(event_id)
+            return entry is not None and took_effect(entry)
 
     def _append(self, entry: AuditEntry, now: datetime) -> None:
-        if entry.event_id in self._event_ids:
+        if entry.event_id in self._entries:
             raise ValueError(f"audit event {entry.event_id} recorded twice")
-        self._event_ids.add(entry.event_id)
+        self._entries[entry.event_id] = entry
         self._audit.append(AuditRecord(len(self._audit) + 1, entry, now))
 
     # -- inspection ---------------------------------------------------------------------

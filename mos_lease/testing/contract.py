@@ -3,11 +3,14 @@
 Each guarded write is applied to the store and compared with the reference semantics,
 :func:`mos_lease.machine.write_outcome`, evaluated on the row read just before and at the
 time the store reports for the write. The audit row must appear exactly when the write
-applied, stamped with the write's time. Holder metadata is part of the row: an insert sets
-it, a takeover replaces it (with none, too), a renewal and a release keep it
-(:func:`_metadata_case`, and the random writes carry some). A store with the batch
-operations (:class:`~mos_lease.ports.BatchLeaseStore`) has each item of a mixed batch
-checked the same way (:func:`_batch_case`).
+applied, stamped with the write's time. Reconciling answers whether an attempt took effect:
+a refused write whose refusal was recorded under its event id (as the coordinator records
+it) is not committed, a grant issue's row is, and the same record sent twice (after a lost
+reply) is kept once (:func:`_reconcile_case`, and every refused random write). Holder
+metadata is part of the row: an insert sets it, a takeover replaces it (with none, too), a
+renewal and a release keep it (:func:`_metadata_case`, and the random writes carry some). A
+store with the batch operations (:class:`~mos_lease.ports.BatchLeaseStore`) has each item of
+a mixed batch checked the same way (:func:`_batch_case`).
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import cast
 from uuid import UUID, uuid4
+
+import attrs
 
 from mos_lease.identity import MAX_EPOCH, LeaseIdentity
 from mos_lease.ids import uuid7
@@ -32,8 +37,8 @@ from mos_lease.machine import (
 from mos_lease.metadata import EMPTY_METADATA, Metadata
 from mos_lease.ports import BATCH_METHODS, BatchLeaseStore, LeaseStore
 from mos_lease.records import AuditEntry, LeaseRow
-from mos_lease.testing.harness import StoreHarness
-from mos_lease.vocabulary import LifecycleEvent, Outcome
+from mos_lease.testing.harness import InspectableStore, StoreHarness
+from mos_lease.vocabulary import LifecycleEvent, Outcome, Reason
 
 _EVENTS: dict[type[Write], tuple[LifecycleEvent, Outcome]] = {
     Insert: (LifecycleEvent.ACQUIRE, Outcome.ACQUIRED),
@@ -47,6 +52,36 @@ def _entry(write: Write, connector_id: str) -> AuditEntry:
     event, outcome = _EVENTS[type(write)]
     return AuditEntry(uuid7(), event, outcome, None, write.identity, connector_id, None,
                       "contract")
+
+
+def _refusal(entry: AuditEntry) -> AuditEntry:
+    """The audit entry the coordinator records for a refused write: the write's event id,
+    outcome ``denied``."""
+    return attrs.evolve(entry, outcome=Outcome.DENIED, reason=Reason.LEASE_REPLACED)
+
+
+def _reconcile_case(store: InspectableStore, identity: LeaseIdentity) -> None:
+    """``event_committed`` answers from the attempt's outcome, and a resent record is kept
+    once, on one fresh identity."""
+    ttl = timedelta(seconds=30)
+    held = Insert(identity, uuid4(), "c1", (), ttl)
+    assert store.apply(held, _entry(held, "c1")).row is not None, "reconcile case: insert"
+    refused = Insert(identity, uuid4(), "c2", (), ttl)  # the lease is held: refused
+    entry = _entry(refused, "c2")
+    assert store.apply(refused, entry).row is None, "reconcile case: second insert applied"
+    refusal = _refusal(entry)
+    store.record(refusal)
+    store.record(refusal)  # the same record sent again after its reply was lost
+    assert not store.event_committed(entry.event_id), \
+        "reconcile case: a refused write whose refusal row exists reconciles as committed"
+    recorded = [r.entry for r in store.audit(identity, limit=100_000)
+                if r.entry.event_id == entry.event_id]
+    assert recorded == [refusal], f"reconcile case: a resent record left {recorded}"
+    grant = AuditEntry(uuid7(), LifecycleEvent.GRANT_ISSUE, Outcome.GRANT_ISSUED, None,
+                       identity, "c1", 1, "contract")
+    store.record(grant)
+    assert store.event_committed(grant.event_id), \
+        "reconcile case: a recorded grant issue reconciles as not committed"
 
 
 # Payloads the writes carry: none, ASCII, and non-ASCII text with a space and quotes, which
@@ -178,6 +213,7 @@ def run_store_contract(harness_factory: Callable[[], StoreHarness], *, steps: in
     current = {identity: ("c1", uuid4(), 1) for identity in identities}
     _metadata_case(store, LeaseIdentity(f"contract-{run}", "agent", "metadata"))
     _batch_case(harness, run)
+    _reconcile_case(store, LeaseIdentity(f"contract-{run}", "agent", "reconcile"))
 
     # The bigint ceiling: a takeover at MAX_EPOCH must be refused, never wrap.
     assert not write_outcome(
@@ -196,8 +232,10 @@ def run_store_contract(harness_factory: Callable[[], StoreHarness], *, steps: in
                                          f"reference {reference}"
         after = store.load(identity)
         assert after.row == (reference if reference is not None else before.row)
+        if reference is None:
+            store.record(_refusal(entry))  # as the coordinator records a refusal
         assert store.event_committed(entry.event_id) == (reference is not None), \
-            f"step {step}: audit row presence does not match the write"
+            f"step {step}: reconciling the write does not match whether it applied"
         if reference is not None:
             record = store.audit(identity, limit=100_000)[-1]
             assert record.entry == entry and record.recorded_at == outcome.now
@@ -205,10 +243,10 @@ def run_store_contract(harness_factory: Callable[[], StoreHarness], *, steps: in
         if rng.random() < 0.15:
             harness.advance(timedelta(seconds=rng.choice([3, 31])))
 
-    # Refusals and grant issues are appended as they are.
+    # Refusals and grant issues are appended as they are; a refusal changed nothing.
     refusal = AuditEntry(uuid7(), LifecycleEvent.GRANT_VALIDATE, Outcome.DENIED, None,
                          identities[0], "c1", 3, "contract")
     store.record(refusal)
-    assert store.event_committed(refusal.event_id)
+    assert not store.event_committed(refusal.event_id)
     assert store.audit(identities[0], limit=100_000)[-1].entry == refusal
     assert not store.event_committed(uuid4())
