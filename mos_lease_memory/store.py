@@ -24,7 +24,7 @@ T = TypeVar("T")
 class InMemoryLeaseStore:
     """Thread-safe lease rows and audit log in this process's memory.
 
-    ``clock`` is the store's time authority (a :class:`ManualClock` in tests).
+    ``clock`` is the store's time authority (a :class:`~mos_lease.clock.ManualClock` in tests).
     """
 
     # Telemetry names the store by this (``mos_lease.events.store_system``).
