@@ -185,3 +185,13 @@ def test_a_role_naming_nothing_is_left_for_the_strict_build_to_report() -> None:
     rewritten = extension.rewrite(":meth:`load` and :class:`NoSuchThing`", store, loader)
     assert rewritten == ('<autoref identifier="mos_lease_memory.store.InMemoryLeaseStore.load"'
                          " optional><code>load</code></autoref> and [`NoSuchThing`][NoSuchThing]")
+
+
+@pytest.mark.parametrize("name", ["mos_lease.Supervisor.add", "mos_lease.AsyncSupervisor.add",
+                                  "mos_lease.ConnectorLeaseCoordinator.live_grants",
+                                  "mos_lease.LeaseKeeper.lease"])
+def test_a_method_inherited_from_a_private_base_is_documented_under_its_class(
+        site: Path, name: str) -> None:
+    """The supervisors, coordinators and keepers share members through private bases; the
+    reference shows each under the public class (and a role naming it links there)."""
+    assert f'id="{name}"' in _page(site, "mos_lease")
