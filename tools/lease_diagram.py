@@ -7,10 +7,11 @@ checks the code against.
     python tools/lease_diagram.py --write FILE...     # rewrite the embedded copy in each FILE
 
 A transition is each table row that writes (``insert``, ``rotate``, ``renew``, ``close``):
-its command from the row's state to the state the write leaves (``absent``, no row, is the
-start ``[*]``). Refusals write nothing and change no state, so they are not drawn. The one
-change no command makes, an active lease's expiry passing in store time, is drawn from the
-table's definition of the states.
+its command (and condition) from the row's state to the state the write leaves (``absent``,
+no row, is the start ``[*]``), with the epoch it leaves when it sets one. Refusals write
+nothing and change no state, so they are not drawn. The one change no command makes, an
+active lease's expiry passing in store time, is drawn from the table's definition of the
+states.
 
 In a page the diagram is the ``mermaid`` fence whose first line is ``stateDiagram-v2``.
 """
@@ -30,7 +31,7 @@ LEAVES: Final = {"insert": "active", "rotate": "active", "renew": "active",
                  "close": "released"}
 # The audit epoch a success records is the epoch the lease is left at.
 EPOCHS: Final = {"1": "epoch 1", "expected+1": "epoch + 1"}
-EXPIRY: Final = "active --> expired : store time reaches expires_at"
+EXPIRY: Final = "active --> expired : expires"
 _EMBEDDED = re.compile(r"^```mermaid\n(?P<diagram>stateDiagram-v2\n.*?)^```$", re.M | re.S)
 
 
@@ -46,14 +47,19 @@ def lifecycle() -> list[list[str]]:
 
 def diagram(rows: list[list[str]]) -> str:
     """The Mermaid text of the transitions that ``rows`` (the Lifecycle table) write."""
-    lines = ["stateDiagram-v2"]
+    edges: dict[tuple[str, str], list[str]] = {}
     for command, state, condition, _, _, write, audit_epoch in rows:
         if write not in LEAVES:
             continue
-        label = command + ("" if condition in ("-", "match") else f" ({condition})")
-        label += f" / {write}" + (f", {EPOCHS[audit_epoch]}" if audit_epoch in EPOCHS else "")
+        label = command + ("" if condition in ("-", "match") else f" if {condition}")
+        label += f", {EPOCHS[audit_epoch]}" if audit_epoch in EPOCHS else ""
         source = "[*]" if state == "absent" else state
-        lines.append(f"    {source} --> {LEAVES[write]} : {label}")
+        # One edge per pair of states: Mermaid draws a second loop over the first. Labels are
+        # kept to a line each: longer ones overlap in Mermaid's layout of these few states.
+        edges.setdefault((source, LEAVES[write]), []).append(label)
+    lines = ["stateDiagram-v2"]
+    lines += [f"    {source} --> {target} : {'<br>'.join(labels)}"
+              for (source, target), labels in edges.items()]
     lines.append(f"    {EXPIRY}")
     return "\n".join(lines) + "\n"
 

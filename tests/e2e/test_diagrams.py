@@ -70,12 +70,19 @@ def test_the_state_diagram_draws_every_write_of_the_table_between_real_states() 
     tool = _tool()
     rows = tool.lifecycle()
     drawn = tool.diagram(rows).splitlines()[1:]
+    edges = {tuple(state.strip() for state in line.split(" : ")[0].split(" --> ")):
+             line.split(" : ")[1].split("<br>") for line in drawn}
+    assert len(edges) == len(drawn)  # one edge per pair of states
+    assert {state for edge in edges for state in edge} - {"[*]"} == set(map(str, LeaseState))
+    labels = [label for edge in edges.values() for label in edge]
     writes = [row for row in rows if row[5] != "none"]
-    assert len(drawn) == len(writes) + 1  # and the expiry, which no command makes
-    states = {state.strip() for line in drawn for state in line.split(" : ")[0].split(" --> ")}
-    assert states - {"[*]"} == {str(state) for state in LeaseState}
-    for row in writes:
-        assert any(f": {row[0]}" in line and f"/ {row[5]}" in line for line in drawn), row
+    assert len(labels) == len(writes) + 1  # and the expiry, which no command makes
+    assert edges[("active", "expired")] == ["expires"]
+    leaves = {"insert": "active", "rotate": "active", "renew": "active", "close": "released"}
+    for command, state, condition, _, _, write, _ in writes:
+        edge = edges[("[*]" if state == "absent" else state, leaves[write])]
+        assert any(label.startswith(command) and (condition in label) == (
+            condition not in ("-", "match")) for label in edge), (command, state, condition)
 
 
 def _vocabulary() -> set[str]:
