@@ -42,7 +42,7 @@ def _judged(row: LeaseRow) -> LeaseRow:
 class InMemoryLeaseStore:
     """Thread-safe lease rows and audit log in this process's memory.
 
-    ``clock`` is the store's time authority (a :class:`ManualClock` in tests).
+    ``clock`` is the store's time authority (a :class:`~mos_lease.clock.ManualClock` in tests).
     """
 
     # Telemetry names the store by this (``mos_lease.events.store_system``).
@@ -97,17 +97,17 @@ class InMemoryLeaseStore:
         return [self.apply(write, entry) for write, entry in items]
 
     def acquire_many(self, items: Sequence[tuple[Insert, AuditEntry]]) -> list[WriteOutcome]:
-        """:meth:`mos_lease.ports.LeaseStore.acquire_many`: each as :meth:`apply`, in order,
+        """:meth:`mos_lease.ports.BatchLeaseStore.acquire_many`: each as :meth:`apply`, in order,
         under one hold of the lock (one atomic step)."""
         return self._apply_all(items)
 
     def takeover_many(self, items: Sequence[tuple[Rotate, AuditEntry]]) -> list[WriteOutcome]:
-        """:meth:`mos_lease.ports.LeaseStore.takeover_many`, as :meth:`acquire_many`. Nothing
+        """:meth:`mos_lease.ports.BatchLeaseStore.takeover_many`, as :meth:`acquire_many`. Nothing
         here holds a row apart from the store's lock, so every takeover is reached."""
         return self._apply_all(items)
 
     def release_many(self, items: Sequence[tuple[Close, AuditEntry]]) -> list[WriteOutcome]:
-        """:meth:`mos_lease.ports.LeaseStore.release_many`, as :meth:`takeover_many`."""
+        """:meth:`mos_lease.ports.BatchLeaseStore.release_many`, as :meth:`takeover_many`."""
         return self._apply_all(items)
 
     def _apply_all(self, items: Sequence[tuple[Write, AuditEntry]]) -> list[WriteOutcome]:
@@ -115,7 +115,7 @@ class InMemoryLeaseStore:
             return [self.apply(write, entry) for write, entry in items]
 
     def load_many(self, identities: Sequence[LeaseIdentity]) -> list[Snapshot]:
-        """:meth:`mos_lease.ports.LeaseStore.load_many`: every row at one clock reading."""
+        """:meth:`mos_lease.ports.BatchLeaseStore.load_many`: every row at one clock reading."""
         with self._lock:
             now = self.clock.now()
             return [Snapshot(self._rows.get(identity), now) for identity in identities]
