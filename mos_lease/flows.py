@@ -256,9 +256,21 @@ class Flows(GrantFlows):
                 outcome = yield from self._reconcile_write(command, writes[k][0])
             if outcome.row is not None:
                 results[i] = self._success(command, outcome)
+            elif not outcome.reached:
+                results[i] = self._not_reached(command)
             else:
                 results[i] = yield from self._read_decide_write(command, verdict, None)
         return [results[i] for i in range(len(attempts))]
+
+    @staticmethod
+    def _not_reached(command: Heartbeat) -> LeaseResult:
+        """A renewal the batch did not reach: another transaction held the row (a fenced
+        transaction of a long tool), and the batch renewed the others rather than wait.
+        Nothing was judged, written or audited, so it is no refusal and no read can name
+        one: ``store_unavailable``, the reason of a transient failure, tried again later."""
+        log.info("mos_lease: heartbeat of %s not reached: its row is locked by another "
+                 "transaction", command.identity)
+        return LeaseResult(Outcome.DENIED, Reason.STORE_UNAVAILABLE, command.correlation_id)
 
     def current_holder(self, identity: object) -> Flow[HolderView | None]:
         # A plain read: no policy call and no audit row, since it changes nothing and

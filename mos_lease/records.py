@@ -106,10 +106,14 @@ class WriteOutcome:
     the store can tell it from the same atomic step; ``None`` if it cannot (the coordinator
     then reads the row to name the refusal). ``reconciled`` is set by the coordinator when
     the outcome was lost in transit and established afterwards by rereading; stores leave
-    it false.
+    it false. ``reached`` is false when a batched renewal (``renew_many``) did not reach the
+    row at all: another transaction held it locked, and a batch does not wait for one row
+    (every other lease would wait with it). Nothing was judged or written, so it is neither
+    a success nor a refusal; the lease is tried again later, as after any transient failure.
     """
 
     row: LeaseRow | None
     now: datetime
     reconciled: bool = False
     found: Snapshot | None = None
+    reached: bool = True

@@ -303,7 +303,9 @@ class Schedule:
                 # (renewing a little early only moves deadlines later).
                 new = after_renewal(state, slot.binding.timing, started, finished, single,
                                     self._draw(), min(call.tick, started))
-                if isinstance(single, BaseException) and new.loss is None:
+                # A transient failure (an error, or a lease the batch did not reach) is
+                # retried until this lease's own deadline; the others are judged apart.
+                if new.loss is None and new.failures > state.failures:
                     log.warning("mos_lease: renewal of %s failed (attempt %d): %s; retrying "
                                 "in %.3f s, %.3f s before the local deadline",
                                 state.lease.identity, new.failures, new.last_error,
