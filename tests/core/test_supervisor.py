@@ -279,6 +279,56 @@ def test_close_releases_every_held_lease() -> None:
         rig.add(1)
 
 
+class StatusDuringClose:
+    """An ``on_change`` that asks for the lease of every binding (and of an identity never
+    added) each time close() reports a binding stopped: a status request during shutdown."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.supervisor: Supervisor | AsyncSupervisor | None = None
+        self.answers: list[list[LeaseHandle | None] | BaseException] = []
+        self.unknown: list[BaseException | None] = []
+
+    def __call__(self, change: Change) -> None:
+        if not isinstance(change, BindingLost) or change.loss.cause is not LossCause.STOPPED:
+            return
+        assert self.supervisor is not None
+        try:
+            self.answers.append([self.supervisor.lease(ident(i)) for i in range(self.n)])
+        except InvalidInput as refused:
+            self.answers.append(refused)
+        try:
+            self.supervisor.lease(ident(999))
+            self.unknown.append(None)
+        except InvalidInput as refused:
+            self.unknown.append(refused)
+
+    def check(self) -> None:
+        """Every binding, dropped already or not yet, reads ``None`` while closing; an
+        identity never added is refused, then and after."""
+        assert self.supervisor is not None
+        assert self.answers == [[None] * self.n] * self.n, self.answers
+        assert all(isinstance(refused, InvalidInput) for refused in self.unknown)
+        assert len(self.unknown) == self.n
+        assert all(self.supervisor.lease(ident(i)) is None for i in range(self.n))
+        with pytest.raises(InvalidInput):
+            self.supervisor.lease(ident(999))
+
+
+def test_a_closing_supervisor_answers_none_for_its_bindings() -> None:
+    rig = Rig()
+    status = StatusDuringClose(4)
+    rig.supervisor = status.supervisor = Supervisor(
+        rig.coordinator, on_change=status, clock=rig.time, sleep=rig.sleeps.append,
+        random=lambda: 0.5, background=False)
+    rig.add(4)
+    rig.settle()
+    assert all(rig.supervisor.lease(ident(i)) is not None for i in range(4))
+    rig.supervisor.close()
+    assert all(released(rig.store, ident(i)) for i in range(4))
+    status.check()
+
+
 def test_inputs_are_checked_when_a_binding_is_added() -> None:
     rig = Rig()
     with pytest.raises(InvalidInput):
@@ -340,6 +390,30 @@ class AsyncRig(Generic[S]):
                                           clock=self.time, sleep=sleep, random=lambda: 0.5,
                                           background=False)
 
+
+
+def test_a_closing_asyncio_supervisor_answers_none_for_its_bindings() -> None:
+    async def main() -> None:
+        rig = AsyncRig(AsyncInMemoryLeaseStore)
+        status = StatusDuringClose(4)
+
+        async def sleep(seconds: float) -> None:
+            rig.sleeps.append(seconds)
+
+        supervisor = status.supervisor = AsyncSupervisor(
+            rig.coordinator, on_change=status, clock=rig.time, sleep=sleep,
+            random=lambda: 0.5, background=False)
+        for i in range(4):
+            supervisor.add(ident(i), "gw-a", scopes=SCOPES, ttl=TTL)
+        while not all(supervisor.lease(ident(i)) is not None for i in range(4)):
+            await supervisor.turn()
+        await supervisor.close()
+        for i in range(4):
+            row = (await rig.store.load(ident(i))).row
+            assert row is not None and row.released_at is not None
+        status.check()
+
+    asyncio.run(main())
 
 
 def test_the_asyncio_supervisor_holds_renews_and_loses_one_binding() -> None:
