@@ -14,13 +14,19 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from mos_lease import AllowAllPolicy, ConnectorLeaseCoordinator, LeaseHandle, LeaseIdentity
+from mos_lease import (
+    AllowAllPolicy,
+    ConnectorLeaseCoordinator,
+    LeaseHandle,
+    LeaseIdentity,
+    StoreUnavailable,
+)
 from mos_lease.fencing import ValidUntil
 from mos_lease.ids import uuid7
 from mos_lease.machine import Renew
 from mos_lease.records import AuditEntry
 from mos_lease.vocabulary import LifecycleEvent, Outcome, Reason
-from mos_lease_pg import sql_files
+from mos_lease_pg import ConnectionSettings, sql_files
 from mos_lease_pg.effects import fenced_transaction
 from tests.pg_fixtures import StoreFactory
 
@@ -139,6 +145,30 @@ def test_heartbeat_many_beside_a_long_fenced_transaction(
                                               LifecycleEvent.GRANT_ISSUE]
     later = gateway.heartbeat_many([tool], ttl=60)
     assert later[0].ok, later
+
+
+def test_a_single_heartbeat_waits_for_a_held_row_at_most_lock_timeout(
+        pg_dsn: str, pg_stores: StoreFactory, pg_tenant: str) -> None:
+    """``renew.sql`` (one lease: a keeper under ``hold()``) has no other lease to hold back,
+    so it still waits for the row, and is judged by a clock read once it holds it. The wait
+    is bounded by ``lock_timeout``: then it fails transiently (``StoreUnavailable``, retried
+    by the keeper), having written and audited nothing."""
+    store = pg_stores(settings=ConnectionSettings(lock_timeout=timedelta(seconds=0.3)))
+    gateway = ConnectorLeaseCoordinator(store, AllowAllPolicy())
+    (lease,) = _acquired(gateway, pg_tenant, 1)
+    before = store.load(lease.identity).row
+    with psycopg.connect(pg_dsn) as blocker:
+        blocker.execute(SHARE_ROW, (lease.identity.tenant_id, lease.identity.logical_agent_id,
+                                    lease.identity.binding_id))
+        began = time.monotonic()
+        with pytest.raises(StoreUnavailable, match="lock timeout"):
+            gateway.heartbeat(lease, ttl=60)
+        took = time.monotonic() - began
+        blocker.commit()
+    assert 0.3 <= took < 2.0, took
+    assert store.load(lease.identity).row == before
+    assert [r.entry.event for r in store.audit(lease.identity)] == [LifecycleEvent.ACQUIRE]
+    assert gateway.heartbeat(lease, ttl=60).ok
 
 
 def test_overlapping_batches_from_several_gateways_do_not_deadlock(
