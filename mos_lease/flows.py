@@ -257,19 +257,26 @@ class Flows(GrantFlows):
             if outcome.row is not None:
                 results[i] = self._success(command, outcome)
             elif not outcome.reached:
-                results[i] = self._not_reached(command)
+                results[i] = self._unsettled(command, "its row is locked by another "
+                                                      "transaction")
             else:
-                results[i] = yield from self._read_decide_write(command, verdict, None)
+                try:
+                    results[i] = yield from self._read_decide_write(command, verdict, None)
+                except StoreUnavailable as down:
+                    # This lease alone is held back (a reconciled batch's lease whose row is
+                    # locked meets lock_timeout here): the others keep their results.
+                    results[i] = self._unsettled(command, str(down))
         return [results[i] for i in range(len(attempts))]
 
     @staticmethod
-    def _not_reached(command: Heartbeat) -> LeaseResult:
-        """A renewal the batch did not reach: another transaction held the row (a fenced
-        transaction of a long tool), and the batch renewed the others rather than wait.
-        Nothing was judged, written or audited, so it is no refusal and no read can name
-        one: ``store_unavailable``, the reason of a transient failure, tried again later."""
-        log.info("mos_lease: heartbeat of %s not reached: its row is locked by another "
-                 "transaction", command.identity)
+    def _unsettled(command: Heartbeat, why: str) -> LeaseResult:
+        """A renewal of a batch that this call could not settle, while it settled the
+        others: the batch did not reach its row (another transaction held it, a fenced
+        transaction of a long tool, and the batch renewed the rest rather than wait), or
+        its own read or write failed. No refusal was established and audited for it:
+        ``store_unavailable``, the reason of a transient failure, tried again."""
+        log.info("mos_lease: heartbeat of %s not settled in its batch: %s", command.identity,
+                 why)
         return LeaseResult(Outcome.DENIED, Reason.STORE_UNAVAILABLE, command.correlation_id)
 
     def current_holder(self, identity: object) -> Flow[HolderView | None]:

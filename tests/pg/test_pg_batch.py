@@ -238,3 +238,34 @@ def test_a_batch_whose_reply_is_lost_is_reconciled_lease_by_lease(
     for lease in leases:
         outcomes = [r.entry.outcome for r in observer.audit(lease.identity)]
         assert outcomes == [Outcome.ACQUIRED, Outcome.RENEWED]
+
+
+def test_a_lost_batch_reply_with_a_held_row_settles_the_others(
+        pg_dsn: str, pg_stores: StoreFactory, pg_tenant: str) -> None:
+    """The batch commits around a row another transaction holds, and its reply is lost:
+    each lease is reconciled through its own audit event. The held one was not renewed, so
+    its renewal is tried alone and meets the lock (``lock_timeout``): that lease alone is
+    ``store_unavailable``; the others keep their reconciled renewals."""
+    from tests.pg_support import FaultProxy
+
+    proxy = FaultProxy(pg_dsn)
+    try:
+        gateway = ConnectorLeaseCoordinator(
+            pg_stores(proxy.dsn, settings=ConnectionSettings(
+                prepare=False, lock_timeout=timedelta(seconds=0.3))), AllowAllPolicy())
+        leases = _acquired(gateway, pg_tenant, 5)
+        held = leases[2].identity
+        with psycopg.connect(pg_dsn) as blocker:
+            blocker.execute(SHARE_ROW, (held.tenant_id, held.logical_agent_id,
+                                        held.binding_id))
+            proxy.cut_reply_to(b"WITH ORDINALITY")
+            results = gateway.heartbeat_many(leases, ttl=30)
+            blocker.commit()
+    finally:
+        proxy.close()
+    assert results[2].reason is Reason.STORE_UNAVAILABLE, results[2]
+    assert all(r.ok and r.reconciled for i, r in enumerate(results) if i != 2), results
+    observer = pg_stores()
+    for i, lease in enumerate(leases):
+        outcomes = [r.entry.outcome for r in observer.audit(lease.identity)]
+        assert outcomes == [Outcome.ACQUIRED] + ([] if i == 2 else [Outcome.RENEWED])
