@@ -15,8 +15,6 @@ the store did not reach (its row locked elsewhere) is reported as a transient fa
 
 from __future__ import annotations
 
-import logging
-
 from mos_lease.checks import check_batch
 from mos_lease.errors import CommitOutcomeUnknown, InvalidInput
 from mos_lease.flows import Flows, Lifecycle
@@ -38,9 +36,7 @@ from mos_lease.policy import PolicyRequest
 from mos_lease.records import AuditEntry, Snapshot, WriteOutcome
 from mos_lease.results import HolderView, LeaseResult
 from mos_lease.store_ops import Flow, LoadMany, WriteMany
-from mos_lease.vocabulary import LifecycleEvent, Outcome, Reason
-
-log = logging.getLogger("mos_lease")
+from mos_lease.vocabulary import LifecycleEvent
 
 # One item of a batch: its command, the policy's verdict, and the read it was decided on
 # (``None``: decided by the write alone, as a single call without a read is).
@@ -56,16 +52,6 @@ def _distinct(field: str, identities: list[LeaseIdentity]) -> list[LeaseIdentity
             raise InvalidInput(field, f"{identity} appears twice in one batch")
         seen.add(identity)
     return identities
-
-
-def not_reached(command: Lifecycle) -> LeaseResult:
-    """A write the batch did not reach: another transaction held its row (a fenced
-    transaction of a long tool) and the batch went on without waiting. Nothing was judged,
-    written or audited, so it is no refusal: ``store_unavailable``, the reason of a
-    transient failure, to be tried again."""
-    log.info("mos_lease: batched %s of %s not reached: its row is locked by another "
-             "transaction", command.__class__.__name__.lower(), command.identity)
-    return LeaseResult(Outcome.DENIED, Reason.STORE_UNAVAILABLE, command.correlation_id)
 
 
 class BatchFlows(Flows):
@@ -204,7 +190,8 @@ class BatchFlows(Flows):
             if outcome.row is not None:
                 results[i] = self._success(command, outcome)
             elif not outcome.reached:
-                results[i] = not_reached(command)
+                results[i] = self._unsettled(command, "its row is locked by another "
+                                                      "transaction")
             else:
                 results[i] = yield from self._read_decide_write(command, verdict, outcome.found)
         return [results[i] for i in range(len(attempts))]

@@ -225,7 +225,10 @@ class AsyncConnectorLeaseCoordinator(_Coordinator[AsyncLeaseStore]):
     async def heartbeat_many(self, leases: Sequence[LeaseHandle], *, ttl: timedelta | float,
                              correlation_id: str | None = None) -> list[LeaseResult]:
         """Renew many leases in one store round trip; results are in the order given, and
-        each lease is matched, refused and audited on its own."""
+        each lease is matched, refused and audited on its own. A lease whose row another
+        transaction holds locked (a fenced transaction of a long tool) is not waited for:
+        its result is ``store_unavailable`` (nothing written or audited; try it again, as
+        after a transient failure) and the others are renewed."""
         return await self._run(self._flows.heartbeat_many(leases, ttl, correlation_id))
 
     def prime_heartbeat_many(self, leases: Sequence[LeaseHandle], *, ttl: timedelta | float,
@@ -427,7 +430,10 @@ class ConnectorLeaseCoordinator(_Coordinator[LeaseStore]):
     def heartbeat_many(self, leases: Sequence[LeaseHandle], *, ttl: timedelta | float,
                        correlation_id: str | None = None) -> list[LeaseResult]:
         """Renew many leases in one store round trip; results are in the order given, and
-        each lease is matched, refused and audited on its own."""
+        each lease is matched, refused and audited on its own. A lease whose row another
+        transaction holds locked (a fenced transaction of a long tool) is not waited for:
+        its result is ``store_unavailable`` (nothing written or audited; try it again, as
+        after a transient failure) and the others are renewed."""
         return self._run(self._flows.heartbeat_many(leases, ttl, correlation_id))
 
     def prime_heartbeat_many(self, leases: Sequence[LeaseHandle], *, ttl: timedelta | float,

@@ -33,7 +33,10 @@ class LeaseStore(Protocol):
       :func:`mos_lease.machine.write_outcome` semantics.
     * ``renew_many`` renews a batch of heartbeats: each ``(renew, entry)`` as ``apply``
       would, in one round trip; a refused renewal does not affect the others. Outcomes come
-      back in order. (It is how ``heartbeat_many`` is one round trip.)
+      back in order. (It is how ``heartbeat_many`` is one round trip.) A store with row
+      locks does not wait for a row another transaction holds: that renewal's outcome is
+      ``WriteOutcome(None, now, reached=False)``, nothing written or audited for it, and
+      the others are renewed.
     * Optionally, the batch operations of :class:`BatchLeaseStore`.
     * ``record`` appends one audit entry (a refusal or a grant issue) and returns nothing;
       the same entry sent again (its reply was lost) is kept once, not refused.
@@ -69,7 +72,8 @@ class LeaseStore(Protocol):
     def renew_many(self, renewals: Sequence[tuple[Renew, AuditEntry]]
                    ) -> Sequence[WriteOutcome]:
         """Apply each renewal as :meth:`apply` would, in order, ideally in one round trip;
-        return the outcomes in the same order."""
+        return the outcomes in the same order (``reached=False`` for a row another
+        transaction held locked, which is skipped rather than waited for)."""
 
     def record(self, entry: AuditEntry) -> None:
         """Append one audit entry (a refusal or a grant issue) on its own, stamped with the

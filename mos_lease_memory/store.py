@@ -93,7 +93,9 @@ class InMemoryLeaseStore:
 
     def renew_many(self, items: Sequence[tuple[Renew, AuditEntry]]) -> list[WriteOutcome]:
         """:meth:`mos_lease.ports.LeaseStore.renew_many`: each renewal as :meth:`apply`, in
-        order."""
+        order. Every renewal is reached (``WriteOutcome.reached``): this store has no row
+        locks; :meth:`holding` holds the whole store, and a batch waits for it like any
+        call."""
         return [self.apply(write, entry) for write, entry in items]
 
     def acquire_many(self, items: Sequence[tuple[Insert, AuditEntry]]) -> list[WriteOutcome]:

@@ -130,10 +130,12 @@ def parse_audit_records(rows: Sequence[Row]) -> list[AuditRecord]:
 def parse_renewals(renewed: Sequence[tuple[LeaseIdentity, UUID]],
                    rows: Sequence[Row]) -> list[WriteOutcome]:
     """A batched heartbeat's rows (``renew_many.sql``), one per ``(identity, lease_id)``
-    renewed, in order: the time, then the lease columns if that lease was renewed."""
+    renewed, in order: the time, the lease columns if that lease was renewed, and whether
+    its row was skipped because another transaction held it locked (``reached=False``)."""
     if len(rows) != len(renewed):
         raise AssertionError(f"expected {len(renewed)} rows, got {len(rows)}")
-    return [parse_write_outcome(identity, (row,), known_id=lease_id)
+    return [parse_write_outcome(identity, (row,), known_id=lease_id) if not row[-1]
+            else WriteOutcome(None, _utc(row[0]), reached=False)
             for (identity, lease_id), row in zip(renewed, rows, strict=True)]
 
 

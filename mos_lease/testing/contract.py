@@ -10,13 +10,16 @@ reply) is kept once (:func:`_reconcile_case`, and every refused random write). H
 metadata is part of the row: an insert sets it, a takeover replaces it (with none, too), a
 renewal and a release keep it (:func:`_metadata_case`, and the random writes carry some). A
 store with the batch operations (:class:`~mos_lease.ports.BatchLeaseStore`) has each item of
-a mixed batch checked the same way (:func:`_batch_case`).
+a mixed batch checked the same way (:func:`_batch_case`). A batch of renewals is judged
+lease by lease, and a row another transaction holds is reported not reached
+(:func:`_renewal_batch_case`).
 """
 
 from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from datetime import timedelta
 from typing import cast
 from uuid import UUID, uuid4
@@ -202,6 +205,62 @@ def _batch_case(harness: StoreHarness, run: str) -> None:
     assert list(store.load_many([])) == []
 
 
+def _renewal(identity: LeaseIdentity, lease_id: UUID, epoch: int,
+             ttl: timedelta) -> tuple[Renew, AuditEntry]:
+    # A batch's entries are the coordinator's: the renewed heartbeat at the lease's epoch.
+    return (Renew(identity, "c1", lease_id, epoch, ttl),
+            AuditEntry(uuid7(), LifecycleEvent.HEARTBEAT, Outcome.RENEWED, None, identity,
+                       "c1", epoch, "contract"))
+
+
+def _renewal_batch_case(harness: StoreHarness, run: str) -> None:
+    """A batch of renewals (``renew_many``): each judged as ``apply`` would judge it alone,
+    at the batch's time, and audited on its own; a refused one does not affect the others;
+    the outcomes come back in order. Nothing else holds a row here, so every renewal must be
+    reached (``WriteOutcome.reached``). A harness that can hold a row from another
+    transaction (an optional ``hold_row(identity)`` context manager: PostgreSQL's) also
+    shows that the batch renews the others at once and reports the held one not reached,
+    having written and audited nothing for it."""
+    store = harness.store
+    ttl = timedelta(seconds=30)
+    identities = [LeaseIdentity(f"contract-{run}", "agent", f"batch-{i}") for i in range(4)]
+    leases: list[tuple[UUID, int]] = []
+    for identity in identities[:3]:
+        insert = Insert(identity, uuid4(), "c1", (), ttl)
+        row = store.apply(insert, _entry(insert, "c1")).row
+        assert row is not None, f"batch case: {insert} was refused"
+        leases.append((row.lease_id, row.epoch))
+    renewals = [_renewal(identities[0], *leases[0], ttl),
+                _renewal(identities[1], uuid4(), leases[1][1], ttl),  # another lease id
+                _renewal(identities[2], *leases[2], ttl),
+                _renewal(identities[3], uuid4(), 1, ttl)]  # no row at all
+    before = [store.load(identity).row for identity in identities]
+    outcomes = list(store.renew_many(renewals))
+    assert len(outcomes) == len(renewals), f"batch case: {len(outcomes)} outcomes"
+    for (write, entry), row, outcome in zip(renewals, before, outcomes, strict=True):
+        assert outcome.reached, f"batch case: {write} not reached, with no row held"
+        reference = write_outcome(write, row, outcome.now)
+        assert outcome.row == reference, f"batch case: {write} gave {outcome.row}, " \
+                                         f"reference {reference}"
+        assert store.event_committed(entry.event_id) == (reference is not None), \
+            f"batch case: audit row presence does not match {write}"
+    hold_row: Callable[[LeaseIdentity], AbstractContextManager[object]] | None = getattr(
+        harness, "hold_row", None)
+    if hold_row is None:
+        return
+    held = store.load(identities[2]).row
+    assert held is not None
+    renewals = [_renewal(identities[0], *leases[0], ttl),
+                _renewal(identities[2], held.lease_id, held.epoch, ttl)]
+    with hold_row(identities[2]):
+        renewed, skipped = store.renew_many(renewals)
+    assert renewed.reached and renewed.row is not None, f"batch case: {renewed}"
+    assert not skipped.reached and skipped.row is None, f"batch case: held row {skipped}"
+    assert not store.event_committed(renewals[1][1].event_id), \
+        "batch case: a renewal not reached was audited"
+    assert store.load(identities[2]).row == held, "batch case: a row not reached changed"
+
+
 def run_store_contract(harness_factory: Callable[[], StoreHarness], *, steps: int = 300,
                        seed: int = 0) -> None:
     """Raise ``AssertionError`` at the first step where the store departs from the contract."""
@@ -213,6 +272,7 @@ def run_store_contract(harness_factory: Callable[[], StoreHarness], *, steps: in
     current = {identity: ("c1", uuid4(), 1) for identity in identities}
     _metadata_case(store, LeaseIdentity(f"contract-{run}", "agent", "metadata"))
     _batch_case(harness, run)
+    _renewal_batch_case(harness, run)
     _reconcile_case(store, LeaseIdentity(f"contract-{run}", "agent", "reconcile"))
 
     # The bigint ceiling: a takeover at MAX_EPOCH must be refused, never wrap.
