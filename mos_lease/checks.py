@@ -31,7 +31,7 @@ from mos_lease.identity import (
     normalize_ttl,
 )
 from mos_lease.policy import ConnectorLeaseService
-from mos_lease.records import LeaseHandle
+from mos_lease.records import AuditEntry, LeaseHandle
 
 A = TypeVar("A")
 
@@ -85,6 +85,19 @@ def check_batch(leases: object) -> Sequence[object]:
     if len(leases) > MAX_BATCH:
         raise InvalidInput("leases", f"at most {MAX_BATCH} leases per batch")
     return leases
+
+
+def check_entries(entries: object) -> list[AuditEntry]:
+    """``record_many``'s entries, checked before anything is written: a sequence (not one
+    entry, not a string) of at most :data:`MAX_BATCH` audit entries, each event id once."""
+    if isinstance(entries, AuditEntry | str | bytes) or not isinstance(entries, Sequence) \
+            or not all(isinstance(e, AuditEntry) for e in entries):
+        raise InvalidInput("entries", "must be a sequence of AuditEntry")
+    if len(entries) > MAX_BATCH:
+        raise InvalidInput("entries", f"at most {MAX_BATCH} entries per call")
+    if len({e.event_id for e in entries}) != len(entries):
+        raise InvalidInput("entries", "an event id appears more than once")
+    return list(entries)
 
 
 def check_handle(lease: object,

@@ -35,6 +35,9 @@ class LeaseStore(Protocol):
       would, in one round trip; a refused renewal does not affect the others. Outcomes come
       back in order. (It is how ``heartbeat_many`` is one round trip.)
     * ``record`` appends one audit entry (a refusal or a grant issue) and returns nothing.
+    * ``record_many`` appends several, each as ``record`` would, in one atomic step where
+      the store can (one statement and one commit): what appends that overlap in time share
+      (grant issues of many requests at once). Bad input raises before anything is written.
     * ``event_committed`` tells whether the audit entry ``event_id`` exists, which is how a
       write whose commit outcome was lost is reconciled.
     * Rows are never deleted and audit entries never changed or removed.
@@ -70,6 +73,11 @@ class LeaseStore(Protocol):
         """Append one audit entry (a refusal or a grant issue) on its own, stamped with the
         store's time; an event id is stored at most once."""
 
+    def record_many(self, entries: Sequence[AuditEntry]) -> None:
+        """Append each of ``entries`` as :meth:`record` would, in order, ideally in one
+        round trip and one commit; refuse a non-sequence, a non-entry or an event id given
+        twice with :class:`~mos_lease.errors.InvalidInput` before writing anything."""
+
     def event_committed(self, event_id: UUID) -> bool:
         """Whether the audit entry ``event_id`` exists: how a write whose commit outcome was
         lost is reconciled."""
@@ -90,6 +98,9 @@ class AsyncLeaseStore(Protocol):
 
     async def record(self, entry: AuditEntry) -> None:
         """As :meth:`LeaseStore.record`."""
+
+    async def record_many(self, entries: Sequence[AuditEntry]) -> None:
+        """As :meth:`LeaseStore.record_many`."""
 
     async def event_committed(self, event_id: UUID) -> bool:
         """As :meth:`LeaseStore.event_committed`."""

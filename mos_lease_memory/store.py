@@ -12,6 +12,7 @@ from datetime import datetime
 from typing import ClassVar, TypeVar
 from uuid import UUID
 
+from mos_lease.checks import check_entries
 from mos_lease.clock import Clock, SystemClock
 from mos_lease.identity import LeaseIdentity, check_count, check_id, check_identity
 from mos_lease.machine import Renew, Write, write_outcome
@@ -82,6 +83,19 @@ class InMemoryLeaseStore:
         with self._lock:
             self._append(entry, self.clock.now())
 
+    def record_many(self, entries: Sequence[AuditEntry]) -> None:
+        """:meth:`mos_lease.ports.LeaseStore.record_many`: all of them under the store's
+        lock at one time, or none (an event id already recorded raises ``ValueError``
+        before any is appended)."""
+        checked = check_entries(entries)
+        with self._lock:
+            now = self.clock.now()
+            for entry in checked:
+                if entry.event_id in self._event_ids:
+                    raise ValueError(f"audit event {entry.event_id} recorded twice")
+            for entry in checked:
+                self._append(entry, now)
+
     def event_committed(self, event_id: UUID) -> bool:
         """:meth:`mos_lease.ports.LeaseStore.event_committed`."""
         with self._lock:
@@ -146,6 +160,10 @@ class AsyncInMemoryLeaseStore:
     async def record(self, entry: AuditEntry) -> None:
         """As :meth:`InMemoryLeaseStore.record`."""
         self.sync.record(entry)
+
+    async def record_many(self, entries: Sequence[AuditEntry]) -> None:
+        """As :meth:`InMemoryLeaseStore.record_many`."""
+        self.sync.record_many(entries)
 
     async def event_committed(self, event_id: UUID) -> bool:
         """As :meth:`InMemoryLeaseStore.event_committed`."""

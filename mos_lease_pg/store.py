@@ -32,7 +32,9 @@ from uuid import UUID
 import psycopg
 import psycopg_pool
 
+from mos_lease.checks import check_entries
 from mos_lease.clock import MonotonicClock, default_clock
+from mos_lease.errors import CommitOutcomeUnknown, MosLeaseError
 from mos_lease.flowdrive import Drive, outcome_of, outcome_of_async
 from mos_lease.identity import LeaseIdentity
 from mos_lease.machine import Renew, Write
@@ -40,7 +42,7 @@ from mos_lease.records import AuditEntry, AuditRecord, LeaseRow, Snapshot, Write
 from mos_lease.sleep import Sleep
 from mos_lease_pg import replication, statements
 from mos_lease_pg.attempts import Covers, Missed, Resend, Sent, needs_discard
-from mos_lease_pg.coalesce import TaskReads, ThreadReads
+from mos_lease_pg.coalesce import TaskReads, ThreadReads, Ticket, keys
 from mos_lease_pg.connection import (
     AsyncDedicatedConnection,
     AsyncPooledConnection,
@@ -52,7 +54,16 @@ from mos_lease_pg.connection import (
 )
 from mos_lease_pg.deadline import AsyncWatch
 from mos_lease_pg.statements import Call
-from mos_lease_pg.store_core import Flow, Step, _check_optional_id, _source_of, _StoreCore
+from mos_lease_pg.store_core import (
+    Flow,
+    Step,
+    _check_optional_id,
+    _source_of,
+    _StoreCore,
+    first_error,
+    late_record,
+    records_in_doubt,
+)
 
 T = TypeVar("T")
 
@@ -74,7 +85,36 @@ class PostgresLeaseStore(_StoreCore):
         settings, self._source = _source_of(conninfo, pool, settings, clock,
                                             DedicatedConnection, PooledConnection)
         self._setup(settings, clock)
-        self._reads = ThreadReads(self)  # loads that overlap share a round trip
+        # Loads that overlap share a round trip, and so do audit appends (one commit).
+        self._reads = ThreadReads(self, self._load_one, self._load_batch)
+        self._records = ThreadReads(self, self._record_one,
+                                    lambda batch, d: self._record_batch(keys(batch), d),
+                                    late=late_record, name="mos-lease-records")
+
+    def _load_one(self, identity: LeaseIdentity, deadline: float) -> Snapshot:
+        return self._run(self._load_call(identity), deadline=deadline)
+
+    def _load_batch(self, batch: list[Ticket], deadline: float) -> list[Snapshot]:
+        if len(batch) == 1:  # a batch of one goes out as the ordinary load
+            return [self._load_one(batch[0].key, deadline)]
+        sent = self._clock()
+        return self._loaded(batch, self._run(self._load_many_call(batch), deadline=deadline),
+                            sent)
+
+    def _record_one(self, entry: AuditEntry, deadline: float) -> None:
+        self._drive(self._recording(entry), deadline)
+
+    def _record_batch(self, entries: list[AuditEntry], deadline: float
+                      ) -> list[MosLeaseError | None]:
+        if len(entries) == 1:  # a batch of one goes out as the ordinary record
+            self._record_one(entries[0], deadline)
+            return [None]
+        call, each = self._record_many_calls(entries)
+        try:
+            counts = self._run(call, covers=each, deadline=deadline)
+        except CommitOutcomeUnknown as lost:
+            return records_in_doubt(entries, lost)
+        return self._drive(self._recorded(entries, counts), deadline)
 
     def _run(self, call: Call[T], *, covers: Covers | None = None,
              deadline: float | None = None) -> T:
@@ -128,7 +168,7 @@ class PostgresLeaseStore(_StoreCore):
         """:meth:`mos_lease.LeaseStore.load`: one prepared read of the row with the database
         clock, shared with the loads of other threads that overlap it
         (:mod:`mos_lease_pg.coalesce`)."""
-        return self._reads.load(identity)
+        return self._reads.call(identity)  # type: ignore[no-any-return]
 
     def apply(self, write: Write, entry: AuditEntry) -> WriteOutcome:
         """:meth:`mos_lease.LeaseStore.apply`: one statement that locks the row, then reads
@@ -146,8 +186,16 @@ class PostgresLeaseStore(_StoreCore):
 
     def record(self, entry: AuditEntry) -> None:
         """:meth:`mos_lease.LeaseStore.record`: append one audit entry, at most once per
-        event id."""
-        self._drive(self._recording(entry), self._deadline(None))
+        event id; appends of other threads that overlap it share its statement and commit
+        (:mod:`mos_lease_pg.coalesce`)."""
+        self._records.call(entry)
+
+    def record_many(self, entries: Sequence[AuditEntry]) -> None:
+        """:meth:`mos_lease.LeaseStore.record_many`: every entry in one statement and one
+        commit, each appended and checked as :meth:`record` would (``record_many.sql``)."""
+        checked = check_entries(entries)
+        if checked:
+            first_error(self._record_batch(checked, self._deadline(None)))
 
     def event_committed(self, event_id: UUID) -> bool:
         """:meth:`mos_lease.LeaseStore.event_committed`, answered only once the session that
@@ -205,7 +253,36 @@ class AsyncPostgresLeaseStore(_StoreCore):
         settings, self._source = _source_of(conninfo, pool, settings, clock,
                                             AsyncDedicatedConnection, AsyncPooledConnection)
         self._setup(settings, clock)
-        self._reads = TaskReads(self)  # loads that overlap share a round trip
+        # As PostgresLeaseStore: loads and audit appends that overlap are coalesced.
+        self._reads = TaskReads(self, self._load_one, self._load_batch)
+        self._records = TaskReads(self, self._record_one,
+                                  lambda batch, d: self._record_batch(keys(batch), d),
+                                  late=late_record)
+
+    async def _load_one(self, identity: LeaseIdentity, deadline: float) -> Snapshot:
+        return await self._run(self._load_call(identity), deadline=deadline)
+
+    async def _load_batch(self, batch: list[Ticket], deadline: float) -> list[Snapshot]:
+        if len(batch) == 1:
+            return [await self._load_one(batch[0].key, deadline)]
+        sent = self._clock()
+        return self._loaded(batch, await self._run(self._load_many_call(batch),
+                                                   deadline=deadline), sent)
+
+    async def _record_one(self, entry: AuditEntry, deadline: float) -> None:
+        await self._drive(self._recording(entry), deadline)
+
+    async def _record_batch(self, entries: list[AuditEntry], deadline: float
+                            ) -> list[MosLeaseError | None]:
+        if len(entries) == 1:
+            await self._record_one(entries[0], deadline)
+            return [None]
+        call, each = self._record_many_calls(entries)
+        try:
+            counts = await self._run(call, covers=each, deadline=deadline)
+        except CommitOutcomeUnknown as lost:
+            return records_in_doubt(entries, lost)
+        return await self._drive(self._recorded(entries, counts), deadline)
 
     async def _run(self, call: Call[T], *, covers: Covers | None = None,
                    deadline: float | None = None) -> T:
@@ -255,7 +332,7 @@ class AsyncPostgresLeaseStore(_StoreCore):
 
     async def load(self, identity: LeaseIdentity) -> Snapshot:
         """As :meth:`PostgresLeaseStore.load`, shared with the loads of other tasks."""
-        return await self._reads.load(identity)
+        return await self._reads.call(identity)  # type: ignore[no-any-return]
 
     async def apply(self, write: Write, entry: AuditEntry) -> WriteOutcome:
         """As :meth:`PostgresLeaseStore.apply`."""
@@ -271,8 +348,14 @@ class AsyncPostgresLeaseStore(_StoreCore):
         return await self._run(batch, covers=each)
 
     async def record(self, entry: AuditEntry) -> None:
-        """As :meth:`PostgresLeaseStore.record`."""
-        await self._drive(self._recording(entry), self._deadline(None))
+        """As :meth:`PostgresLeaseStore.record`, shared with the appends of other tasks."""
+        await self._records.call(entry)
+
+    async def record_many(self, entries: Sequence[AuditEntry]) -> None:
+        """As :meth:`PostgresLeaseStore.record_many`."""
+        checked = check_entries(entries)
+        if checked:
+            first_error(await self._record_batch(checked, self._deadline(None)))
 
     async def event_committed(self, event_id: UUID) -> bool:
         """As :meth:`PostgresLeaseStore.event_committed`."""

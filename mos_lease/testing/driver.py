@@ -103,6 +103,9 @@ class DrivenStore:
     def record(self, entry: AuditEntry) -> None:
         self._run(self.store.record(entry))
 
+    def record_many(self, entries: Sequence[AuditEntry]) -> None:
+        self._run(self.store.record_many(entries))
+
     def event_committed(self, event_id: UUID) -> bool:
         return self._run(self.store.event_committed(event_id))
 
