@@ -14,6 +14,7 @@ coordinator's own cost of a validation and a third of a batched heartbeat's.
 from __future__ import annotations
 
 import functools
+import inspect
 import weakref
 from collections.abc import Callable, Sequence
 from datetime import timedelta
@@ -75,6 +76,30 @@ def check_adapter(adapter: object) -> None:
     """What ``invoke`` calls with the context must be callable."""
     if not callable(adapter):
         raise InvalidInput("adapter", f"must be callable, not {type(adapter).__name__}")
+
+
+def check_async_adapter(adapter: object) -> None:
+    """What the asyncio ``invoke`` calls with the context must be callable and awaitable:
+    an ``async def`` function (or a ``functools.partial`` of one, or an object whose
+    ``__call__`` is one). A synchronous adapter would otherwise fail only after the grant
+    was validated, deep inside (``object int can't be used in 'await' expression``), or
+    block the event loop; it is refused here, before anything is read or run."""
+    check_adapter(adapter)
+    target = adapter
+    while isinstance(target, functools.partial):
+        target = target.func
+    if not (inspect.isfunction(target) or inspect.ismethod(target)
+            or inspect.isbuiltin(target)):
+        # A callable object: what runs is its __call__ (callable() held, so it exists).
+        target = getattr(target, "__call__", target)  # noqa: B004
+    if inspect.iscoroutinefunction(target):
+        return
+    raise InvalidInput(
+        "adapter", f"{getattr(target, '__qualname__', type(adapter).__name__)} is not a "
+        "coroutine function: AsyncConnectorLeaseCoordinator.invoke awaits the adapter, so "
+        "pass an 'async def' adapter (run blocking work inside it with "
+        "'await asyncio.to_thread(...)'), or use ConnectorLeaseCoordinator for a "
+        "synchronous one")
 
 
 def check_batch(leases: object) -> Sequence[object]:
