@@ -21,6 +21,7 @@ from pathlib import Path
 from uuid import UUID
 
 from mos_lease import LeaseIdentity
+from mos_lease.checks import check_entries
 from mos_lease.clock import ManualClock
 from mos_lease.fencing import (
     NO_GRACE,
@@ -72,6 +73,15 @@ class DictLeaseStore:
     async def record(self, entry: AuditEntry) -> None:
         async with self._lock:
             self._append(entry, self._clock())
+
+    async def record_many(self, entries: Sequence[AuditEntry]) -> None:
+        checked = check_entries(entries)  # bad input: InvalidInput, nothing written
+        async with self._lock:
+            now = self._clock()
+            if any(entry.event_id in self._events for entry in checked):
+                raise ValueError("an audit event of the batch is already recorded")
+            for entry in checked:  # all of them at one time, or none
+                self._append(entry, now)
 
     async def event_committed(self, event_id: UUID) -> bool:
         async with self._lock:

@@ -117,7 +117,7 @@ class _StoreCore:
     def _load_many_call(self, batch: Sequence[Ticket]) -> Call[list[Snapshot]]:
         return statements.load_many([t.key for t in batch], self._offset, schema=self._schema)
 
-    def _loaded(self, batch: Sequence[Ticket], snapshots: Sequence[Snapshot],
+    def _loaded(self, batch: Sequence[Ticket], snapshots: list[Snapshot],
                 sent: float) -> list[Snapshot]:
         """A batch's snapshots, each saying how long its load waited before ``sent`` (the
         store's clock when the batch went out)."""

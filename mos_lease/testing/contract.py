@@ -22,7 +22,7 @@ from mos_lease.machine import Close, Insert, Renew, Rotate, Write, write_outcome
 from mos_lease.metadata import EMPTY_METADATA, Metadata
 from mos_lease.ports import LeaseStore
 from mos_lease.records import AuditEntry
-from mos_lease.testing.harness import StoreHarness
+from mos_lease.testing.harness import InspectableStore, StoreHarness
 from mos_lease.vocabulary import LifecycleEvent, Outcome, Reason
 
 _EVENTS: dict[type[Write], tuple[LifecycleEvent, Outcome]] = {
@@ -136,7 +136,7 @@ def run_store_contract(harness_factory: Callable[[], StoreHarness], *, steps: in
     _record_many_case(store, identities)
 
 
-def _record_many_case(store: LeaseStore, identities: list[LeaseIdentity]) -> None:
+def _record_many_case(store: InspectableStore, identities: list[LeaseIdentity]) -> None:
     """``record_many``: each entry appended as ``record`` appends it, in the order given,
     stamped with the store's time; bad input refused before anything is written."""
     batch = [AuditEntry(uuid7(), LifecycleEvent.GRANT_ISSUE, Outcome.GRANT_ISSUED, None,

@@ -18,6 +18,7 @@ from mos_lease import (
     ConnectorExecutionContext,
     ConnectorLeaseCoordinator,
     InvalidInput,
+    InvocationResult,
     LeaseIdentity,
     Reason,
 )
@@ -195,8 +196,8 @@ def test_async_invoke_runs_a_coroutine_adapter(adapter: object) -> None:
     async def main() -> None:
         gateway = AsyncConnectorLeaseCoordinator(AsyncInMemoryLeaseStore(), AllowAllPolicy())
         _lease, grant = await _issued(gateway)
-        result = await gateway.invoke(grant, adapter, identity=IDENT,  # type: ignore[arg-type]
-                                      scopes=SCOPES)
+        result: InvocationResult[int] = await gateway.invoke(
+            grant, adapter, identity=IDENT, scopes=SCOPES)  # type: ignore[arg-type]
         assert result.ok and result.value == 1
 
     asyncio.run(main())
