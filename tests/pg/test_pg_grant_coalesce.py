@@ -25,6 +25,10 @@ from mos_lease import (
     LeaseIdentity,
     StoreUnavailable,
 )
+from mos_lease.errors import InternalInconsistency
+from mos_lease.ids import uuid7
+from mos_lease.records import AuditEntry
+from mos_lease.supervisor import AsyncSupervisor, BindingStarted
 from mos_lease.vocabulary import LifecycleEvent, Outcome, Reason
 from mos_lease_pg import ConnectionSettings
 from tests.pg_clock import ShiftedAsyncPostgresLeaseStore, ShiftedPostgresLeaseStore
@@ -315,16 +319,13 @@ def test_a_grant_whose_bound_passes_while_queued_fails_closed_and_writes_nothing
     asyncio.run(main())
 
 
-def _entry(identity: LeaseIdentity, n: int, event_id: Any = None) -> Any:
-    from mos_lease.ids import uuid7
-    from mos_lease.records import AuditEntry
+def _entry(identity: LeaseIdentity, n: int, event_id: Any = None) -> AuditEntry:
     return AuditEntry(event_id or uuid7(), LifecycleEvent.GRANT_ISSUE, Outcome.GRANT_ISSUED,
                       None, identity, "c1", n + 1, f"batch-{n}")
 
 
 def test_a_batch_resent_logs_once_and_a_taken_event_id_fails_only_its_own_entry(
         pg_store: ShiftedPostgresLeaseStore, pg_tenant: str) -> None:
-    from mos_lease.errors import InternalInconsistency
     identity = LeaseIdentity(pg_tenant, "a", "b")
     batch = [_entry(identity, n) for n in range(3)]
     pg_store.record_many(batch)
@@ -338,3 +339,30 @@ def test_a_batch_resent_logs_once_and_a_taken_event_id_fails_only_its_own_entry(
     logged = {r.entry.event_id for r in pg_store.audit(identity)}
     assert fresh[0].event_id in logged and fresh[2].event_id in logged
     assert len(_issues(pg_store.audit(identity), identity)) == 5
+
+
+def test_the_supervisors_grants_at_once_share_one_audit_statement(
+        async_store: Callable[..., ShiftedAsyncPostgresLeaseStore], pg_tenant: str) -> None:
+    async def main() -> None:
+        async with async_store() as store:
+            coordinator = AsyncConnectorLeaseCoordinator(store, AllowAllPolicy())
+            identities = [LeaseIdentity(pg_tenant, f"s{i}", "b") for i in range(6)]
+            async with AsyncSupervisor(coordinator) as supervisor:
+                changes = supervisor.changes()
+                for identity in identities:
+                    supervisor.add(identity, "gw-a", scopes=SCOPES, ttl=30.0)
+                started = 0
+                async for change in changes:
+                    started += isinstance(change, BindingStarted)
+                    if started == len(identities):
+                        break
+                recorder = hold_async(store)
+                tasks = [asyncio.create_task(supervisor.issue_grant(i, scopes=SCOPES, ttl=10))
+                         for i in identities]
+                await _until_async(lambda: appends_queued(store) == len(identities) - 1)
+                recorder.release.set()
+                assert all(r.ok for r in await asyncio.gather(*tasks))
+                assert recorder.of("record.sql", "record_many.sql") == [
+                    ("record.sql", 1), ("record_many.sql", len(identities) - 1)]
+
+    asyncio.run(main())
