@@ -366,3 +366,35 @@ def test_the_supervisors_grants_at_once_share_one_audit_statement(
                     ("record.sql", 1), ("record_many.sql", len(identities) - 1)]
 
     asyncio.run(main())
+
+
+def test_a_coalesced_load_says_how_long_it_waited_before_its_statement_went_out(
+        pg_store: ShiftedPostgresLeaseStore, pg_tenant: str) -> None:
+    identities = [LeaseIdentity(pg_tenant, f"q{i}", "b") for i in range(3)]
+    release = threading.Event()
+    real = pg_store._attempt
+
+    def attempt(call: Any, covers: Any, deadline: float) -> Any:
+        if call.statement.name == "load.sql" and not release.is_set():
+            release.wait(HOLD)  # the lone load, held while the others queue
+        return real(call, covers, deadline)
+
+    pg_store._attempt = attempt  # type: ignore[method-assign]
+    out: dict[int, Any] = {}
+
+    def load(k: int) -> None:
+        out[k] = pg_store.load(identities[k])
+
+    first = threading.Thread(target=load, args=(0,), daemon=True)
+    first.start()
+    _until(lambda: pg_store._reads._reads.busy)
+    rest = [threading.Thread(target=load, args=(k,), daemon=True) for k in (1, 2)]
+    for thread in rest:
+        thread.start()
+    _until(lambda: len(pg_store._reads._reads.waiting) == 2)
+    time.sleep(0.2)
+    release.set()
+    for thread in [first, *rest]:
+        thread.join(HOLD)
+    assert out[0].queued == 0.0  # sent at once
+    assert all(0.2 <= out[k].queued < HOLD for k in (1, 2))
