@@ -34,10 +34,9 @@ What each caller is told does not change:
   ``CommitOutcomeUnknown``: it may have committed). The batch statement is bounded by the
   latest deadline of the calls it carries (the pump is no caller), so it never cuts a caller
   shorter than its own bound.
-* **Failures.** A failure of the shared statement is each caller's failure: the store's
-  translation (a lost connection resent once for a read or an append, ``StoreUnavailable``,
-  ``ConfigurationError``, ...), raised to each caller as a copy of its own (an append's
-  unknown outcome names its own event id).
+* **Failures.** A failure of the shared statement is each caller's failure (a copy of its
+  own; an append's unknown outcome names its own event id), except appends the database
+  refused as a whole (nothing written): they go again one by one, and only the refused fails.
 * **Cancellation** (asyncio) of a queued caller withdraws its call and is raised on, never
   swallowed; the shared round trip is the pump's, which no caller's cancellation cancels.
   A lone call is its caller's own, cancelled with it; what queued behind it goes out.

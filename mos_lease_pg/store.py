@@ -40,7 +40,7 @@ from mos_lease.identity import LeaseIdentity
 from mos_lease.machine import Renew, Write
 from mos_lease.records import AuditEntry, AuditRecord, LeaseRow, Snapshot, WriteOutcome
 from mos_lease.sleep import Sleep
-from mos_lease_pg import replication, statements
+from mos_lease_pg import replication, statements, store_core
 from mos_lease_pg.attempts import Covers, Missed, Resend, Sent, needs_discard
 from mos_lease_pg.coalesce import TaskReads, ThreadReads, Ticket, keys
 from mos_lease_pg.connection import (
@@ -54,16 +54,7 @@ from mos_lease_pg.connection import (
 )
 from mos_lease_pg.deadline import AsyncWatch
 from mos_lease_pg.statements import Call
-from mos_lease_pg.store_core import (
-    Flow,
-    Step,
-    _check_optional_id,
-    _source_of,
-    _StoreCore,
-    first_error,
-    late_record,
-    records_in_doubt,
-)
+from mos_lease_pg.store_core import Flow, Step, _check_optional_id, _source_of, _StoreCore
 
 T = TypeVar("T")
 
@@ -89,7 +80,7 @@ class PostgresLeaseStore(_StoreCore):
         self._reads = ThreadReads(self, self._load_one, self._load_batch)
         self._records = ThreadReads(self, self._record_one,
                                     lambda batch, d: self._record_batch(keys(batch), d),
-                                    late=late_record, name="mos-lease-records")
+                                    late=store_core.late_record, name="mos-lease-records")
 
     def _load_one(self, identity: LeaseIdentity, deadline: float) -> Snapshot:
         return self._run(self._load_call(identity), deadline=deadline)
@@ -113,7 +104,11 @@ class PostgresLeaseStore(_StoreCore):
         try:
             counts = self._run(call, covers=each, deadline=deadline)
         except CommitOutcomeUnknown as lost:
-            return records_in_doubt(entries, lost)
+            return store_core.records_in_doubt(entries, lost)
+        except store_core.refused_whole:
+            # The database refused the statement, so nothing of it was written: each entry
+            # goes again on its own, and only the one it refuses fails.
+            return [store_core.outcome_error(self._record_one, e, deadline) for e in entries]
         return self._drive(self._recorded(entries, counts), deadline)
 
     def _run(self, call: Call[T], *, covers: Covers | None = None,
@@ -195,7 +190,7 @@ class PostgresLeaseStore(_StoreCore):
         commit, each appended and checked as :meth:`record` would (``record_many.sql``)."""
         checked = check_entries(entries)
         if checked:
-            first_error(self._record_batch(checked, self._deadline(None)))
+            store_core.first_error(self._record_batch(checked, self._deadline(None)))
 
     def event_committed(self, event_id: UUID) -> bool:
         """:meth:`mos_lease.LeaseStore.event_committed`, answered only once the session that
@@ -257,7 +252,7 @@ class AsyncPostgresLeaseStore(_StoreCore):
         self._reads = TaskReads(self, self._load_one, self._load_batch)
         self._records = TaskReads(self, self._record_one,
                                   lambda batch, d: self._record_batch(keys(batch), d),
-                                  late=late_record)
+                                  late=store_core.late_record)
 
     async def _load_one(self, identity: LeaseIdentity, deadline: float) -> Snapshot:
         return await self._run(self._load_call(identity), deadline=deadline)
@@ -281,7 +276,10 @@ class AsyncPostgresLeaseStore(_StoreCore):
         try:
             counts = await self._run(call, covers=each, deadline=deadline)
         except CommitOutcomeUnknown as lost:
-            return records_in_doubt(entries, lost)
+            return store_core.records_in_doubt(entries, lost)
+        except store_core.refused_whole:  # as PostgresLeaseStore._record_batch
+            return [await store_core.outcome_error_async(self._record_one, e, deadline)
+                    for e in entries]
         return await self._drive(self._recorded(entries, counts), deadline)
 
     async def _run(self, call: Call[T], *, covers: Covers | None = None,
@@ -355,7 +353,7 @@ class AsyncPostgresLeaseStore(_StoreCore):
         """As :meth:`PostgresLeaseStore.record_many`."""
         checked = check_entries(entries)
         if checked:
-            first_error(await self._record_batch(checked, self._deadline(None)))
+            store_core.first_error(await self._record_batch(checked, self._deadline(None)))
 
     async def event_committed(self, event_id: UUID) -> bool:
         """As :meth:`PostgresLeaseStore.event_committed`."""

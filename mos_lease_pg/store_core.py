@@ -8,7 +8,7 @@ a write in doubt) once, as generators of :data:`Step` that each store only perfo
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Awaitable, Callable, Generator, Sequence
 from datetime import timedelta
 from typing import Any, ClassVar, TypeVar
 from uuid import UUID
@@ -19,6 +19,7 @@ from mos_lease.clock import MonotonicClock
 from mos_lease.errors import (
     CommitOutcomeUnknown,
     ConfigurationError,
+    InternalInconsistency,
     MosLeaseError,
     StoreUnavailable,
 )
@@ -224,6 +225,32 @@ class _StoreCore:
             binding_id=_check_optional_id("binding_id", binding_id),
             after_seq=check_count("after_seq", after_seq, 0, 2**63 - 1),
             limit=check_count("limit", limit, 1, MAX_AUDIT_PAGE), schema=self._schema)
+
+
+refused_whole: tuple[type[MosLeaseError], ...] = (ConfigurationError, InternalInconsistency)
+"""What a batch of appends raises when the database refused its statement as a whole
+(one entry it will not take, such as an event id no partition accepts): nothing of it was
+written."""
+
+
+def outcome_error(record: Callable[[AuditEntry, float], None], entry: AuditEntry,
+                  deadline: float) -> MosLeaseError | None:
+    """``record(entry, deadline)``'s own error, or ``None``."""
+    try:
+        record(entry, deadline)
+    except MosLeaseError as error:
+        return error
+    return None
+
+
+async def outcome_error_async(record: Callable[[AuditEntry, float], Awaitable[None]],
+                              entry: AuditEntry, deadline: float) -> MosLeaseError | None:
+    """As :func:`outcome_error`, awaited."""
+    try:
+        await record(entry, deadline)
+    except MosLeaseError as error:
+        return error
+    return None
 
 
 def first_error(results: Sequence[MosLeaseError | None]) -> None:

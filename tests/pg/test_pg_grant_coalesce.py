@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import attrs
 import pytest
 
 from mos_lease import (
@@ -398,3 +399,14 @@ def test_a_coalesced_load_says_how_long_it_waited_before_its_statement_went_out(
         thread.join(HOLD)
     assert out[0].queued == 0.0  # sent at once
     assert all(0.2 <= out[k].queued < HOLD for k in (1, 2))
+
+
+def test_an_entry_the_database_refuses_fails_alone_and_the_rest_of_its_batch_is_written(
+        pg_store: ShiftedPostgresLeaseStore, pg_tenant: str) -> None:
+    identity = LeaseIdentity(pg_tenant, "a", "b")
+    bad = attrs.evolve(_entry(identity, 5), epoch=0)  # the log's epoch check refuses it
+    batch = [_entry(identity, 1), bad, _entry(identity, 2)]
+    with pytest.raises(InternalInconsistency, match="refused"):
+        pg_store.record_many(batch)
+    logged = {r.entry.event_id for r in pg_store.audit(identity)}
+    assert logged == {batch[0].event_id, batch[2].event_id}
