@@ -85,6 +85,8 @@ def check_async_adapter(adapter: object) -> None:
     was validated, deep inside (``object int can't be used in 'await' expression``), or
     block the event loop; it is refused here, before anything is read or run."""
     check_adapter(adapter)
+    if inspect.iscoroutinefunction(adapter):  # also what marks itself so (AsyncMock)
+        return
     target = adapter
     while isinstance(target, functools.partial):
         target = target.func

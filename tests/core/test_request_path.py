@@ -8,6 +8,7 @@ import asyncio
 import functools
 import logging
 from datetime import UTC, datetime, timedelta
+from unittest.mock import AsyncMock
 
 import attrs
 import pytest
@@ -190,8 +191,9 @@ def test_async_invoke_refuses_a_synchronous_adapter_when_the_lease_is_gone_witho
 
 
 @pytest.mark.parametrize("adapter", [
-    _async_adapter, _AsyncCallable(), functools.partial(_async_adapter)],
-    ids=["async-function", "async-callable-object", "partial"])
+    _async_adapter, _AsyncCallable(), functools.partial(_async_adapter),
+    AsyncMock(return_value=1)],
+    ids=["async-function", "async-callable-object", "partial", "async-mock"])
 def test_async_invoke_runs_a_coroutine_adapter(adapter: object) -> None:
     async def main() -> None:
         gateway = AsyncConnectorLeaseCoordinator(AsyncInMemoryLeaseStore(), AllowAllPolicy())
