@@ -23,6 +23,7 @@ from mos_lease import (
     LeaseIdentity,
     Reason,
 )
+from mos_lease.adapter import run_adapter_async
 from mos_lease.clock import ManualClock
 from mos_lease.records import Snapshot
 from mos_lease.vocabulary import LifecycleEvent
@@ -214,3 +215,27 @@ def test_the_sync_invoke_still_takes_any_callable() -> None:
     assert gateway.invoke(grant, _SyncCallable(), identity=IDENT, scopes=SCOPES).value == 1
     events = {r.entry.event for r in gateway.store.audit(IDENT)}  # type: ignore[attr-defined]
     assert LifecycleEvent.GRANT_VALIDATE not in events
+
+
+class _SyncShell:
+    def execute(self, context: ConnectorExecutionContext, request: str, /) -> str:
+        return f"{request} at {context.epoch}"
+
+
+class _AsyncShell:
+    async def execute(self, context: ConnectorExecutionContext, request: str, /) -> str:
+        return f"{request} at {context.epoch}"
+
+
+def test_run_adapter_async_refuses_a_synchronous_adapter_and_runs_an_asyncio_one() -> None:
+    async def main() -> None:
+        gateway = AsyncConnectorLeaseCoordinator(AsyncInMemoryLeaseStore(), AllowAllPolicy())
+        _lease, grant = await _issued(gateway)
+        with pytest.raises(InvalidInput, match="async def"):
+            await run_adapter_async(gateway, grant, _SyncShell(),  # type: ignore[arg-type]
+                                    "ls", identity=IDENT, scopes=SCOPES)
+        ran = await run_adapter_async(gateway, grant, _AsyncShell(),  # type: ignore[arg-type]
+                                      "ls", identity=IDENT, scopes=SCOPES)
+        assert ran.value == "ls at 1"
+
+    asyncio.run(main())
