@@ -51,6 +51,8 @@ JSON_KEYS = (
     "coalesced_validate_32_vs_single_threads",
     "coalesced_grant_8_vs_uncoalesced",
     "coalesced_grant_32_vs_uncoalesced",
+    "coalesced_grant_8_vs_single",
+    "coalesced_grant_32_vs_single",
 )
 
 
@@ -112,6 +114,9 @@ TARGETS = (
     # Validations that overlap in one process share a round trip (asyncio tasks, one store).
     Target("coalesced_validate_8_vs_single", ">=", 2.5),
     Target("coalesced_validate_32_vs_single", ">=", 4.5),
+    # Grant issues that overlap share their reads and their audit rows' statement and commit.
+    Target("coalesced_grant_8_vs_single", ">=", 2.5),
+    Target("coalesced_grant_32_vs_single", ">=", 4.5),
     # Wire shapes (from the libpq trace): 1 = as required.
     Target("validate_round_trips", "<=", 1),
     Target("validate_parses", "<=", 0),

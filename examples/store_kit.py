@@ -21,6 +21,7 @@ from pathlib import Path
 from uuid import UUID
 
 from mos_lease import LeaseIdentity
+from mos_lease.checks import check_entries
 from mos_lease.clock import ManualClock
 from mos_lease.fencing import (
     NO_GRACE,
@@ -75,6 +76,15 @@ class DictLeaseStore:
             if self._events.get(entry.event_id) == entry:
                 return  # the same entry sent again after its reply was lost: kept once
             self._append(entry, self._clock())
+
+    async def record_many(self, entries: Sequence[AuditEntry]) -> None:
+        checked = check_entries(entries)  # bad input: InvalidInput, nothing written
+        async with self._lock:
+            now = self._clock()
+            if any(entry.event_id in self._events for entry in checked):
+                raise ValueError("an audit event of the batch is already recorded")
+            for entry in checked:  # all of them at one time, or none
+                self._append(entry, now)
 
     async def event_committed(self, event_id: UUID) -> bool:
         # Whether the attempt took effect: a refusal's entry carries the event id of the

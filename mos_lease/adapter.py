@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Awaitable
 from typing import Protocol, TypeVar
 
+from mos_lease.checks import check_async_adapter
 from mos_lease.context import ConnectorExecutionContext
 from mos_lease.coordinator import AsyncConnectorLeaseCoordinator, ConnectorLeaseCoordinator
 from mos_lease.grants import ExecutionGrant
@@ -70,7 +71,10 @@ async def run_adapter_async(coordinator: AsyncConnectorLeaseCoordinator, grant: 
                             adapter: AsyncConnectorAdapter[Req, Res], request: Req, *,
                             identity: LeaseIdentity, scopes: object,
                             correlation_id: str | None = None) -> InvocationResult[Res]:
-    """The asyncio twin of :func:`run_adapter`."""
+    """The asyncio twin of :func:`run_adapter`. ``adapter.execute`` must be a coroutine
+    function: a synchronous adapter is refused here, before the grant is read (as
+    :meth:`~mos_lease.AsyncConnectorLeaseCoordinator.invoke` refuses one)."""
+    check_async_adapter(getattr(adapter, "execute", None))
 
     async def call(context: ConnectorExecutionContext) -> Res:
         return await adapter.execute(context, request)

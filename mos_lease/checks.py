@@ -14,6 +14,7 @@ coordinator's own cost of a validation and a third of a batched heartbeat's.
 from __future__ import annotations
 
 import functools
+import inspect
 import weakref
 from collections.abc import Callable, Sequence
 from datetime import timedelta
@@ -31,7 +32,7 @@ from mos_lease.identity import (
     normalize_ttl,
 )
 from mos_lease.policy import ConnectorLeaseService
-from mos_lease.records import LeaseHandle
+from mos_lease.records import AuditEntry, LeaseHandle
 
 A = TypeVar("A")
 
@@ -78,6 +79,32 @@ def check_adapter(adapter: object) -> None:
         raise InvalidInput("adapter", f"must be callable, not {type(adapter).__name__}")
 
 
+def check_async_adapter(adapter: object) -> None:
+    """What the asyncio ``invoke`` calls with the context must be callable and awaitable:
+    an ``async def`` function (or a ``functools.partial`` of one, or an object whose
+    ``__call__`` is one). A synchronous adapter would otherwise fail only after the grant
+    was validated, deep inside (``object int can't be used in 'await' expression``), or
+    block the event loop; it is refused here, before anything is read or run."""
+    check_adapter(adapter)
+    if inspect.iscoroutinefunction(adapter):  # also what marks itself so (AsyncMock)
+        return
+    target = adapter
+    while isinstance(target, functools.partial):
+        target = target.func
+    if not (inspect.isfunction(target) or inspect.ismethod(target)
+            or inspect.isbuiltin(target)):
+        # A callable object: what runs is its __call__ (callable() held, so it exists).
+        target = getattr(target, "__call__", target)  # noqa: B004
+    if inspect.iscoroutinefunction(target):
+        return
+    raise InvalidInput(
+        "adapter", f"{getattr(target, '__qualname__', type(adapter).__name__)} is not a "
+        "coroutine function: AsyncConnectorLeaseCoordinator.invoke awaits the adapter, so "
+        "pass an 'async def' adapter (run blocking work inside it with "
+        "'await asyncio.to_thread(...)'), or use ConnectorLeaseCoordinator for a "
+        "synchronous one")
+
+
 def check_batch(leases: object, field: str = "leases",
                 item: type[object] = LeaseHandle) -> Sequence[object]:
     """A batch operation's items (``heartbeat_many``'s leases, by default): a sequence (not
@@ -88,6 +115,19 @@ def check_batch(leases: object, field: str = "leases",
     if len(leases) > MAX_BATCH:
         raise InvalidInput(field, f"at most {MAX_BATCH} {field} per batch")
     return leases
+
+
+def check_entries(entries: object) -> list[AuditEntry]:
+    """``record_many``'s entries, checked before anything is written: a sequence (not one
+    entry, not a string) of at most :data:`MAX_BATCH` audit entries, each event id once."""
+    if isinstance(entries, AuditEntry | str | bytes) or not isinstance(entries, Sequence) \
+            or not all(isinstance(e, AuditEntry) for e in entries):
+        raise InvalidInput("entries", "must be a sequence of AuditEntry")
+    if len(entries) > MAX_BATCH:
+        raise InvalidInput("entries", f"at most {MAX_BATCH} entries per call")
+    if len({e.event_id for e in entries}) != len(entries):
+        raise InvalidInput("entries", "an event id appears more than once")
+    return list(entries)
 
 
 def check_handle(lease: object,

@@ -22,7 +22,7 @@ from typing import Any, Final, Generic, TypeVar
 from uuid import UUID
 
 from mos_lease.batch_flows import BatchFlows
-from mos_lease.checks import check_adapter
+from mos_lease.checks import check_adapter, check_async_adapter
 from mos_lease.clock import MonotonicClock, default_clock
 from mos_lease.context import ConnectorExecutionContext
 from mos_lease.errors import ConfigurationError, MosLeaseError
@@ -324,7 +324,7 @@ class AsyncConnectorLeaseCoordinator(_Coordinator[AsyncLeaseStore]):
         """Validate ``grant`` for ``identity`` and ``scopes``, then call ``adapter`` with the
         context and nothing else; a refusal returns an ``InvocationResult`` with its reason
         and never calls the adapter."""
-        check_adapter(adapter)
+        check_async_adapter(adapter)
         checked = await self.validate(grant, identity=identity, scopes=scopes,
                                       correlation_id=correlation_id)
         if checked.context is None:

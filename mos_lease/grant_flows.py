@@ -62,10 +62,13 @@ class GrantFlows(FlowOptions):
                      handle.connector_id, decision.reason)
             return GrantResult(Outcome.DENIED, decision.reason, command.correlation_id)
         assert row is not None
+        expires_at = grant_expiry(row, now, norm_ttl)
         grant = self.grants.mint(
             self.ids(), handle.identity, handle.connector_id, handle.lease_id, handle.epoch,
-            norm_scopes, grant_expiry(row, now, norm_ttl), command.correlation_id, now)
-        return GrantResult(Outcome.GRANT_ISSUED, None, command.correlation_id, grant)
+            norm_scopes, expires_at, command.correlation_id, now)
+        # Cut to the lease's expiry: said, so that the caller sizes reuse from the real one.
+        return GrantResult(Outcome.GRANT_ISSUED, None, command.correlation_id, grant,
+                           capped_by_lease=expires_at < now + norm_ttl)
 
     def validate(self, grant: object, identity: object, scopes: object,
                  correlation_id: object) -> Flow[ValidationResult]:
@@ -92,9 +95,11 @@ class GrantFlows(FlowOptions):
                     lease_id=grant.lease_id, epoch=grant.epoch, scopes=requested,
                     expires_at=context_expiry(command, read.row),
                     correlation_id=grant.correlation_id))
-            if slow_reply(command, read, reason):
-                log.warning("mos_lease: validation reply for %s took %.3f s, past the "
-                            "validity it reported", identity, in_flight)
+            if slow_reply(command, read, reason, in_flight):
+                assert read is not None
+                log.warning("mos_lease: validation reply for %s took %.3f s after its "
+                            "statement went out (%.3f s queued before), past the validity "
+                            "it reported", identity, in_flight - read.queued, read.queued)
         return (yield from self._deny_validation(reason, identity, grant.connector_id,
                                                  grant.epoch, grant.correlation_id))
 

@@ -40,6 +40,12 @@ class LeaseStore(Protocol):
     * Optionally, the batch operations of :class:`BatchLeaseStore`.
     * ``record`` appends one audit entry (a refusal or a grant issue) and returns nothing;
       the same entry sent again (its reply was lost) is kept once, not refused.
+    * Optionally, ``record_many(entries)`` appends several, each as ``record`` would, in one
+      atomic step where the store can (one statement and one commit; the PostgreSQL store
+      sends the appends that overlap in time so). Bad input (a non-sequence, a non-entry,
+      an event id given twice) raises :class:`~mos_lease.errors.InvalidInput` before
+      anything is written. The coordinator never needs it; the kit checks it where a store
+      has it (:data:`OPTIONAL_METHODS`).
     * ``event_committed`` tells whether the attempt of audit entry ``event_id`` took effect:
       the entry exists and its outcome is not ``denied``
       (:func:`mos_lease.reconciliation.took_effect`; a refusal's entry carries the event id
@@ -163,6 +169,9 @@ class AsyncBatchLeaseStore(AsyncLeaseStore, Protocol):
 
 BATCH_METHODS = ("acquire_many", "takeover_many", "release_many", "load_many")
 """The methods of :class:`BatchLeaseStore` beyond :class:`LeaseStore`."""
+
+OPTIONAL_METHODS = (*BATCH_METHODS, "record_many")
+"""Every optional store method: the batch operations and ``record_many``."""
 
 
 MAX_AUDIT_PAGE = 1_000_000

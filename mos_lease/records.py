@@ -96,10 +96,15 @@ class AuditRecord:
 
 @attrs.frozen(slots=True)
 class Snapshot:
-    """A store read: the current row (or none) and the store's time in the same read."""
+    """A store read: the current row (or none) and the store's time in the same read.
+
+    ``queued``: seconds the read waited in the store, after its caller asked, before the
+    statement that answered it went out (a read coalesced with others waits for the one in
+    flight); 0 for a read sent at once. Not part of what was read (not compared)."""
 
     row: LeaseRow | None
     now: datetime
+    queued: float = attrs.field(default=0.0, eq=False)
 
 
 @attrs.frozen(slots=True)

@@ -47,12 +47,23 @@ class LeaseResult:
 @attrs.frozen(slots=True)
 class GrantResult:
     """Outcome of :meth:`~mos_lease.ConnectorLeaseCoordinator.issue_grant`: ``grant`` is the
-    new :class:`ExecutionGrant` exactly when ``reason`` is ``None``."""
+    new :class:`ExecutionGrant` exactly when ``reason`` is ``None``.
+
+    A grant never outlives the lease it was minted under: ``capped_by_lease`` is true when
+    the lease expires before store time + the ``ttl`` asked for, and the grant's expiry
+    (:attr:`expires_at`) is the lease's expiry at minting instead. Size a grant's reuse or
+    renewal from :attr:`expires_at`, never from the ``ttl`` asked for."""
 
     outcome: Outcome
     reason: Reason | None
     correlation_id: str
     grant: ExecutionGrant | None = None
+    capped_by_lease: bool = False
+
+    @property
+    def expires_at(self) -> datetime | None:
+        """When the grant expires (store time), or ``None`` when none was minted."""
+        return None if self.grant is None else self.grant.expires_at
 
     @property
     def ok(self) -> bool:

@@ -91,14 +91,22 @@ def validation_refusal(command: Validate, row: LeaseRow | None, now: datetime,
             else Reason.LEASE_EXPIRED)
 
 
-def slow_reply(command: Validate, read: Snapshot | None, reason: Reason | None) -> bool:
-    """Whether refusal ``reason`` came from time in flight alone: the context was still
-    valid at the store's instant ``read.now``, yet the reply took longer than that validity
-    (worth a warning: the store or the network is slower than the grants are long)."""
+def slow_reply(command: Validate, read: Snapshot | None, reason: Reason | None,
+               in_flight: float) -> bool:
+    """Whether refusal ``reason`` came from a reply that really arrived past the validity
+    it reported (worth a warning: the store or the network is slower than the grants are
+    long): the context was still valid at the store's instant ``read.now``, and the reply
+    took at least that validity from the moment its statement went out.
+
+    The refusal itself counts all of ``in_flight`` (the caller's whole wait), which is
+    never shorter; the time the read waited in the store before its statement went out
+    (``read.queued``: coalesced behind another read) came before the store read its clock,
+    so a reply that was late only by it was answered in time, and is not warned about."""
     if read is None or read.row is None or reason not in (Reason.GRANT_EXPIRED,
                                                            Reason.LEASE_EXPIRED):
         return False
-    return context_expiry(command, read.row) > read.now
+    validity = (context_expiry(command, read.row) - read.now).total_seconds()
+    return validity > 0 and in_flight - read.queued >= validity
 
 
 def context_expiry(command: Validate, row: LeaseRow) -> datetime:

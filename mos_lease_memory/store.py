@@ -20,6 +20,7 @@ from uuid import UUID
 
 import attrs
 
+from mos_lease.checks import check_entries
 from mos_lease.clock import Clock, SystemClock
 from mos_lease.identity import LeaseIdentity, check_count, check_id, check_identity
 from mos_lease.machine import Close, Insert, Renew, Rotate, Write, write_outcome
@@ -131,6 +132,21 @@ class InMemoryLeaseStore:
                 return
             self._append(entry, self.clock.now())
 
+    def record_many(self, entries: Sequence[AuditEntry]) -> None:
+        """``record_many`` (optional, :mod:`mos_lease.ports`): all of them under the store's
+        lock at one time, or none. As :meth:`record`: an entry already recorded (sent again
+        after a lost reply) is kept once; another entry under a recorded event id raises
+        ``ValueError`` before any is appended."""
+        checked = check_entries(entries)
+        with self._lock:
+            now = self.clock.now()
+            fresh = [entry for entry in checked if self._entries.get(entry.event_id) != entry]
+            for entry in fresh:
+                if entry.event_id in self._entries:
+                    raise ValueError(f"audit event {entry.event_id} recorded twice")
+            for entry in fresh:
+                self._append(entry, now)
+
     def event_committed(self, event_id: UUID) -> bool:
         """:meth:`mos_lease.ports.LeaseStore.event_committed`: from the entry's outcome, since
         a refusal's entry carries the event id of the write it refused."""
@@ -216,6 +232,10 @@ class AsyncInMemoryLeaseStore:
     async def record(self, entry: AuditEntry) -> None:
         """As :meth:`InMemoryLeaseStore.record`."""
         self.sync.record(entry)
+
+    async def record_many(self, entries: Sequence[AuditEntry]) -> None:
+        """As :meth:`InMemoryLeaseStore.record_many`."""
+        self.sync.record_many(entries)
 
     async def event_committed(self, event_id: UUID) -> bool:
         """As :meth:`InMemoryLeaseStore.event_committed`."""

@@ -132,6 +132,7 @@ def notice_channel(schema: str = DEFAULT_SCHEMA) -> str:
 LOAD: Final = _statement("load.sql")
 LOAD_MANY: Final = _statement("load_many.sql")
 RECORD: Final = _statement("record.sql")
+RECORD_MANY: Final = _statement("record_many.sql")
 EVENT_COMMITTED: Final = _statement("event_committed.sql")
 END_LOST_BACKEND: Final = _statement("end_lost_backend.sql")
 NOW: Final = _statement("now.sql")
@@ -303,6 +304,42 @@ def record(entry: AuditEntry, offset: timedelta, *,
            schema: str = DEFAULT_SCHEMA) -> Call[None]:
     return Call("audit record", RECORD.at(schema), {"offset": offset, **_entry_params(entry)},
                 parse_nothing, Kind.IDEMPOTENT_WRITE, entry.event_id, entry.identity)
+
+
+def _counts(rows: Sequence[Row]) -> list[int]:
+    return [int(row[0]) for row in rows]
+
+
+def record_many(entries: Sequence[AuditEntry], offset: timedelta, *,
+                schema: str = DEFAULT_SCHEMA) -> Call[list[int]]:
+    """One statement appending every entry as :func:`record` appends it, in order, in one
+    transaction (``record_many.sql``): how many rows each inserted (0: its event id was
+    taken)."""
+    if not entries:
+        raise AssertionError("record_many needs at least one entry")
+    params = {
+        "offset": offset,
+        "event_ids": [e.event_id for e in entries],
+        "events": [e.event.value for e in entries],
+        "outcomes": [e.outcome.value for e in entries],
+        "reasons": [None if e.reason is None else e.reason.value for e in entries],
+        "tenant_ids": [e.identity.tenant_id for e in entries],
+        "logical_agent_ids": [e.identity.logical_agent_id for e in entries],
+        "binding_ids": [e.identity.binding_id for e in entries],
+        "connector_ids": [e.connector_id for e in entries],
+        "epochs": [e.epoch for e in entries],
+        "correlation_ids": [e.correlation_id for e in entries],
+    }
+    first = entries[0]
+
+    def parse(rows: Sequence[Row]) -> list[int]:
+        counts = _counts(rows)
+        if len(counts) != len(entries):
+            raise AssertionError(f"expected {len(entries)} rows, got {len(counts)}")
+        return counts
+
+    return Call(f"batch of {len(entries)} audit records", RECORD_MANY.at(schema), params,
+                parse, Kind.IDEMPOTENT_WRITE, first.event_id, first.identity)
 
 
 def event_committed(event_id: UUID, *, schema: str = DEFAULT_SCHEMA) -> Call[bool]:

@@ -32,15 +32,17 @@ from uuid import UUID
 import psycopg
 import psycopg_pool
 
+from mos_lease.checks import check_entries
 from mos_lease.clock import MonotonicClock, default_clock
+from mos_lease.errors import CommitOutcomeUnknown, MosLeaseError
 from mos_lease.flowdrive import Drive, outcome_of, outcome_of_async
 from mos_lease.identity import LeaseIdentity
 from mos_lease.machine import Close, Insert, Renew, Rotate, Write
 from mos_lease.records import AuditEntry, AuditRecord, LeaseRow, Snapshot, WriteOutcome
 from mos_lease.sleep import Sleep
-from mos_lease_pg import replication, statements
+from mos_lease_pg import replication, statements, store_core
 from mos_lease_pg.attempts import Covers, Missed, Resend, Sent, needs_discard
-from mos_lease_pg.coalesce import TaskReads, ThreadReads
+from mos_lease_pg.coalesce import TaskReads, ThreadReads, Ticket, keys
 from mos_lease_pg.connection import (
     AsyncDedicatedConnection,
     AsyncPooledConnection,
@@ -74,7 +76,40 @@ class PostgresLeaseStore(_StoreCore):
         settings, self._source = _source_of(conninfo, pool, settings, clock,
                                             DedicatedConnection, PooledConnection)
         self._setup(settings, clock)
-        self._reads = ThreadReads(self)  # loads that overlap share a round trip
+        # Loads that overlap share a round trip, and so do audit appends (one commit).
+        self._reads = ThreadReads(self, self._load_one, self._load_batch)
+        self._records = ThreadReads(self, self._record_one,
+                                    lambda batch, d: self._record_batch(keys(batch), d),
+                                    late=store_core.late_record, name="mos-lease-records")
+
+    def _load_one(self, identity: LeaseIdentity, deadline: float) -> Snapshot:
+        return self._run(self._load_call(identity), deadline=deadline)
+
+    def _load_batch(self, batch: list[Ticket], deadline: float) -> list[Snapshot]:
+        if len(batch) == 1:  # a batch of one goes out as the ordinary load
+            return [self._load_one(batch[0].key, deadline)]
+        sent = self._clock()
+        return self._loaded(batch, self._run(self._load_many_call(batch), deadline=deadline),
+                            sent)
+
+    def _record_one(self, entry: AuditEntry, deadline: float) -> None:
+        self._drive(self._recording(entry), deadline)
+
+    def _record_batch(self, entries: list[AuditEntry], deadline: float
+                      ) -> list[MosLeaseError | None]:
+        if len(entries) == 1:  # a batch of one goes out as the ordinary record
+            self._record_one(entries[0], deadline)
+            return [None]
+        call, each = self._record_many_calls(entries)
+        try:
+            counts = self._run(call, covers=each, deadline=deadline)
+        except CommitOutcomeUnknown as lost:
+            return store_core.records_in_doubt(entries, lost)
+        except store_core.refused_whole:
+            # The database refused the statement, so nothing of it was written: each entry
+            # goes again on its own, and only the one it refuses fails.
+            return [store_core.outcome_error(self._record_one, e, deadline) for e in entries]
+        return self._drive(self._recorded(entries, counts), deadline)
 
     def _run(self, call: Call[T], *, covers: Covers | None = None,
              deadline: float | None = None) -> T:
@@ -128,7 +163,7 @@ class PostgresLeaseStore(_StoreCore):
         """:meth:`mos_lease.ports.LeaseStore.load`: one prepared read of the row with the database
         clock, shared with the loads of other threads that overlap it
         (:mod:`mos_lease_pg.coalesce`)."""
-        return self._reads.load(identity)
+        return self._reads.call(identity)  # type: ignore[no-any-return]
 
     def apply(self, write: Write, entry: AuditEntry) -> WriteOutcome:
         """:meth:`mos_lease.ports.LeaseStore.apply`: one statement that locks the row, then reads
@@ -174,9 +209,17 @@ class PostgresLeaseStore(_StoreCore):
         return self._run(statements.load_many(identities, self._offset, schema=self._schema))
 
     def record(self, entry: AuditEntry) -> None:
-        """:meth:`mos_lease.ports.LeaseStore.record`: append one audit entry, at most once per
-        event id."""
-        self._drive(self._recording(entry), self._deadline(None))
+        """:meth:`~mos_lease.ports.LeaseStore.record`: append one audit entry, at most once per
+        event id; appends of other threads that overlap it share its statement and commit
+        (:mod:`mos_lease_pg.coalesce`)."""
+        self._records.call(entry)
+
+    def record_many(self, entries: Sequence[AuditEntry]) -> None:
+        """``record_many`` (optional, :mod:`mos_lease.ports`): every entry in one statement and one
+        commit, each appended and checked as :meth:`record` would (``record_many.sql``)."""
+        checked = check_entries(entries)
+        if checked:
+            store_core.first_error(self._record_batch(checked, self._deadline(None)))
 
     def event_committed(self, event_id: UUID) -> bool:
         """:meth:`mos_lease.ports.LeaseStore.event_committed`, answered only once the session that
@@ -234,7 +277,39 @@ class AsyncPostgresLeaseStore(_StoreCore):
         settings, self._source = _source_of(conninfo, pool, settings, clock,
                                             AsyncDedicatedConnection, AsyncPooledConnection)
         self._setup(settings, clock)
-        self._reads = TaskReads(self)  # loads that overlap share a round trip
+        # As PostgresLeaseStore: loads and audit appends that overlap are coalesced.
+        self._reads = TaskReads(self, self._load_one, self._load_batch)
+        self._records = TaskReads(self, self._record_one,
+                                  lambda batch, d: self._record_batch(keys(batch), d),
+                                  late=store_core.late_record)
+
+    async def _load_one(self, identity: LeaseIdentity, deadline: float) -> Snapshot:
+        return await self._run(self._load_call(identity), deadline=deadline)
+
+    async def _load_batch(self, batch: list[Ticket], deadline: float) -> list[Snapshot]:
+        if len(batch) == 1:
+            return [await self._load_one(batch[0].key, deadline)]
+        sent = self._clock()
+        return self._loaded(batch, await self._run(self._load_many_call(batch),
+                                                   deadline=deadline), sent)
+
+    async def _record_one(self, entry: AuditEntry, deadline: float) -> None:
+        await self._drive(self._recording(entry), deadline)
+
+    async def _record_batch(self, entries: list[AuditEntry], deadline: float
+                            ) -> list[MosLeaseError | None]:
+        if len(entries) == 1:
+            await self._record_one(entries[0], deadline)
+            return [None]
+        call, each = self._record_many_calls(entries)
+        try:
+            counts = await self._run(call, covers=each, deadline=deadline)
+        except CommitOutcomeUnknown as lost:
+            return store_core.records_in_doubt(entries, lost)
+        except store_core.refused_whole:  # as PostgresLeaseStore._record_batch
+            return [await store_core.outcome_error_async(self._record_one, e, deadline)
+                    for e in entries]
+        return await self._drive(self._recorded(entries, counts), deadline)
 
     async def _run(self, call: Call[T], *, covers: Covers | None = None,
                    deadline: float | None = None) -> T:
@@ -284,7 +359,7 @@ class AsyncPostgresLeaseStore(_StoreCore):
 
     async def load(self, identity: LeaseIdentity) -> Snapshot:
         """As :meth:`PostgresLeaseStore.load`, shared with the loads of other tasks."""
-        return await self._reads.load(identity)
+        return await self._reads.call(identity)  # type: ignore[no-any-return]
 
     async def apply(self, write: Write, entry: AuditEntry) -> WriteOutcome:
         """As :meth:`PostgresLeaseStore.apply`."""
@@ -329,8 +404,14 @@ class AsyncPostgresLeaseStore(_StoreCore):
                                                     schema=self._schema))
 
     async def record(self, entry: AuditEntry) -> None:
-        """As :meth:`PostgresLeaseStore.record`."""
-        await self._drive(self._recording(entry), self._deadline(None))
+        """As :meth:`PostgresLeaseStore.record`, shared with the appends of other tasks."""
+        await self._records.call(entry)
+
+    async def record_many(self, entries: Sequence[AuditEntry]) -> None:
+        """As :meth:`PostgresLeaseStore.record_many`."""
+        checked = check_entries(entries)
+        if checked:
+            store_core.first_error(await self._record_batch(checked, self._deadline(None)))
 
     async def event_committed(self, event_id: UUID) -> bool:
         """As :meth:`PostgresLeaseStore.event_committed`."""

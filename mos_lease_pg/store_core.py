@@ -8,21 +8,30 @@ a write in doubt) once, as generators of :data:`Step` that each store only perfo
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Awaitable, Callable, Generator, Sequence
 from datetime import timedelta
 from typing import Any, ClassVar, TypeVar
 from uuid import UUID
 
+import attrs
+
 from mos_lease.clock import MonotonicClock
-from mos_lease.errors import ConfigurationError, StoreUnavailable
+from mos_lease.errors import (
+    CommitOutcomeUnknown,
+    ConfigurationError,
+    InternalInconsistency,
+    MosLeaseError,
+    StoreUnavailable,
+)
 from mos_lease.identity import check_count, check_id, check_identity
 from mos_lease.machine import Renew, Write
 from mos_lease.operation import time_left
 from mos_lease.ports import MAX_AUDIT_PAGE
-from mos_lease.records import AuditEntry, AuditRecord, WriteOutcome
+from mos_lease.records import AuditEntry, AuditRecord, Snapshot, WriteOutcome
 from mos_lease.sleep import Sleep
 from mos_lease_pg import batch_statements, reconcile, replication, statements
 from mos_lease_pg.attempts import Covers, Missed, Resend, resending
+from mos_lease_pg.coalesce import Ticket, overdue
 from mos_lease_pg.connection import ConnectionSettings
 from mos_lease_pg.reconcile import IN_DOUBT, UNAUDITED, Lost
 from mos_lease_pg.statements import Call
@@ -111,12 +120,52 @@ class _StoreCore:
         return batch, lambda: [statements.apply(write, entry, self._offset, schema=self._schema)
                                for write, entry in items]
 
+    def _load_call(self, identity: Any) -> Call[Snapshot]:
+        return statements.load(identity, self._offset, schema=self._schema)
+
+    def _load_many_call(self, batch: Sequence[Ticket]) -> Call[list[Snapshot]]:
+        return statements.load_many([t.key for t in batch], self._offset, schema=self._schema)
+
+    def _loaded(self, batch: Sequence[Ticket], snapshots: list[Snapshot],
+                sent: float) -> list[Snapshot]:
+        """A batch's snapshots, each saying how long its load waited before ``sent`` (the
+        store's clock when the batch went out)."""
+        return [attrs.evolve(s, queued=max(0.0, sent - t.since))
+                for t, s in zip(batch, snapshots, strict=True)]
+
+    def _record_many_calls(self, entries: Sequence[AuditEntry]
+                           ) -> tuple[Call[list[int]], Covers]:
+        """The one statement of a batch of audit appends, and (for a failure) the appends it
+        stands for: if it is lost, each of them is in doubt on its own."""
+        call = statements.record_many(entries, self._offset, schema=self._schema)
+        return call, lambda: [self._record_calls(e)[0] for e in entries]
+
+    def _recorded(self, entries: Sequence[AuditEntry], counts: Sequence[int]
+                  ) -> Flow[list[MosLeaseError | None]]:
+        """After a batch of appends: each entry that found its event id taken is checked as
+        ``record`` checks it; the result is each entry's own error, or ``None``."""
+        out: list[MosLeaseError | None] = []
+        for entry, inserted in zip(entries, counts, strict=True):
+            error = None
+            if not inserted:
+                try:
+                    yield from self._matching(entry)
+                except MosLeaseError as failed:
+                    error = failed
+            out.append(error)
+        return out
+
     def _recording(self, entry: AuditEntry) -> Flow[None]:
         """``record``: append the audit record; if its event id is taken (its own first
         attempt, whose reply was lost, or another attempt), make sure the row is this one."""
-        insert, matches = self._record_calls(entry)
+        insert, _ = self._record_calls(entry)
         if (yield insert):
             return
+        yield from self._matching(entry)
+
+    def _matching(self, entry: AuditEntry) -> Flow[None]:
+        """An append found ``entry``'s event id taken: raise unless the row is this record."""
+        _, matches = self._record_calls(entry)
         try:
             same = yield matches
         except StoreUnavailable as down:
@@ -184,6 +233,57 @@ class _StoreCore:
             binding_id=_check_optional_id("binding_id", binding_id),
             after_seq=check_count("after_seq", after_seq, 0, 2**63 - 1),
             limit=check_count("limit", limit, 1, MAX_AUDIT_PAGE), schema=self._schema)
+
+
+refused_whole: tuple[type[MosLeaseError], ...] = (ConfigurationError, InternalInconsistency)
+"""What a batch of appends raises when the database refused its statement as a whole
+(one entry it will not take, such as an event id no partition accepts): nothing of it was
+written."""
+
+
+def outcome_error(record: Callable[[AuditEntry, float], None], entry: AuditEntry,
+                  deadline: float) -> MosLeaseError | None:
+    """``record(entry, deadline)``'s own error, or ``None``."""
+    try:
+        record(entry, deadline)
+    except MosLeaseError as error:
+        return error
+    return None
+
+
+async def outcome_error_async(record: Callable[[AuditEntry, float], Awaitable[None]],
+                              entry: AuditEntry, deadline: float) -> MosLeaseError | None:
+    """As :func:`outcome_error`, awaited."""
+    try:
+        await record(entry, deadline)
+    except MosLeaseError as error:
+        return error
+    return None
+
+
+def first_error(results: Sequence[MosLeaseError | None]) -> None:
+    """Raise the first entry's error of a batch of appends, if any (the others stand)."""
+    for error in results:
+        if error is not None:
+            raise error
+
+
+def records_in_doubt(entries: Sequence[AuditEntry],
+                     lost: CommitOutcomeUnknown) -> list[MosLeaseError | None]:
+    """The batch carrying ``entries`` was lost with its outcome unknown: so is each
+    append's, under its own event id (the one a caller reconciles)."""
+    return [CommitOutcomeUnknown(e.event_id, f"appended in a batch of {len(entries)} audit "
+                                 f"records whose outcome is unknown ({lost})")
+            for e in entries]
+
+
+def late_record(entry: Any, bound: float, sent: bool) -> BaseException:
+    """An append whose caller's bound passed while it waited: nothing was written if it was
+    still queued; if it went out, it may have committed."""
+    if not sent:
+        return overdue("audit record", bound)
+    return CommitOutcomeUnknown(entry.event_id, f"no reply within the {bound:g} s call bound "
+                                "to the batch of audit records that carried it")
 
 
 def _source_of(conninfo: str | None, pool: object, settings: ConnectionSettings | None,

@@ -176,6 +176,11 @@ class FaultyStore:
             raise StoreUnavailable("record: connection refused")
         self.inner.record(entry)
 
+    def record_many(self, entries: Sequence[AuditEntry]) -> None:
+        if self.fail_record:
+            raise StoreUnavailable("record: connection refused")
+        self.inner.record_many(entries)
+
     def event_committed(self, event_id: UUID) -> bool:
         return self.inner.event_committed(event_id)
 

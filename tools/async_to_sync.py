@@ -24,6 +24,7 @@ NAMES: Final = (
     ("AsyncPostgresLeaseStore", "PostgresLeaseStore"),
     ("AsyncLeaseStore", "LeaseStore"),
     ("perform_async", "perform"),
+    ("check_async_adapter", "check_adapter"),
     ("Awaitable[T]", "T"),
     ("Awaitable[list[LeaseResult]]", "list[LeaseResult]"),
     ("The asyncio coordinator", "The synchronous coordinator"),

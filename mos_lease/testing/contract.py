@@ -18,7 +18,7 @@ lease by lease, and a row another transaction holds is reported not reached
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from datetime import timedelta
 from typing import cast
@@ -26,6 +26,7 @@ from uuid import UUID, uuid4
 
 import attrs
 
+from mos_lease.errors import InvalidInput
 from mos_lease.identity import MAX_EPOCH, LeaseIdentity
 from mos_lease.ids import uuid7
 from mos_lease.machine import (
@@ -310,3 +311,37 @@ def run_store_contract(harness_factory: Callable[[], StoreHarness], *, steps: in
     assert not store.event_committed(refusal.event_id)
     assert store.audit(identities[0], limit=100_000)[-1].entry == refusal
     assert not store.event_committed(uuid4())
+    _record_many_case(store, identities)
+
+
+def _record_many_case(store: InspectableStore, identities: list[LeaseIdentity]) -> None:
+    """``record_many``, where the store has it (it is optional): each entry appended as
+    ``record`` appends it, in the order given, stamped with the store's time; bad input
+    refused before anything is written."""
+    record_many: Callable[[Sequence[AuditEntry]], None] | None = getattr(
+        store, "record_many", None)
+    if record_many is None:
+        return
+    batch = [AuditEntry(uuid7(), LifecycleEvent.GRANT_ISSUE, Outcome.GRANT_ISSUED, None,
+                        identities[i % len(identities)], "c1", i + 1, f"contract-many-{i}")
+             for i in range(4)]
+    batch.append(AuditEntry(uuid7(), LifecycleEvent.GRANT_ISSUE, Outcome.DENIED,
+                            Reason.STALE_EPOCH, identities[0], "c2", None, "contract-many"))
+    before = store.load(identities[0]).now
+    record_many(batch)
+    after = store.load(identities[0]).now
+    wanted = {e.event_id for e in batch}
+    written = [r for r in store.audit(limit=100_000) if r.entry.event_id in wanted]
+    assert [r.entry for r in written] == batch, f"record_many appended {written}"
+    assert all(before <= r.recorded_at <= after for r in written), \
+        "record_many: a stamp outside the call"
+    again = AuditEntry(uuid7(), LifecycleEvent.GRANT_ISSUE, Outcome.GRANT_ISSUED, None,
+                       identities[1], "c1", 1, "contract-twice")
+    for bad in ([again, again], again, ["not an entry"]):
+        try:
+            record_many(bad)  # type: ignore[arg-type]
+        except InvalidInput:
+            pass
+        else:
+            raise AssertionError(f"record_many accepted {bad!r}")
+    assert not store.event_committed(again.event_id), "record_many wrote refused input"

@@ -22,7 +22,7 @@ from uuid import UUID
 from mos_lease.fencing import AsyncResourceGuard, GuardDecision
 from mos_lease.identity import LeaseIdentity
 from mos_lease.machine import Renew, Write
-from mos_lease.ports import BATCH_METHODS
+from mos_lease.ports import OPTIONAL_METHODS
 from mos_lease.records import AuditEntry, AuditRecord, LeaseRow, Snapshot, WriteOutcome
 from mos_lease.testing.guard_contract import GuardFactory
 from mos_lease.testing.harness import AsyncInspectableStore, AsyncStoreHarness, StoreHarness
@@ -91,9 +91,9 @@ class DrivenStore:
     def __init__(self, store: AsyncInspectableStore, loop: EventLoopThread) -> None:
         self.store = store
         self._run = loop.run
-        # The batch operations are optional (mos_lease.ports.AsyncBatchLeaseStore): driven
-        # only where the store has them, so the kit checks them only there.
-        for name in BATCH_METHODS:
+        # The batch operations and record_many are optional (mos_lease.ports): driven only
+        # where the store has them, so the kit checks them only there.
+        for name in OPTIONAL_METHODS:
             method = getattr(store, name, None)
             if method is not None:
                 setattr(self, name, functools.partial(self._drive, method))

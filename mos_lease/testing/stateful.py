@@ -9,53 +9,31 @@ and that the step appended exactly the audit row the model expects.
 
 from __future__ import annotations
 
-import threading
-from collections import Counter
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 from uuid import UUID, uuid4
 
-import attrs
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from mos_lease.coordinator import ConnectorLeaseCoordinator
-from mos_lease.grants import ExecutionGrant
 from mos_lease.identity import LeaseIdentity
 from mos_lease.machine import grant_refusal
-from mos_lease.policy import StaticConnectorPolicy
 from mos_lease.records import AuditRecord, LeaseHandle
 from mos_lease.testing.harness import StoreHarness
-from mos_lease.testing.oracle import Expected, ModelLease, ModelRule, Oracle
-from mos_lease.vocabulary import LifecycleEvent, Outcome
-
-SCOPES = ("a", "b", "c")
-LEASE_TTLS = (10.5, 30.5, 90.5)  # half seconds: never exactly on a whole-second step,
-GRANT_TTLS = (5.5, 25.5)  # so a slowly drifting database clock cannot flip a boundary
-STEPS = (1, 4, 9, 20, 35, 70)
-CONNECTORS = ("c1", "c2", "c3", "rogue")
-RULES = {
-    "c1": ModelRule(frozenset({"a", "b"}), 60, 20, preempt_active=False),
-    "c2": ModelRule(frozenset({"a", "b"}), 60, 20, preempt_active=False),
-    "c3": ModelRule(frozenset(SCOPES), 300, 30, preempt_active=True),
-}
-POLICY = StaticConnectorPolicy.from_dict({"rules": [
-    {"tenant_id": "*", "logical_agent_id": "*", "binding_id": "*", "connector_id": name,
-     "scopes": sorted(r.scopes), "max_lease_ttl": r.max_lease_ttl,
-     "max_grant_ttl": r.max_grant_ttl, "preempt_active": r.preempt_active}
-    for name, r in RULES.items()
-]})
-
-scope_sets = st.frozensets(st.sampled_from(SCOPES), max_size=3)
-
-
-@attrs.frozen
-class _Minted:
-    grant: ExecutionGrant
-    gateway: int
-    generation: int
-    expires: float  # model time
+from mos_lease.testing.oracle import Expected, ModelLease, Oracle
+from mos_lease.testing.waves import Waves
+from mos_lease.testing.world import (
+    CONNECTORS,
+    GRANT_TTLS,
+    LEASE_TTLS,
+    POLICY,
+    RULES,
+    STEPS,
+    Minted,
+    scope_sets,
+)
 
 
 def make_lease_machine(harness_factory: Callable[[], StoreHarness]) -> type[RuleBasedStateMachine]:
@@ -64,7 +42,7 @@ def make_lease_machine(harness_factory: Callable[[], StoreHarness]) -> type[Rule
     Use it in a test module as ``TestMyStore = make_lease_machine(factory).TestCase``.
     """
 
-    class LeaseMachine(RuleBasedStateMachine):
+    class LeaseMachine(Waves, RuleBasedStateMachine):
         def __init__(self) -> None:
             super().__init__()
             self.harness = harness_factory()
@@ -79,7 +57,7 @@ def make_lease_machine(harness_factory: Callable[[], StoreHarness]) -> type[Rule
             self.gateways = [self._gateway(), self._gateway()]
             self.generations = [0, 0]
             self.handles: list[LeaseHandle] = []
-            self.minted: list[_Minted] = []
+            self.minted: list[Minted] = []
             self.highest_epoch: dict[LeaseIdentity, int] = {}
             self.audit_seen = 0
 
@@ -195,7 +173,7 @@ def make_lease_machine(harness_factory: Callable[[], StoreHarness]) -> type[Rule
             assert (result.outcome, result.reason) == (expected.outcome, expected.reason)
             if result.grant is not None:
                 lease = self.oracle.leases[handle.identity]
-                self.minted.append(_Minted(result.grant, index, self.generations[index],
+                self.minted.append(Minted(result.grant, index, self.generations[index],
                                            min(self.oracle.now + ttl, lease.expires)))
             self._check_audit(expected, handle.identity, handle.connector_id,
                               result.correlation_id)
@@ -205,7 +183,7 @@ def make_lease_machine(harness_factory: Callable[[], StoreHarness]) -> type[Rule
             ("same", "same", "same", "other", "foreign")))
         def validate(self, data: st.DataObject, requested: frozenset[str],
                      target_kind: str) -> None:
-            minted: _Minted = self._pick(data, self.minted)
+            minted: Minted = self._pick(data, self.minted)
             index = data.draw(st.integers(0, len(self.gateways) - 1))
             grant = minted.grant
             target = {"same": grant.identity, "foreign": self.foreign,
@@ -228,114 +206,6 @@ def make_lease_machine(harness_factory: Callable[[], StoreHarness]) -> type[Rule
                 assert result.context.scopes == tuple(sorted(requested))
             self._check_audit(expected, target,
                               grant.connector_id if recognized else "unrecognized", None)
-
-        def _expect_validation(self, minted: _Minted, index: int, target: LeaseIdentity,
-                               requested: frozenset[str]) -> Expected:
-            grant = minted.grant
-            return self.oracle.validate(
-                recognized=index == minted.gateway
-                and self.generations[index] == minted.generation,
-                granted=grant.identity, target=target, connector_id=grant.connector_id,
-                lease_id=grant.lease_id, epoch=grant.epoch,
-                grant_scopes=frozenset(grant.scopes), grant_expires=minted.expires,
-                requested=requested)
-
-        def _wave(self, picks: list[tuple[_Minted, int, frozenset[str]]],
-                  identity: LeaseIdentity, rival: str | None,
-                  expected_epoch: int) -> tuple[list[Any], list[Any]]:
-            """Run the validations of ``picks`` (and ``rival``'s takeover) on threads that
-            start together; their results, and the takeover's."""
-            count = len(picks)
-            results: list[Any] = [None] * count
-            taken: list[Any] = []
-            start = threading.Barrier(count + (rival is not None))
-
-            def validate(k: int) -> None:
-                minted, index, requested = picks[k]
-                start.wait()
-                results[k] = self.gateways[index].validate(
-                    minted.grant, identity=minted.grant.identity, scopes=requested)
-
-            def take() -> None:
-                assert rival is not None
-                start.wait()
-                taken.append(self.gateways[0].takeover(
-                    identity, rival, scopes=["a"], ttl=LEASE_TTLS[0],
-                    expected_epoch=expected_epoch))
-
-            workers = [threading.Thread(target=validate, args=(k,)) for k in range(count)]
-            if rival is not None:
-                workers.append(threading.Thread(target=take))
-            for worker in workers:
-                worker.start()
-            for worker in workers:
-                worker.join()
-            return results, taken
-
-        @precondition(lambda self: bool(self.minted))
-        @rule(data=st.data(), count=st.integers(2, 6), rival=st.sampled_from(
-            (None, "c3", "c1")))
-        def validate_concurrently(self, data: st.DataObject, count: int,
-                                  rival: str | None) -> None:
-            """Several validations across bindings at once (overlapping reads, which a store
-            may serve together), and with ``rival`` a takeover racing them: each validation
-            is judged as if alone, before or after the takeover, never both epochs valid."""
-            # Mostly grants that validate now, each on the gateway that minted it: a read
-            # answered with another binding's row would then show in the reason.
-            live = [m for m in self.minted if self._expect_validation(
-                m, m.gateway, m.grant.identity, frozenset()).reason is None]
-            picks: list[tuple[_Minted, int, frozenset[str]]] = []
-            for _ in range(count):
-                chance: int = data.draw(st.integers(0, 3))
-                if live and chance:
-                    minted = self._pick(data, live)
-                    picks.append((minted, minted.gateway, frozenset[str]()))
-                else:
-                    picks.append((self._pick(data, self.minted), data.draw(st.integers(0, 1)),
-                                  data.draw(scope_sets)))
-            before = [self._expect_validation(m, i, m.grant.identity, r) for m, i, r in picks]
-            identity: LeaseIdentity = picks[0][0].grant.identity
-            current = self.oracle.leases.get(identity)
-            expected_epoch = current.epoch if current else 1
-            racing = None
-            if rival is not None:
-                racing = self.oracle.takeover(identity, rival, frozenset({"a"}), LEASE_TTLS[0],
-                                              expected_epoch)
-            results, taken = self._wave(picks, identity, rival, expected_epoch)
-            after = before
-            audited: Counter[tuple[object, ...]] = Counter()
-            if racing is not None:
-                assert rival is not None
-                result = taken[0]
-                assert (result.outcome, result.reason) == (racing.outcome, racing.reason)
-                if result.lease is not None:
-                    assert current is not None and result.lease.epoch == current.epoch + 1
-                    self.oracle.leases[identity] = ModelLease(
-                        result.lease.epoch, result.lease.lease_id, rival, frozenset({"a"}),
-                        self.oracle.now + LEASE_TTLS[0])
-                    self.handles.append(result.lease)
-                    after = [self._expect_validation(m, i, m.grant.identity, r)
-                             for m, i, r in picks]
-                audited[(racing.event, racing.outcome, racing.reason, identity, rival)] += 1
-            for (minted, index, _requested), got, was, now in zip(
-                    picks, results, before, after, strict=True):
-                # Judged against the store as it was before or after the takeover.
-                assert got.reason in (was.reason, now.reason), (got, was, now)
-                if got.context is not None:
-                    lease = self.oracle.leases[minted.grant.identity]
-                    assert got.context.epoch == minted.grant.epoch
-                    assert (got.context.epoch == lease.epoch) == (got.reason is now.reason)
-                if got.reason is not None:
-                    recognized = index == minted.gateway and self.generations[index] == (
-                        minted.generation)
-                    audited[(LifecycleEvent.GRANT_VALIDATE, Outcome.DENIED, got.reason,
-                             minted.grant.identity,
-                             minted.grant.connector_id if recognized else "unrecognized")] += 1
-            new = self._audit_rows(self.audit_seen)
-            if new:
-                self.audit_seen = max(r.seq for r in new)
-            assert Counter((r.entry.event, r.entry.outcome, r.entry.reason, r.entry.identity,
-                            r.entry.connector_id) for r in new) == audited
 
         @rule(index=st.integers(0, 1))
         def restart_gateway(self, index: int) -> None:

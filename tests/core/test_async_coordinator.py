@@ -179,6 +179,9 @@ class _AsyncFaulty:
     async def record(self, entry: AuditEntry) -> None:
         self.inner.record(entry)
 
+    async def record_many(self, entries: Any) -> None:
+        self.inner.record_many(entries)
+
     async def event_committed(self, event_id: UUID) -> bool:
         return self.inner.event_committed(event_id)
 

@@ -272,6 +272,10 @@ class Faulty:
         self._enter()
         self.inner.record(entry)
 
+    def record_many(self, entries: Sequence[AuditEntry]) -> None:
+        self._enter()
+        self.inner.record_many(entries)
+
     def event_committed(self, event_id: UUID) -> bool:
         self._enter()
         return self.inner.event_committed(event_id)
@@ -302,6 +306,10 @@ class AsyncFaulty:
     async def record(self, entry: AuditEntry) -> None:
         await self._maybe_hang()
         self.sync.record(entry)
+
+    async def record_many(self, entries: Sequence[AuditEntry]) -> None:
+        await self._maybe_hang()
+        self.sync.record_many(entries)
 
     async def event_committed(self, event_id: UUID) -> bool:
         await self._maybe_hang()

@@ -22,6 +22,9 @@ ALLOWED: dict[str, str] = {
     "mos_lease/machine.py": "the protocol's state machine: the commands, the writes they plan "
     "and every decision on them, the functions specs/transitions.md tabulates and its table "
     "test reads from this one module",
+    "mos_lease_pg/store.py": "the PostgreSQL stores' call path: the synchronous and the "
+    "asyncio store operation by operation, differing only in await, read side by side as the "
+    "coordinator's two facades are (everything they share is in store_core)",
     "mos_lease/supervisor/schedule.py": "the supervisor's pure schedule: one object deciding, "
     "for every binding, what is due and what each call's outcome means (renewal, campaign, "
     "confirming read); its values live apart in slots and changes",

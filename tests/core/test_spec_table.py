@@ -221,12 +221,17 @@ def test_validation_order_around_the_read_and_the_slow_reply() -> None:
     assert read_refusal(command, read, 0.0) is None
     day = 86400.0
     slow = read_refusal(command, read, 10 * day)
-    assert slow is Reason.GRANT_EXPIRED and slow_reply(command, read, slow)
+    assert slow is Reason.GRANT_EXPIRED and slow_reply(command, read, slow, 10 * day)
+    # Late only by the time it waited before its statement went out (coalesced behind
+    # another read): answered in time, refused all the same, but no slow reply.
+    queued = Snapshot(read.row, NOW, queued=10 * day - 1)
+    assert read_refusal(command, queued, 10 * day) is Reason.GRANT_EXPIRED
+    assert not slow_reply(command, queued, Reason.GRANT_EXPIRED, 10 * day)
     # Expired at the store's instant: an expiry, not a slow reply.
     stale = attrs.evolve(command, grant_expires_at=NOW)
-    assert not slow_reply(stale, read, read_refusal(stale, read, 0.0))
-    assert not slow_reply(command, None, Reason.STORE_UNAVAILABLE)
-    assert not slow_reply(command, read, Reason.LEASE_REPLACED)
+    assert not slow_reply(stale, read, read_refusal(stale, read, 0.0), 0.0)
+    assert not slow_reply(command, None, Reason.STORE_UNAVAILABLE, 0.0)
+    assert not slow_reply(command, read, Reason.LEASE_REPLACED, 0.0)
     assert "slow reply" in SPEC.read_text()
 
 

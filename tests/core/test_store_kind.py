@@ -44,6 +44,9 @@ class OwnAsyncStore:
     async def record(self, entry: AuditEntry) -> None:
         await self.inner.record(entry)
 
+    async def record_many(self, entries: Sequence[AuditEntry]) -> None:
+        await self.inner.record_many(entries)
+
     async def event_committed(self, event_id: UUID) -> bool:
         return await self.inner.event_committed(event_id)
 
@@ -66,6 +69,9 @@ class OwnSyncStore:
 
     def record(self, entry: AuditEntry) -> None:
         self.inner.record(entry)
+
+    def record_many(self, entries: Sequence[AuditEntry]) -> None:
+        self.inner.record_many(entries)
 
     def event_committed(self, event_id: UUID) -> bool:
         return self.inner.event_committed(event_id)

@@ -56,6 +56,10 @@ class CountingStore:
         self.calls += 1
         self.inner.record(entry)
 
+    def record_many(self, entries: Sequence[AuditEntry]) -> None:
+        self.calls += 1
+        self.inner.record_many(entries)
+
     def event_committed(self, event_id: UUID) -> bool:
         self.calls += 1
         return self.inner.event_committed(event_id)

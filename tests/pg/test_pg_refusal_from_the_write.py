@@ -48,6 +48,9 @@ class CountingStore:
     def record(self, entry: AuditEntry) -> None:
         self.inner.record(entry)
 
+    def record_many(self, entries: Sequence[AuditEntry]) -> None:
+        self.inner.record_many(entries)
+
     def event_committed(self, event_id: UUID) -> bool:
         return self.inner.event_committed(event_id)
 

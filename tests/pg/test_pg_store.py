@@ -203,7 +203,13 @@ def test_records_are_appended_once(pg_store: PostgresLeaseStore, pg_tenant: str)
     pg_store.record(denial)  # a resend after a lost connection cannot log twice
     [record] = pg_store.audit(identity)
     assert record.entry == denial and before <= record.recorded_at <= pg_store.now()
-    assert pg_store.event_committed(denial.event_id)
+    # Recorded, but a refusal's entry says its attempt took no effect: reconciling its event
+    # id must not answer "committed" (mos_lease.reconciliation.took_effect).
+    assert not pg_store.event_committed(denial.event_id)
+    issued = AuditEntry(uuid7(), LifecycleEvent.GRANT_ISSUE, Outcome.GRANT_ISSUED, None,
+                        identity, "c2", 1, "corr")
+    pg_store.record(issued)
+    assert pg_store.event_committed(issued.event_id)
     assert not pg_store.event_committed(uuid4())
 
 
