@@ -32,6 +32,7 @@ from mos_lease.fencing import (
     judged_grace,
 )
 from mos_lease.machine import Renew, Write, write_outcome
+from mos_lease.reconciliation import took_effect
 from mos_lease.records import AuditEntry, AuditRecord, LeaseRow, Snapshot, WriteOutcome
 from mos_lease.token import FencingToken
 
@@ -46,7 +47,7 @@ class DictLeaseStore:
         self._lock = asyncio.Lock()
         self._rows: dict[LeaseIdentity, LeaseRow] = {}
         self._audit: list[AuditRecord] = []
-        self._events: set[UUID] = set()
+        self._events: dict[UUID, AuditEntry] = {}
 
     def decide(self, write: Write, row: LeaseRow | None, now: datetime) -> LeaseRow | None:
         """The write guard: the library's reference semantics, never a copy of them."""
@@ -71,11 +72,16 @@ class DictLeaseStore:
 
     async def record(self, entry: AuditEntry) -> None:
         async with self._lock:
+            if self._events.get(entry.event_id) == entry:
+                return  # the same entry sent again after its reply was lost: kept once
             self._append(entry, self._clock())
 
     async def event_committed(self, event_id: UUID) -> bool:
+        # Whether the attempt took effect: a refusal's entry carries the event id of the
+        # write it refused, so its outcome answers, not its presence.
         async with self._lock:
-            return event_id in self._events
+            entry = self._events.get(event_id)
+            return entry is not None and took_effect(entry)
 
     async def leases(self, tenant_id: str | None = None) -> Sequence[LeaseRow]:
         async with self._lock:
@@ -92,7 +98,7 @@ class DictLeaseStore:
         # An event id is written at most once: it is how a lost commit is reconciled.
         if entry.event_id in self._events:
             raise ValueError(f"audit event {entry.event_id} recorded twice")
-        self._events.add(entry.event_id)
+        self._events[entry.event_id] = entry
         self._audit.append(AuditRecord(len(self._audit) + 1, entry, now))
 
 

@@ -36,7 +36,8 @@ from mos_lease.records import LeaseHandle
 A = TypeVar("A")
 
 MAX_BATCH: Final = 1000
-"""The most leases one ``heartbeat_many`` renews."""
+"""The most leases one ``heartbeat_many`` renews (and one ``acquire_many``,
+``takeover_many``, ``release_many`` or ``current_holders`` call takes)."""
 MAX_REMEMBERED: Final = 1024
 """How many scope texts :class:`CheckedInputs` keeps (then it starts over). Identities are
 remembered for as long as they live, however many there are."""
@@ -77,13 +78,15 @@ def check_adapter(adapter: object) -> None:
         raise InvalidInput("adapter", f"must be callable, not {type(adapter).__name__}")
 
 
-def check_batch(leases: object) -> Sequence[object]:
-    """``heartbeat_many``'s leases: a sequence (not one handle, not a string) of at most
-    :data:`MAX_BATCH` items; each item is checked as a handle by the caller."""
-    if isinstance(leases, LeaseHandle | str | bytes) or not isinstance(leases, Sequence):
-        raise InvalidInput("leases", "must be a sequence of LeaseHandle")
+def check_batch(leases: object, field: str = "leases",
+                item: type[object] = LeaseHandle) -> Sequence[object]:
+    """A batch operation's items (``heartbeat_many``'s leases, by default): a sequence (not
+    one ``item``, not a string) of at most :data:`MAX_BATCH` of them; each is checked by the
+    caller."""
+    if isinstance(leases, item | str | bytes) or not isinstance(leases, Sequence):
+        raise InvalidInput(field, f"must be a sequence of {item.__name__}")
     if len(leases) > MAX_BATCH:
-        raise InvalidInput("leases", f"at most {MAX_BATCH} leases per batch")
+        raise InvalidInput(field, f"at most {MAX_BATCH} {field} per batch")
     return leases
 
 

@@ -21,6 +21,7 @@ from datetime import timedelta
 from typing import Any, Final, Generic, TypeVar
 from uuid import UUID
 
+from mos_lease.batch_flows import BatchFlows
 from mos_lease.checks import check_adapter
 from mos_lease.clock import MonotonicClock, default_clock
 from mos_lease.context import ConnectorExecutionContext
@@ -28,7 +29,6 @@ from mos_lease.errors import ConfigurationError, MosLeaseError
 from mos_lease.events import EventHook, emitter, store_system
 from mos_lease.flow_options import DEFAULT_MAX_CONFLICT_RETRIES
 from mos_lease.flowdrive import primed
-from mos_lease.flows import Flows
 from mos_lease.grants import ExecutionGrant
 from mos_lease.identity import GRANT_TTL_CAP, LEASE_TTL_CAP, LeaseIdentity
 from mos_lease.ids import uuid7
@@ -111,9 +111,10 @@ class _Coordinator(Generic[S]):
         check_store_kind(store, type(self), inspect.iscoroutinefunction(type(self)._run))
         self.store = store
         self._emit = emitter(on_event)
-        self._flows = Flows(policy, lease_ttl_cap=lease_ttl_cap, grant_ttl_cap=grant_ttl_cap,
-                            id_source=id_source, max_conflict_retries=max_conflict_retries,
-                            monotonic_clock=monotonic_clock)
+        self._flows = BatchFlows(policy, lease_ttl_cap=lease_ttl_cap,
+                                 grant_ttl_cap=grant_ttl_cap, id_source=id_source,
+                                 max_conflict_retries=max_conflict_retries,
+                                 monotonic_clock=monotonic_clock)
         self._system = store_system(store)
         # Whether the store counts its calls' bounds from SHARED_START (operation.py).
         self._shares_bound = getattr(store, "shares_bound", False) is True
@@ -224,7 +225,10 @@ class AsyncConnectorLeaseCoordinator(_Coordinator[AsyncLeaseStore]):
     async def heartbeat_many(self, leases: Sequence[LeaseHandle], *, ttl: timedelta | float,
                              correlation_id: str | None = None) -> list[LeaseResult]:
         """Renew many leases in one store round trip; results are in the order given, and
-        each lease is matched, refused and audited on its own."""
+        each lease is matched, refused and audited on its own. A lease whose row another
+        transaction holds locked (a fenced transaction of a long tool) is not waited for:
+        its result is ``store_unavailable`` (nothing written or audited; try it again, as
+        after a transient failure) and the others are renewed."""
         return await self._run(self._flows.heartbeat_many(leases, ttl, correlation_id))
 
     def prime_heartbeat_many(self, leases: Sequence[LeaseHandle], *, ttl: timedelta | float,
@@ -242,6 +246,39 @@ class AsyncConnectorLeaseCoordinator(_Coordinator[AsyncLeaseStore]):
                       correlation_id: str | None = None) -> LeaseResult:
         """Release an active lease, keeping its epoch; only a takeover follows it."""
         return await self._run(self._flows.release(lease, correlation_id))
+
+    async def acquire_many(self, identities: Sequence[LeaseIdentity], connector_id: str, *,
+                           scopes: object, ttl: timedelta | float,
+                           correlation_id: str | None = None,
+                           metadata: Mapping[str, str] | None = None) -> list[LeaseResult]:
+        """:meth:`acquire` for many identities never held (at most 1,000, each once): the
+        writes the policy allows go to the store in one round trip, each inserted, refused
+        (``lease_held``, ``takeover_required``) and audited on its own. Results are in the
+        order given."""
+        return await self._run(self._flows.acquire_many(
+            identities, connector_id, scopes, ttl, correlation_id, metadata))
+
+    async def takeover_many(self, targets: Sequence[tuple[LeaseIdentity, int]],
+                            connector_id: str, *, scopes: object, ttl: timedelta | float,
+                            correlation_id: str | None = None,
+                            observed: Sequence[HolderView | None] | None = None,
+                            metadata: Mapping[str, str] | None = None) -> list[LeaseResult]:
+        """:meth:`takeover` for many ``(identity, expected_epoch)`` targets (at most 1,000,
+        each identity once): each a compare-and-set on its own epoch, judged by the policy
+        on its own, with its own new lease UUID and audit row, all written in one round
+        trip. ``observed`` may give, per target, the :class:`HolderView` this coordinator
+        returned for it (:meth:`current_holders`); the targets without one are read
+        together first. A target whose row another transaction holds locked is not
+        waited for: its result is ``store_unavailable`` (nothing written; try again)."""
+        return await self._run(self._flows.takeover_many(
+            targets, connector_id, scopes, ttl, correlation_id, observed, metadata))
+
+    async def release_many(self, leases: Sequence[LeaseHandle], *,
+                           correlation_id: str | None = None) -> list[LeaseResult]:
+        """:meth:`release` for many leases (at most 1,000, each identity once) in one round
+        trip, each matched, refused and audited on its own; a lease whose row another
+        transaction holds locked is ``store_unavailable``, as in :meth:`takeover_many`."""
+        return await self._run(self._flows.release_many(leases, correlation_id))
 
     async def issue_grant(self, lease: LeaseHandle, *, scopes: object, ttl: timedelta | float,
                           correlation_id: str | None = None) -> GrantResult:
@@ -296,8 +333,15 @@ class AsyncConnectorLeaseCoordinator(_Coordinator[AsyncLeaseStore]):
 
     async def current_holder(self, identity: LeaseIdentity) -> HolderView | None:
         """Who holds ``identity``'s lease now (``None`` if it never had one). A read: no
-        audit row, no lease UUID, no scopes."""
+        audit row, no lease UUID, no scopes. Stored metadata that breaks the rules a write
+        passes is withheld (``metadata_invalid``; :mod:`mos_lease.metadata`)."""
         return await self._run(self._flows.current_holder(identity))
+
+    async def current_holders(self, identities: Sequence[LeaseIdentity]
+                              ) -> list[HolderView | None]:
+        """:meth:`current_holder` for many identities (at most 1,000) in one round trip, all
+        read at one store time; in the order given. A read: no audit row."""
+        return await self._run(self._flows.current_holders(identities))
 
     async def reconcile(self, identity: LeaseIdentity, event_id: UUID) -> bool:
         """Whether the write behind a :class:`CommitOutcomeUnknown` took effect."""
@@ -386,7 +430,10 @@ class ConnectorLeaseCoordinator(_Coordinator[LeaseStore]):
     def heartbeat_many(self, leases: Sequence[LeaseHandle], *, ttl: timedelta | float,
                        correlation_id: str | None = None) -> list[LeaseResult]:
         """Renew many leases in one store round trip; results are in the order given, and
-        each lease is matched, refused and audited on its own."""
+        each lease is matched, refused and audited on its own. A lease whose row another
+        transaction holds locked (a fenced transaction of a long tool) is not waited for:
+        its result is ``store_unavailable`` (nothing written or audited; try it again, as
+        after a transient failure) and the others are renewed."""
         return self._run(self._flows.heartbeat_many(leases, ttl, correlation_id))
 
     def prime_heartbeat_many(self, leases: Sequence[LeaseHandle], *, ttl: timedelta | float,
@@ -404,6 +451,39 @@ class ConnectorLeaseCoordinator(_Coordinator[LeaseStore]):
                 correlation_id: str | None = None) -> LeaseResult:
         """Release an active lease, keeping its epoch; only a takeover follows it."""
         return self._run(self._flows.release(lease, correlation_id))
+
+    def acquire_many(self, identities: Sequence[LeaseIdentity], connector_id: str, *,
+                     scopes: object, ttl: timedelta | float,
+                     correlation_id: str | None = None,
+                     metadata: Mapping[str, str] | None = None) -> list[LeaseResult]:
+        """:meth:`acquire` for many identities never held (at most 1,000, each once): the
+        writes the policy allows go to the store in one round trip, each inserted, refused
+        (``lease_held``, ``takeover_required``) and audited on its own. Results are in the
+        order given."""
+        return self._run(self._flows.acquire_many(
+            identities, connector_id, scopes, ttl, correlation_id, metadata))
+
+    def takeover_many(self, targets: Sequence[tuple[LeaseIdentity, int]],
+                      connector_id: str, *, scopes: object, ttl: timedelta | float,
+                      correlation_id: str | None = None,
+                      observed: Sequence[HolderView | None] | None = None,
+                      metadata: Mapping[str, str] | None = None) -> list[LeaseResult]:
+        """:meth:`takeover` for many ``(identity, expected_epoch)`` targets (at most 1,000,
+        each identity once): each a compare-and-set on its own epoch, judged by the policy
+        on its own, with its own new lease UUID and audit row, all written in one round
+        trip. ``observed`` may give, per target, the :class:`HolderView` this coordinator
+        returned for it (:meth:`current_holders`); the targets without one are read
+        together first. A target whose row another transaction holds locked is not
+        waited for: its result is ``store_unavailable`` (nothing written; try again)."""
+        return self._run(self._flows.takeover_many(
+            targets, connector_id, scopes, ttl, correlation_id, observed, metadata))
+
+    def release_many(self, leases: Sequence[LeaseHandle], *,
+                     correlation_id: str | None = None) -> list[LeaseResult]:
+        """:meth:`release` for many leases (at most 1,000, each identity once) in one round
+        trip, each matched, refused and audited on its own; a lease whose row another
+        transaction holds locked is ``store_unavailable``, as in :meth:`takeover_many`."""
+        return self._run(self._flows.release_many(leases, correlation_id))
 
     def issue_grant(self, lease: LeaseHandle, *, scopes: object, ttl: timedelta | float,
                     correlation_id: str | None = None) -> GrantResult:
@@ -458,8 +538,15 @@ class ConnectorLeaseCoordinator(_Coordinator[LeaseStore]):
 
     def current_holder(self, identity: LeaseIdentity) -> HolderView | None:
         """Who holds ``identity``'s lease now (``None`` if it never had one). A read: no
-        audit row, no lease UUID, no scopes."""
+        audit row, no lease UUID, no scopes. Stored metadata that breaks the rules a write
+        passes is withheld (``metadata_invalid``; :mod:`mos_lease.metadata`)."""
         return self._run(self._flows.current_holder(identity))
+
+    def current_holders(self, identities: Sequence[LeaseIdentity]
+                        ) -> list[HolderView | None]:
+        """:meth:`current_holder` for many identities (at most 1,000) in one round trip, all
+        read at one store time; in the order given. A read: no audit row."""
+        return self._run(self._flows.current_holders(identities))
 
     def reconcile(self, identity: LeaseIdentity, event_id: UUID) -> bool:
         """Whether the write behind a :class:`CommitOutcomeUnknown` took effect."""

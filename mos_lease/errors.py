@@ -38,9 +38,13 @@ class StoreUnavailable(MosLeaseError):
 class CommitOutcomeUnknown(MosLeaseError):
     """A write was sent but its outcome could not be established, not even by rereading.
 
-    The write either fully happened (state change plus its audit row) or did not happen at
-    all; ``event_id`` identifies its audit row, so a later
-    :meth:`~mos_lease.ConnectorLeaseCoordinator.reconcile` can tell which.
+    The coordinator raises it only after trying to settle the outcome itself: a lease write
+    (acquire, heartbeat, takeover, release) whose reply was lost is looked up and reread,
+    and an audit row that changes no lease (a refusal's, a grant issue's) is sent once more;
+    it is raised when that too could not reach the store. The write either fully happened
+    (state change plus its audit row) or did not happen at all; ``event_id`` identifies its
+    audit row, so a later :meth:`~mos_lease.ConnectorLeaseCoordinator.reconcile` can tell
+    which (for a refusal it answers ``False``: the write it refused never happened).
     """
 
     def __init__(self, event_id: UUID, message: str) -> None:

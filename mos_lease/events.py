@@ -58,13 +58,14 @@ class OperationFinished:
 @attrs.frozen(slots=True)
 class StoreCall:
     """One call of a store port method (``load``, ``apply``, ``renew_many``, ``record``,
-    ``event_committed``), successful or not.
+    ``event_committed``, the batch methods), successful or not.
 
     ``system`` is what the store is (:func:`store_system`); ``started_ns`` is the wall
     clock (Unix nanoseconds, ``time.time_ns()``) when the call began, for tracing back ends
     that place spans in time; ``duration`` is measured on the monotonic clock; ``error`` is
     the exception's type name, ``None`` if the call returned; ``batch_size`` is the number
-    of writes of an ``renew_many`` (else 1).
+    of writes of a ``renew_many``, ``acquire_many``, ``takeover_many`` or ``release_many``,
+    or of identities of a ``load_many`` (else 1).
     """
 
     operation: str

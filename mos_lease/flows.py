@@ -60,10 +60,10 @@ from mos_lease.machine import (
 )
 from mos_lease.metadata import check_metadata
 from mos_lease.policy import PolicyRequest
-from mos_lease.reconciliation import is_own_write, reconciled_row
+from mos_lease.reconciliation import is_own_write, reconciled_row, recorded
 from mos_lease.records import AuditEntry, LeaseHandle, Snapshot, WriteOutcome
 from mos_lease.results import HolderView, LeaseResult
-from mos_lease.store_ops import Apply, Committed, Flow, Load, Record, RenewMany
+from mos_lease.store_ops import Apply, Committed, Flow, Load, RenewMany
 from mos_lease.vocabulary import LifecycleEvent, Outcome, Reason
 
 log = logging.getLogger("mos_lease")
@@ -214,7 +214,8 @@ class Flows(GrantFlows):
         """A denial; ``snapshot`` is the read that named a state-based one (``None`` for the
         policy's refusals, which reveal nothing about the lease)."""
         assert reason is not None
-        yield Record(audit_entry(command, reason, presented_epoch(command)))
+        # Sent once more if its reply is lost: the caller gets its refusal (reconciliation).
+        yield from recorded(audit_entry(command, reason, presented_epoch(command)))
         log.info("mos_lease: %s denied for %s connector=%s reason=%s", event_of(command),
                  command.identity, command.connector_id, reason)
         if snapshot is None or snapshot.row is None:
@@ -256,9 +257,29 @@ class Flows(GrantFlows):
                 outcome = yield from self._reconcile_write(command, writes[k][0])
             if outcome.row is not None:
                 results[i] = self._success(command, outcome)
+            elif not outcome.reached:
+                results[i] = self._unsettled(command, "its row is locked by another "
+                                                      "transaction")
             else:
-                results[i] = yield from self._read_decide_write(command, verdict, None)
+                try:
+                    results[i] = yield from self._read_decide_write(command, verdict, None)
+                except StoreUnavailable as down:
+                    # This lease alone is held back (a reconciled batch's lease whose row is
+                    # locked meets lock_timeout here): the others keep their results.
+                    results[i] = self._unsettled(command, str(down))
         return [results[i] for i in range(len(attempts))]
+
+    @staticmethod
+    def _unsettled(command: Lifecycle, why: str) -> LeaseResult:
+        """A write of a batch (a renewal, or a batched acquire, takeover or release) that
+        this call could not settle, while it settled the others: the batch did not reach its
+        row (another transaction held it, a fenced transaction of a long tool, and the batch
+        went on rather than wait), or its own read or write failed. No refusal was
+        established and audited for it: ``store_unavailable``, the reason of a transient
+        failure, tried again."""
+        log.info("mos_lease: %s of %s not settled in its batch: %s",
+                 type(command).__name__.lower(), command.identity, why)
+        return LeaseResult(Outcome.DENIED, Reason.STORE_UNAVAILABLE, command.correlation_id)
 
     def current_holder(self, identity: object) -> Flow[HolderView | None]:
         # A plain read: no policy call and no audit row, since it changes nothing and

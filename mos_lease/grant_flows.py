@@ -18,6 +18,7 @@ from mos_lease.grants import ExecutionGrant
 from mos_lease.identity import LeaseIdentity, check_correlation_id, normalize_ttl
 from mos_lease.machine import IssueGrant, audit_entry, decide, grant_expiry
 from mos_lease.policy import PolicyRequest
+from mos_lease.reconciliation import recorded
 from mos_lease.records import AuditEntry, Snapshot
 from mos_lease.results import GrantResult, RenewalResult, ValidationResult
 from mos_lease.store_ops import Flow, Load, Record
@@ -54,7 +55,8 @@ class GrantFlows(FlowOptions):
             snapshot: Snapshot = yield Load(handle.identity)
             row, now = snapshot.row, snapshot.now
         decision = decide(row, now, command, verdict)
-        yield Record(decision.audit)
+        # Known committed before a grant is minted; sent once more if its reply is lost.
+        yield from recorded(decision.audit)
         if decision.reason is not None:
             log.info("mos_lease: grant denied for %s connector=%s reason=%s", handle.identity,
                      handle.connector_id, decision.reason)
@@ -143,7 +145,7 @@ class GrantFlows(FlowOptions):
         if reason is not None:
             return (yield from self._deny_renewal(issue, reason, grant.epoch))
         assert read is not None and read.row is not None
-        yield Record(audit_entry(issue, None, grant.epoch))
+        yield from recorded(audit_entry(issue, None, grant.epoch))
         successor = self.grants.mint(
             self.ids(), grant.identity, grant.connector_id, grant.lease_id, grant.epoch,
             requested, expires_at, correlation, read.now)

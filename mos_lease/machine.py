@@ -320,6 +320,16 @@ def success_epoch(command: Command) -> int | None:
     return command.epoch
 
 
+def written_epoch(write: Write) -> int:
+    """The epoch ``write`` leaves the row at if it applies, known before it is sent (what
+    :func:`success_epoch` is of the command that planned it)."""
+    if isinstance(write, Insert):
+        return 1
+    if isinstance(write, Rotate):
+        return write.expected_epoch + 1
+    return write.epoch
+
+
 def holder_refusal(
     row: LeaseRow | None, now: datetime, connector_id: str, lease_id: UUID, epoch: int
 ) -> Reason | None:

@@ -10,16 +10,26 @@ audit log or to a notice payload (those are kept, or heard, far more widely).
 The payload is bounded like every other input (:func:`check_metadata`) and kept as a
 :class:`Metadata`: an immutable mapping, so a view handed to one caller cannot be changed
 under another, and hashable and picklable like the frozen records that carry it.
+
+The same rule is applied again where a store hands a row out (:func:`stored_metadata`): a
+row written around the library (SQL run as the gateway role against a schema older than
+migration 0010) may hold what no write through it could. Such metadata is withheld, never
+passed on: the row reads with empty metadata and ``metadata_invalid`` set, and a WARNING
+is logged once per lease. Metadata plays no part in a lease's safety, so every lease
+operation on such a row works as on any other.
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 import re
+import threading
 from collections.abc import Iterator, Mapping
 from typing import Final
 
 from mos_lease.errors import InvalidInput
+from mos_lease.identity import LeaseIdentity
 
 MAX_METADATA_ENTRIES: Final = 16
 """The most entries holder metadata may have."""
@@ -133,3 +143,69 @@ def check_metadata(field: str, value: object) -> Metadata:
         # rather than keep one of them silently.
         raise InvalidInput(field, "keys must be distinct")
     return Metadata(checked)
+
+
+_log = logging.getLogger(__name__)
+
+# Payloads already found good, by their items: a gateway's holders mostly repeat one
+# payload (the process's endpoint), read back with every renewal of every lease, so the
+# check is paid once per payload, not once per row read. Only good payloads are kept, each
+# as the Metadata the check made of it; a full cache starts over.
+_CHECKED_MAX: Final = 512
+_checked: dict[frozenset[tuple[object, object]], Metadata] = {}
+# The leases (identity, epoch) whose withheld metadata was logged: one WARNING per lease and
+# process, not one per read (a waiting gateway reads a binding every few seconds).
+_WARNED_MAX: Final = 1024
+_warned: dict[tuple[LeaseIdentity, int], None] = {}
+_warned_lock = threading.Lock()
+
+
+def stored_metadata(stored: object, identity: LeaseIdentity, epoch: int) -> Metadata | None:
+    """Holder metadata as a store read it back for ``identity``'s lease at ``epoch``,
+    judged by the rule every write passes (:func:`check_metadata`, not a second copy of
+    it): the checked :class:`Metadata` (``None`` stored reads as :data:`EMPTY_METADATA`),
+    or ``None`` if it breaks the rule, after a WARNING logged once per lease and process.
+
+    Stores call this for every lease row they return, so what a reader gets
+    (``current_holder()``, a refused acquire's ``result.holder``, ``mos-lease status``) is
+    never anything a write could not have set."""
+    if stored is None:
+        return EMPTY_METADATA
+    key: frozenset[tuple[object, object]] | None = None
+    if isinstance(stored, Mapping):
+        try:
+            key = frozenset(stored.items())
+        except TypeError:  # an unhashable value (a nested object): not a good payload
+            key = None
+        else:
+            if not key:
+                return EMPTY_METADATA
+            found = _checked.get(key)
+            if found is not None:
+                return found
+    try:
+        checked = check_metadata("holder_metadata", stored)
+    except InvalidInput as problem:
+        _warn_once(identity, epoch, problem)
+        return None
+    if key is not None:
+        if len(_checked) >= _CHECKED_MAX:
+            _checked.clear()
+        _checked[key] = checked
+    return checked
+
+
+def _warn_once(identity: LeaseIdentity, epoch: int, problem: InvalidInput) -> None:
+    lease = (identity, epoch)
+    with _warned_lock:
+        if lease in _warned:
+            return
+        if len(_warned) >= _WARNED_MAX:
+            del _warned[next(iter(_warned))]  # the oldest: dicts keep insertion order
+        _warned[lease] = None
+    # Everything that came from the row is printed by its repr (control characters
+    # escaped): a log line never carries a raw escape sequence.
+    _log.warning("holder metadata of lease %r/%r/%r at epoch %d is withheld: it breaks the "
+                 "metadata rules (%r); it reads as empty with metadata_invalid set until a "
+                 "takeover replaces it", identity.tenant_id, identity.logical_agent_id,
+                 identity.binding_id, epoch, str(problem))

@@ -14,7 +14,7 @@ from mos_lease.clock import MonotonicClock
 from mos_lease.events import Emitter, OperationFinished, StoreCall
 from mos_lease.records import AuditEntry
 from mos_lease.results import ValidationResult
-from mos_lease.store_ops import Apply, Op, Record, RenewMany, store_call
+from mos_lease.store_ops import Apply, LoadMany, Op, Record, RenewMany, WriteMany, store_call
 from mos_lease.vocabulary import LifecycleEvent, Outcome
 
 
@@ -37,7 +37,7 @@ class Observation:
         """Note ``op``'s audit entries; return the wall and monotonic times it starts at."""
         if isinstance(op, Apply | Record):
             self._entries[op.entry.event_id] = op.entry
-        elif isinstance(op, RenewMany):
+        elif isinstance(op, RenewMany | WriteMany):
             for _write, entry in op.items:
                 self._entries[entry.event_id] = entry
         return time.time_ns(), self._clock()
@@ -47,7 +47,7 @@ class Observation:
         wall, began = started
         self._emit(StoreCall(store_call(op)[0], self._system, wall, self._clock() - began,
                              None if error is None else type(error).__name__,
-                             len(op.items) if isinstance(op, RenewMany) else 1))
+                             _count(op)))
 
     def finish(self, result: object) -> None:
         """Report every attempt the operation made, and a successful validation."""
@@ -63,3 +63,12 @@ class Observation:
                 LifecycleEvent.GRANT_VALIDATE, identity.tenant_id, identity.logical_agent_id,
                 identity.binding_id, ctx.connector_id, ctx.epoch, Outcome.VALIDATED, None,
                 duration, ctx.correlation_id))
+
+
+def _count(op: Op) -> int:
+    """How many leases a store call stands for: a batch's items, else one."""
+    if isinstance(op, RenewMany | WriteMany):
+        return len(op.items)
+    if isinstance(op, LoadMany):
+        return len(op.identities)
+    return 1

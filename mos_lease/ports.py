@@ -12,7 +12,7 @@ from typing import Protocol
 from uuid import UUID
 
 from mos_lease.identity import LeaseIdentity
-from mos_lease.machine import Renew, Write
+from mos_lease.machine import Close, Insert, Renew, Rotate, Write
 from mos_lease.records import AuditEntry, AuditRecord, LeaseRow, Snapshot, WriteOutcome
 
 IdSource = Callable[[], UUID]
@@ -33,10 +33,18 @@ class LeaseStore(Protocol):
       :func:`mos_lease.machine.write_outcome` semantics.
     * ``renew_many`` renews a batch of heartbeats: each ``(renew, entry)`` as ``apply``
       would, in one round trip; a refused renewal does not affect the others. Outcomes come
-      back in order. (It is how ``heartbeat_many`` is one round trip.)
-    * ``record`` appends one audit entry (a refusal or a grant issue) and returns nothing.
-    * ``event_committed`` tells whether the audit entry ``event_id`` exists, which is how a
-      write whose commit outcome was lost is reconciled.
+      back in order. (It is how ``heartbeat_many`` is one round trip.) A store with row
+      locks does not wait for a row another transaction holds: that renewal's outcome is
+      ``WriteOutcome(None, now, reached=False)``, nothing written or audited for it, and
+      the others are renewed.
+    * Optionally, the batch operations of :class:`BatchLeaseStore`.
+    * ``record`` appends one audit entry (a refusal or a grant issue) and returns nothing;
+      the same entry sent again (its reply was lost) is kept once, not refused.
+    * ``event_committed`` tells whether the attempt of audit entry ``event_id`` took effect:
+      the entry exists and its outcome is not ``denied``
+      (:func:`mos_lease.reconciliation.took_effect`; a refusal's entry carries the event id
+      of the write it refused). It is how a write whose commit outcome was lost is
+      reconciled.
     * Rows are never deleted and audit entries never changed or removed.
 
     Optional: a ``clock_can_step`` attribute, ``False`` for a store whose time no failover
@@ -64,15 +72,54 @@ class LeaseStore(Protocol):
     def renew_many(self, renewals: Sequence[tuple[Renew, AuditEntry]]
                    ) -> Sequence[WriteOutcome]:
         """Apply each renewal as :meth:`apply` would, in order, ideally in one round trip;
-        return the outcomes in the same order."""
+        return the outcomes in the same order (``reached=False`` for a row another
+        transaction held locked, which is skipped rather than waited for)."""
 
     def record(self, entry: AuditEntry) -> None:
         """Append one audit entry (a refusal or a grant issue) on its own, stamped with the
-        store's time; an event id is stored at most once."""
+        store's time; an event id is stored at most once (the same entry sent again is
+        already done)."""
 
     def event_committed(self, event_id: UUID) -> bool:
-        """Whether the audit entry ``event_id`` exists: how a write whose commit outcome was
-        lost is reconciled."""
+        """Whether the audit entry ``event_id`` exists with an outcome other than ``denied``:
+        how a write whose commit outcome was lost is reconciled."""
+
+
+class BatchLeaseStore(LeaseStore, Protocol):
+    """A :class:`LeaseStore` that also writes and reads in batches (both shipped stores do).
+
+    The coordinator's ``acquire_many``, ``takeover_many``, ``release_many`` and
+    ``current_holders`` use these when the store has them, one call per batch; on a store
+    without them it makes the batch's calls one by one (``apply``, ``load``), with the same
+    results. Contract (checked by :mod:`mos_lease.testing` when a store has them):
+
+    * ``acquire_many``, ``takeover_many`` and ``release_many`` apply a batch of first
+      acquisitions (``Insert``), takeovers (``Rotate``) or releases (``Close``) of distinct
+      identities: each ``(write, entry)`` applied and audited as ``apply`` would, ideally in
+      one round trip and one atomic step, a refused one affecting none of the others;
+      outcomes in order. A takeover or release whose row another transaction holds locked
+      need not be waited for: its outcome then has ``reached=False`` (nothing judged,
+      written or audited) and the others go ahead.
+    * ``load_many`` reads the rows of many identities at one store time, as ``load`` reads
+      each, writing nothing.
+    """
+
+    def acquire_many(self, inserts: Sequence[tuple[Insert, AuditEntry]]
+                     ) -> Sequence[WriteOutcome]:
+        """Apply each first acquisition as :meth:`apply` would; the outcomes in order."""
+
+    def takeover_many(self, rotations: Sequence[tuple[Rotate, AuditEntry]]
+                      ) -> Sequence[WriteOutcome]:
+        """Apply each takeover as :meth:`apply` would (or skip a row locked elsewhere:
+        ``reached=False``); the outcomes in order."""
+
+    def release_many(self, closes: Sequence[tuple[Close, AuditEntry]]
+                     ) -> Sequence[WriteOutcome]:
+        """Apply each release as :meth:`apply` would (or skip a row locked elsewhere:
+        ``reached=False``); the outcomes in order."""
+
+    def load_many(self, identities: Sequence[LeaseIdentity]) -> Sequence[Snapshot]:
+        """Each identity's row (or ``None``), all read at one store time, in order."""
 
 
 class AsyncLeaseStore(Protocol):
@@ -93,6 +140,29 @@ class AsyncLeaseStore(Protocol):
 
     async def event_committed(self, event_id: UUID) -> bool:
         """As :meth:`LeaseStore.event_committed`."""
+
+
+class AsyncBatchLeaseStore(AsyncLeaseStore, Protocol):
+    """The asyncio twin of :class:`BatchLeaseStore`, with the same contract."""
+
+    async def acquire_many(self, inserts: Sequence[tuple[Insert, AuditEntry]]
+                           ) -> Sequence[WriteOutcome]:
+        """As :meth:`BatchLeaseStore.acquire_many`."""
+
+    async def takeover_many(self, rotations: Sequence[tuple[Rotate, AuditEntry]]
+                            ) -> Sequence[WriteOutcome]:
+        """As :meth:`BatchLeaseStore.takeover_many`."""
+
+    async def release_many(self, closes: Sequence[tuple[Close, AuditEntry]]
+                           ) -> Sequence[WriteOutcome]:
+        """As :meth:`BatchLeaseStore.release_many`."""
+
+    async def load_many(self, identities: Sequence[LeaseIdentity]) -> Sequence[Snapshot]:
+        """As :meth:`BatchLeaseStore.load_many`."""
+
+
+BATCH_METHODS = ("acquire_many", "takeover_many", "release_many", "load_many")
+"""The methods of :class:`BatchLeaseStore` beyond :class:`LeaseStore`."""
 
 
 MAX_AUDIT_PAGE = 1_000_000

@@ -4,23 +4,31 @@ A connection can drop after the commit was sent, so a write may have taken effec
 its caller learning so. Two facts settle it without a blind retry (which, for a takeover,
 would fail against our own new epoch, or be taken for someone else's):
 
-* the write's audit row exists exactly when the write committed (the store answers
-  ``event_committed``), and
+* the write's audit row exists with the write's own outcome exactly when the write committed
+  (the store answers ``event_committed``). A refusal's row reuses the event id the refused
+  write would have had, with outcome ``denied``: it exists although the write never
+  happened, so the outcome, not the row's presence, is the answer (:func:`took_effect`);
 * every lease id is made before the write that installs it and never reused, so a row
   carrying the new lease id of our acquire or takeover names us as its writer
   (:func:`is_own_write`).
 
 What the caller is then told is :func:`reconciled_row`. ``specs/transitions.md`` (section
-"Lost replies") states both rules and ``tests/core/test_spec_table.py`` checks them.
+"Lost replies") states these rules and ``tests/core/test_spec_table.py`` checks them.
+
+An audit row that changes no lease (a refusal's, a grant issue's) is a different case: it
+can simply be sent again under its event id, which the store applies at most once, so
+:func:`recorded` retries it once rather than report an unknown outcome.
 """
 
 from __future__ import annotations
 
+import logging
 from datetime import datetime
 from uuid import UUID
 
 import attrs
 
+from mos_lease.errors import CommitOutcomeUnknown, StoreUnavailable
 from mos_lease.machine import (
     Acquire,
     Close,
@@ -32,7 +40,19 @@ from mos_lease.machine import (
     Write,
     success_epoch,
 )
-from mos_lease.records import LeaseRow
+from mos_lease.records import AuditEntry, LeaseRow
+from mos_lease.store_ops import Flow, Record
+from mos_lease.vocabulary import Outcome
+
+log = logging.getLogger("mos_lease")
+
+
+def took_effect(entry: AuditEntry) -> bool:
+    """Whether the attempt ``entry`` records changed anything, which is what reconciling its
+    event id asks: every outcome but ``denied`` is an attempt that took effect (a write
+    applied, a grant issued). The PostgreSQL store asks the same of its log in
+    ``event_committed.sql``."""
+    return entry.outcome is not Outcome.DENIED
 
 
 def is_own_write(command: Command, row: LeaseRow | None) -> bool:
@@ -65,3 +85,25 @@ def reconciled_row(command: Command, write: Write, row: LeaseRow | None,
     assert epoch is not None
     return attrs.evolve(row, lease_id=lease_id, epoch=epoch,
                         connector_id=command.connector_id, expires_at=now)
+
+
+def recorded(entry: AuditEntry) -> Flow[None]:
+    """Append ``entry``, an audit row that changes no lease (a refusal, a grant issue), and
+    return only once it is known to be in the log.
+
+    When its outcome is unknown (the reply of the append was lost) it is sent once more under
+    the same event id: the store applies an event id at most once, and takes the resend of
+    the same entry as done when the first attempt had committed. So the caller is told its
+    refusal or its grant, not an unknown outcome. Once, not in a loop, so the call stays
+    within its documented bound; if the resend fails too, the first attempt's
+    ``CommitOutcomeUnknown`` is raised (it may have committed, so "nothing changed" would be
+    false)."""
+    try:
+        yield Record(entry)
+    except CommitOutcomeUnknown as unknown:
+        log.warning("mos_lease: %s %s audit append outcome unknown, sending it again: %s",
+                    entry.event, entry.event_id, unknown)
+        try:
+            yield Record(entry)
+        except (CommitOutcomeUnknown, StoreUnavailable) as again:
+            raise unknown from again

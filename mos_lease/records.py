@@ -17,7 +17,10 @@ class LeaseRow:
     """The durable current lease of one identity: one row, never deleted.
 
     ``metadata`` is what the holder said of itself when it acquired or took over (see
-    :mod:`mos_lease.metadata`); renewals and a release keep it."""
+    :mod:`mos_lease.metadata`); renewals and a release keep it. ``metadata_invalid``: the
+    stored metadata breaks the rules every write passes (a row written around the library),
+    so the store withheld it and ``metadata`` is empty
+    (:func:`mos_lease.metadata.stored_metadata`)."""
 
     identity: LeaseIdentity
     lease_id: UUID
@@ -30,6 +33,7 @@ class LeaseRow:
     released_at: datetime | None
     updated_at: datetime
     metadata: Metadata = EMPTY_METADATA
+    metadata_invalid: bool = False
 
     def state(self, now: datetime) -> LeaseState:
         """The row's state at ``now`` (the store's time): released, expired (``expires_at <=
@@ -106,10 +110,14 @@ class WriteOutcome:
     the store can tell it from the same atomic step; ``None`` if it cannot (the coordinator
     then reads the row to name the refusal). ``reconciled`` is set by the coordinator when
     the outcome was lost in transit and established afterwards by rereading; stores leave
-    it false.
+    it false. ``reached`` is false when a batched renewal (``renew_many``) did not reach the
+    row at all: another transaction held it locked, and a batch does not wait for one row
+    (every other lease would wait with it). Nothing was judged or written, so it is neither
+    a success nor a refusal; the lease is tried again later, as after any transient failure.
     """
 
     row: LeaseRow | None
     now: datetime
     reconciled: bool = False
     found: Snapshot | None = None
+    reached: bool = True

@@ -117,6 +117,9 @@ class HolderView:
     the store's expiry of the row (for a released row, the expiry it had when released).
     ``metadata`` is what the holder set when it acquired or took over (an empty mapping if
     it set none), read-only: where a gateway routes requests for this binding, for example.
+    ``metadata_invalid`` is true when the stored metadata breaks the rules every write
+    passes (a row written around the library): it is withheld, ``metadata`` is empty, and
+    nothing else about the view or the lease is affected.
     """
 
     connector_id: str
@@ -126,9 +129,11 @@ class HolderView:
     now: datetime
     # Kept as a Metadata even when a view is built by hand: a view is never changed in place.
     metadata: Mapping[str, str] = attrs.field(default=EMPTY_METADATA, converter=Metadata)
+    metadata_invalid: bool = False
 
     @classmethod
     def of(cls, row: LeaseRow, now: datetime) -> HolderView:
         """What may be shown of ``row`` read at store time ``now``."""
         return cls(connector_id=row.connector_id, epoch=row.epoch, state=row.state(now),
-                   expires_at=row.expires_at, now=now, metadata=row.metadata)
+                   expires_at=row.expires_at, now=now, metadata=row.metadata,
+                   metadata_invalid=row.metadata_invalid)

@@ -2,6 +2,12 @@
 
 It applies writes with the pure core's own guard (``mos_lease.machine.write_outcome``) under
 one lock, so a write and its audit row happen together or not at all.
+
+Holder metadata is judged as the PostgreSQL store judges what it reads back
+(:func:`mos_lease.metadata.stored_metadata`). A row here has no writer but :meth:`apply`,
+so it is judged once, as the insert or takeover that sets its metadata creates it, and
+kept as every read returns it: a write built by hand around the coordinator's checks
+cannot hand on metadata the library refuses.
 """
 
 from __future__ import annotations
@@ -12,19 +18,31 @@ from datetime import datetime
 from typing import ClassVar, TypeVar
 from uuid import UUID
 
+import attrs
+
 from mos_lease.clock import Clock, SystemClock
 from mos_lease.identity import LeaseIdentity, check_count, check_id, check_identity
-from mos_lease.machine import Renew, Write, write_outcome
+from mos_lease.machine import Close, Insert, Renew, Rotate, Write, write_outcome
+from mos_lease.metadata import EMPTY_METADATA, stored_metadata
 from mos_lease.ports import MAX_AUDIT_PAGE
+from mos_lease.reconciliation import took_effect
 from mos_lease.records import AuditEntry, AuditRecord, LeaseRow, Snapshot, WriteOutcome
 
 T = TypeVar("T")
 
 
+def _judged(row: LeaseRow) -> LeaseRow:
+    """``row`` as every read returns it: metadata the library refuses is withheld."""
+    shown = stored_metadata(row.metadata, row.identity, row.epoch)
+    if shown is None:
+        return attrs.evolve(row, metadata=EMPTY_METADATA, metadata_invalid=True)
+    return row if shown is row.metadata else attrs.evolve(row, metadata=shown)
+
+
 class InMemoryLeaseStore:
     """Thread-safe lease rows and audit log in this process's memory.
 
-    ``clock`` is the store's time authority (a :class:`ManualClock` in tests).
+    ``clock`` is the store's time authority (a :class:`~mos_lease.clock.ManualClock` in tests).
     """
 
     # Telemetry names the store by this (``mos_lease.events.store_system``).
@@ -40,7 +58,7 @@ class InMemoryLeaseStore:
         self._lock = threading.RLock()
         self._rows: dict[LeaseIdentity, LeaseRow] = {}
         self._audit: list[AuditRecord] = []
-        self._event_ids: set[UUID] = set()
+        self._entries: dict[UUID, AuditEntry] = {}  # every audit entry, by event id
 
     def load(self, identity: LeaseIdentity) -> Snapshot:
         """:meth:`mos_lease.ports.LeaseStore.load` under the store's lock, at its clock's time."""
@@ -57,6 +75,8 @@ class InMemoryLeaseStore:
             if row is None:  # refused: the row it found names the refusal
                 return WriteOutcome(None, now, found=Snapshot(current, now))
             self._append(entry, now)  # refuses a repeated event id before any change
+            if isinstance(write, Insert | Rotate):  # the writes that set metadata
+                row = _judged(row)
             self._rows[write.identity] = row
             return WriteOutcome(row, now)
 
@@ -73,24 +93,55 @@ class InMemoryLeaseStore:
 
     def renew_many(self, items: Sequence[tuple[Renew, AuditEntry]]) -> list[WriteOutcome]:
         """:meth:`mos_lease.ports.LeaseStore.renew_many`: each renewal as :meth:`apply`, in
-        order."""
+        order. Every renewal is reached (``WriteOutcome.reached``): this store has no row
+        locks; :meth:`holding` holds the whole store, and a batch waits for it like any
+        call."""
         return [self.apply(write, entry) for write, entry in items]
 
+    def acquire_many(self, items: Sequence[tuple[Insert, AuditEntry]]) -> list[WriteOutcome]:
+        """:meth:`mos_lease.ports.BatchLeaseStore.acquire_many`: each as :meth:`apply`, in order,
+        under one hold of the lock (one atomic step)."""
+        return self._apply_all(items)
+
+    def takeover_many(self, items: Sequence[tuple[Rotate, AuditEntry]]) -> list[WriteOutcome]:
+        """:meth:`mos_lease.ports.BatchLeaseStore.takeover_many`, as :meth:`acquire_many`. Nothing
+        here holds a row apart from the store's lock, so every takeover is reached."""
+        return self._apply_all(items)
+
+    def release_many(self, items: Sequence[tuple[Close, AuditEntry]]) -> list[WriteOutcome]:
+        """:meth:`mos_lease.ports.BatchLeaseStore.release_many`, as :meth:`takeover_many`."""
+        return self._apply_all(items)
+
+    def _apply_all(self, items: Sequence[tuple[Write, AuditEntry]]) -> list[WriteOutcome]:
+        with self._lock:
+            return [self.apply(write, entry) for write, entry in items]
+
+    def load_many(self, identities: Sequence[LeaseIdentity]) -> list[Snapshot]:
+        """:meth:`mos_lease.ports.BatchLeaseStore.load_many`: every row at one clock reading."""
+        with self._lock:
+            now = self.clock.now()
+            return [Snapshot(self._rows.get(identity), now) for identity in identities]
+
     def record(self, entry: AuditEntry) -> None:
-        """:meth:`mos_lease.ports.LeaseStore.record`; an event id recorded twice raises
+        """:meth:`mos_lease.ports.LeaseStore.record`: the same entry sent again (after its
+        reply was lost) is recorded once; another entry under a recorded event id raises
         ``ValueError``."""
         with self._lock:
+            if self._entries.get(entry.event_id) == entry:
+                return
             self._append(entry, self.clock.now())
 
     def event_committed(self, event_id: UUID) -> bool:
-        """:meth:`mos_lease.ports.LeaseStore.event_committed`."""
+        """:meth:`mos_lease.ports.LeaseStore.event_committed`: from the entry's outcome, since
+        a refusal's entry carries the event id of the write it refused."""
         with self._lock:
-            return event_id in self._event_ids
+            entry = self._entries.get(event_id)
+            return entry is not None and took_effect(entry)
 
     def _append(self, entry: AuditEntry, now: datetime) -> None:
-        if entry.event_id in self._event_ids:
+        if entry.event_id in self._entries:
             raise ValueError(f"audit event {entry.event_id} recorded twice")
-        self._event_ids.add(entry.event_id)
+        self._entries[entry.event_id] = entry
         self._audit.append(AuditRecord(len(self._audit) + 1, entry, now))
 
     # -- inspection ---------------------------------------------------------------------
@@ -142,6 +193,25 @@ class AsyncInMemoryLeaseStore:
                          ) -> list[WriteOutcome]:
         """As :meth:`InMemoryLeaseStore.renew_many`."""
         return self.sync.renew_many(items)
+
+    async def acquire_many(self, items: Sequence[tuple[Insert, AuditEntry]]
+                           ) -> list[WriteOutcome]:
+        """As :meth:`InMemoryLeaseStore.acquire_many`."""
+        return self.sync.acquire_many(items)
+
+    async def takeover_many(self, items: Sequence[tuple[Rotate, AuditEntry]]
+                            ) -> list[WriteOutcome]:
+        """As :meth:`InMemoryLeaseStore.takeover_many`."""
+        return self.sync.takeover_many(items)
+
+    async def release_many(self, items: Sequence[tuple[Close, AuditEntry]]
+                           ) -> list[WriteOutcome]:
+        """As :meth:`InMemoryLeaseStore.release_many`."""
+        return self.sync.release_many(items)
+
+    async def load_many(self, identities: Sequence[LeaseIdentity]) -> list[Snapshot]:
+        """As :meth:`InMemoryLeaseStore.load_many`."""
+        return self.sync.load_many(identities)
 
     async def record(self, entry: AuditEntry) -> None:
         """As :meth:`InMemoryLeaseStore.record`."""

@@ -1,7 +1,9 @@
 """Truthful reconciliation of a write whose connection was lost.
 
-A write and its audit row commit together, so whether the audit event exists says whether
-the write took effect: but only once the write can no longer commit. A write lost while it
+A write and its audit row commit together, so whether the audit event exists with an
+outcome other than ``denied`` says whether the write took effect (a refusal's row reuses the
+event id of the write it refused: ``event_committed.sql``): but only once the write can no
+longer commit. A write lost while it
 waited (for its row, behind a lock on the audit table, or before it reached its row) may
 still commit after the event was looked for. So before looking, the store makes sure the
 lost session is over:

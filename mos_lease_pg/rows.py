@@ -13,7 +13,7 @@ from typing import Any, Final
 from uuid import UUID
 
 from mos_lease.identity import LeaseIdentity
-from mos_lease.metadata import EMPTY_METADATA, Metadata
+from mos_lease.metadata import EMPTY_METADATA, stored_metadata
 from mos_lease.records import AuditEntry, AuditRecord, LeaseRow, Snapshot, WriteOutcome
 from mos_lease.vocabulary import LifecycleEvent, Outcome, Reason
 
@@ -43,6 +43,11 @@ def lease_row(identity: LeaseIdentity, cols: Sequence[Any],
     each id per tick is work for the garbage collector."""
     (lease_id, connector_id, scopes, epoch, acquired, heartbeat, expires, released, updated,
      metadata) = cols
+    # Judged as a write is judged (mos_lease.metadata): the database bounds the column only
+    # from migration 0010 on, and a row written before, or around the library, may hold what
+    # no write of the library could. psycopg reads jsonb as a dict; the statements send NULL
+    # for an empty object (no JSON to parse on the hot paths), which is the shared empty.
+    shown = stored_metadata(metadata, identity, epoch)
     if lease_id == known_id:
         lease_id = known_id
     if updated.tzinfo is not UTC:
@@ -55,9 +60,7 @@ def lease_row(identity: LeaseIdentity, cols: Sequence[Any],
         identity=identity, lease_id=lease_id, connector_id=connector_id,
         scopes=tuple(scopes), epoch=epoch, acquired_at=acquired, heartbeat_at=heartbeat,
         expires_at=expires, released_at=released, updated_at=updated,
-        # psycopg reads jsonb as a dict; the statements send NULL for an empty object (no
-        # JSON to parse on the hot paths), which is the shared empty.
-        metadata=Metadata(metadata) if metadata else EMPTY_METADATA,
+        metadata=EMPTY_METADATA if shown is None else shown, metadata_invalid=shown is None,
     )
 
 
@@ -127,8 +130,24 @@ def parse_audit_records(rows: Sequence[Row]) -> list[AuditRecord]:
 def parse_renewals(renewed: Sequence[tuple[LeaseIdentity, UUID]],
                    rows: Sequence[Row]) -> list[WriteOutcome]:
     """A batched heartbeat's rows (``renew_many.sql``), one per ``(identity, lease_id)``
-    renewed, in order: the time, then the lease columns if that lease was renewed."""
+    renewed, in order: the time, the lease columns if that lease was renewed, and whether
+    its row was skipped because another transaction held it locked (``reached=False``)."""
     if len(rows) != len(renewed):
         raise AssertionError(f"expected {len(renewed)} rows, got {len(rows)}")
-    return [parse_write_outcome(identity, (row,), known_id=lease_id)
+    return [parse_write_outcome(identity, (row,), known_id=lease_id) if not row[-1]
+            else WriteOutcome(None, _utc(row[0]), reached=False)
             for (identity, lease_id), row in zip(renewed, rows, strict=True)]
+
+
+def parse_batch_writes(identities: Sequence[LeaseIdentity], rows: Sequence[Row], *,
+                       finds_row: bool) -> list[WriteOutcome]:
+    """A batched acquire's, takeover's or release's rows (``acquire_many.sql``,
+    ``takeover_many.sql``, ``release_many.sql``), one per identity, in order: each read as
+    :func:`parse_write_outcome` reads a single write's row. A takeover's or release's row
+    also says whether it was skipped, held by another transaction (``reached=False``)."""
+    if len(rows) != len(identities):
+        raise AssertionError(f"expected {len(identities)} rows, got {len(rows)}")
+    width = 1 + 2 * LEASE_COLUMNS
+    return [WriteOutcome(None, _utc(row[0]), reached=False) if finds_row and row[width]
+            else parse_write_outcome(identity, (row[:width],), finds_row=finds_row)
+            for identity, row in zip(identities, rows, strict=True)]

@@ -72,24 +72,32 @@ def _pieced(text: str, pieces: Mapping[str, str]) -> str:
     return text
 
 
-# The columns active_holder.sql matches, each written there as ``{column}``.
-_HOLDER_KEY: Final = ("tenant_id", "logical_agent_id", "binding_id", "connector_id",
-                      "lease_id", "epoch")
+# The columns each shared guard matches, each written in its file as ``{column}``.
+_GUARDS: Final[Mapping[str, tuple[str, ...]]] = {
+    "active_holder": ("tenant_id", "logical_agent_id", "binding_id", "connector_id",
+                      "lease_id", "epoch"),
+    "takeover_guard": ("tenant_id", "logical_agent_id", "binding_id", "expected_epoch",
+                       "preempt_active"),
+}
 
 
-def _with_active_holder(text: str, value: Callable[[str], str]) -> str:
-    # Heartbeat, release and the batched heartbeat share their guard, kept once in
-    # active_holder.sql; ``value`` names what each key column must equal.
-    guard = _pieced(statement_text("active_holder.sql"),
-                    {f"{{{column}}}": value(column) for column in _HOLDER_KEY})
-    return _pieced(text, {"    {active_holder}": guard}) if "{active_holder}" in text else text
+def _with_guards(text: str, value: Callable[[str], str]) -> str:
+    # A single write and its batch share their guard, kept once in active_holder.sql
+    # (heartbeat, release) or takeover_guard.sql (takeover); ``value`` names what each key
+    # column must equal: a parameter, or a request row's column.
+    for name, columns in _GUARDS.items():
+        if f"{{{name}}}" in text:
+            guard = _pieced(statement_text(f"{name}.sql"),
+                            {f"{{{column}}}": value(column) for column in columns})
+            text = _pieced(text, {f"    {{{name}}}": guard})
+    return text
 
 
 def _guarded(name: str, lock: str = "lock_row.sql", *, notify: bool = False,
              audit: bool = True) -> Template:
     # ``lock`` is the step that takes the row lock before the clock is read; ``notify``: the
     # write sends a push notice; ``audit``: it appends its audit row (see guarded_write.sql).
-    write = _with_active_holder(statement_text(name), lambda column: f"%({column})s")
+    write = _with_guards(statement_text(name), lambda column: f"%({column})s")
     return Template(name, _pieced(statement_text("guarded_write.sql"), {
         "{lock}": statement_text(lock), "{write}": write,
         "{audit}": statement_text("audit_write.sql" if audit else "audit_none.sql"),
@@ -97,7 +105,7 @@ def _guarded(name: str, lock: str = "lock_row.sql", *, notify: bool = False,
 
 
 def _renew_many(*, audit: bool) -> Template:
-    text = _with_active_holder(statement_text("renew_many.sql"), lambda column: f"r.{column}")
+    text = _with_guards(statement_text("renew_many.sql"), lambda column: f"r.{column}")
     return Template("renew_many.sql", _pieced(text, {
         "{audit}": statement_text("audit_renewals.sql" if audit else "audit_none.sql")}))
 

@@ -35,7 +35,7 @@ import psycopg_pool
 from mos_lease.clock import MonotonicClock, default_clock
 from mos_lease.flowdrive import Drive, outcome_of, outcome_of_async
 from mos_lease.identity import LeaseIdentity
-from mos_lease.machine import Renew, Write
+from mos_lease.machine import Close, Insert, Renew, Rotate, Write
 from mos_lease.records import AuditEntry, AuditRecord, LeaseRow, Snapshot, WriteOutcome
 from mos_lease.sleep import Sleep
 from mos_lease_pg import replication, statements
@@ -125,32 +125,61 @@ class PostgresLeaseStore(_StoreCore):
     # -- LeaseStore ---------------------------------------------------------------------
 
     def load(self, identity: LeaseIdentity) -> Snapshot:
-        """:meth:`mos_lease.LeaseStore.load`: one prepared read of the row with the database
+        """:meth:`mos_lease.ports.LeaseStore.load`: one prepared read of the row with the database
         clock, shared with the loads of other threads that overlap it
         (:mod:`mos_lease_pg.coalesce`)."""
         return self._reads.load(identity)
 
     def apply(self, write: Write, entry: AuditEntry) -> WriteOutcome:
-        """:meth:`mos_lease.LeaseStore.apply`: one statement that locks the row, then reads
+        """:meth:`mos_lease.ports.LeaseStore.apply`: one statement that locks the row, then reads
         the database clock, writes and appends the audit row."""
         return self._run(statements.apply(write, entry, self._offset, schema=self._schema,
                                           audit_heartbeats=self._audit_heartbeats))
 
     def renew_many(self, renewals: Sequence[tuple[Renew, AuditEntry]]) -> list[WriteOutcome]:
-        """:meth:`mos_lease.LeaseStore.renew_many`: the whole batch in one statement, rows
+        """:meth:`mos_lease.ports.LeaseStore.renew_many`: the whole batch in one statement, rows
         locked in identity order."""
         if not renewals:
             return []
         batch, each = self._batch_calls(renewals)
         return self._run(batch, covers=each)
 
+    def acquire_many(self, inserts: Sequence[tuple[Insert, AuditEntry]]
+                     ) -> list[WriteOutcome]:
+        """:meth:`~mos_lease.ports.BatchLeaseStore.acquire_many`: the whole batch in one
+        statement."""
+        return self._write_many(inserts)
+
+    def takeover_many(self, rotations: Sequence[tuple[Rotate, AuditEntry]]
+                      ) -> list[WriteOutcome]:
+        """:meth:`~mos_lease.ports.BatchLeaseStore.takeover_many`: the whole batch in one
+        statement, rows locked in identity order, a row locked elsewhere skipped."""
+        return self._write_many(rotations)
+
+    def release_many(self, closes: Sequence[tuple[Close, AuditEntry]]) -> list[WriteOutcome]:
+        """:meth:`~mos_lease.ports.BatchLeaseStore.release_many`, as :meth:`takeover_many`."""
+        return self._write_many(closes)
+
+    def _write_many(self, items: Sequence[tuple[Write, AuditEntry]]) -> list[WriteOutcome]:
+        if not items:
+            return []
+        batch, each = self._write_many_calls(items)
+        return self._run(batch, covers=each)
+
+    def load_many(self, identities: Sequence[LeaseIdentity]) -> list[Snapshot]:
+        """:meth:`~mos_lease.ports.BatchLeaseStore.load_many`: one read of every row
+        (``load_many.sql``, the statement coalesced loads share), at one database time."""
+        if not identities:
+            return []
+        return self._run(statements.load_many(identities, self._offset, schema=self._schema))
+
     def record(self, entry: AuditEntry) -> None:
-        """:meth:`mos_lease.LeaseStore.record`: append one audit entry, at most once per
+        """:meth:`mos_lease.ports.LeaseStore.record`: append one audit entry, at most once per
         event id."""
         self._drive(self._recording(entry), self._deadline(None))
 
     def event_committed(self, event_id: UUID) -> bool:
-        """:meth:`mos_lease.LeaseStore.event_committed`, answered only once the session that
+        """:meth:`mos_lease.ports.LeaseStore.event_committed`, answered only once the session that
         sent a lost write can no longer commit it."""
         deadline = self._deadline(None)
         with self._source.checkout(deadline) as wire:
@@ -269,6 +298,35 @@ class AsyncPostgresLeaseStore(_StoreCore):
             return []
         batch, each = self._batch_calls(renewals)
         return await self._run(batch, covers=each)
+
+    async def acquire_many(self, inserts: Sequence[tuple[Insert, AuditEntry]]
+                           ) -> list[WriteOutcome]:
+        """As :meth:`PostgresLeaseStore.acquire_many`."""
+        return await self._write_many(inserts)
+
+    async def takeover_many(self, rotations: Sequence[tuple[Rotate, AuditEntry]]
+                            ) -> list[WriteOutcome]:
+        """As :meth:`PostgresLeaseStore.takeover_many`."""
+        return await self._write_many(rotations)
+
+    async def release_many(self, closes: Sequence[tuple[Close, AuditEntry]]
+                           ) -> list[WriteOutcome]:
+        """As :meth:`PostgresLeaseStore.release_many`."""
+        return await self._write_many(closes)
+
+    async def _write_many(self, items: Sequence[tuple[Write, AuditEntry]]
+                          ) -> list[WriteOutcome]:
+        if not items:
+            return []
+        batch, each = self._write_many_calls(items)
+        return await self._run(batch, covers=each)
+
+    async def load_many(self, identities: Sequence[LeaseIdentity]) -> list[Snapshot]:
+        """As :meth:`PostgresLeaseStore.load_many`."""
+        if not identities:
+            return []
+        return await self._run(statements.load_many(identities, self._offset,
+                                                    schema=self._schema))
 
     async def record(self, entry: AuditEntry) -> None:
         """As :meth:`PostgresLeaseStore.record`."""

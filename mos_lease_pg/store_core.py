@@ -16,12 +16,12 @@ from uuid import UUID
 from mos_lease.clock import MonotonicClock
 from mos_lease.errors import ConfigurationError, StoreUnavailable
 from mos_lease.identity import check_count, check_id, check_identity
-from mos_lease.machine import Renew
+from mos_lease.machine import Renew, Write
 from mos_lease.operation import time_left
 from mos_lease.ports import MAX_AUDIT_PAGE
 from mos_lease.records import AuditEntry, AuditRecord, WriteOutcome
 from mos_lease.sleep import Sleep
-from mos_lease_pg import reconcile, replication, statements
+from mos_lease_pg import batch_statements, reconcile, replication, statements
 from mos_lease_pg.attempts import Covers, Missed, Resend, resending
 from mos_lease_pg.connection import ConnectionSettings
 from mos_lease_pg.reconcile import IN_DOUBT, UNAUDITED, Lost
@@ -102,6 +102,14 @@ class _StoreCore:
         return batch, lambda: [statements.apply(write, entry, self._offset, schema=self._schema,
                                                 audit_heartbeats=self._audit_heartbeats)
                                for write, entry in renewals]
+
+    def _write_many_calls(self, items: Sequence[tuple[Write, AuditEntry]]
+                          ) -> tuple[Call[list[WriteOutcome]], Callable[[], list[Call[Any]]]]:
+        """The one statement of a batch of acquires, takeovers or releases, and (for a
+        failure) the writes it stands for, each of them in doubt on its own if it fails."""
+        batch = batch_statements.write_many(items, self._offset, schema=self._schema)
+        return batch, lambda: [statements.apply(write, entry, self._offset, schema=self._schema)
+                               for write, entry in items]
 
     def _recording(self, entry: AuditEntry) -> Flow[None]:
         """``record``: append the audit record; if its event id is taken (its own first

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
@@ -42,6 +43,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from mos_lease.identity import LeaseIdentity
 from mos_lease_pg import ConnectionSettings
 from mos_lease_pg.admin import migrate
 from mos_lease_pg.admin.roles import DEFAULT_GATEWAY_ROLE, DEFAULT_OWNER_ROLE, set_up
@@ -177,11 +179,32 @@ class PostgresHarness:
         self._store.advance(by)
 
 
+class LockingPostgresHarness(PostgresHarness):
+    """:class:`PostgresHarness` that can also hold a lease row from another session
+    (``hold_row``, as a fenced transaction holds it), for the kit's batch case."""
+
+    def __init__(self, store: ShiftedPostgresLeaseStore, dsn: str) -> None:
+        super().__init__(store)
+        self._dsn = dsn
+
+    @contextmanager
+    def hold_row(self, identity: LeaseIdentity) -> Iterator[None]:
+        """``identity``'s lease row held ``FOR SHARE`` by another session until the block
+        exits."""
+        with psycopg.connect(self._dsn) as conn:
+            conn.execute(sql.SQL(
+                "SELECT 1 FROM {}.logical_agent_connector_leases WHERE tenant_id = %s "
+                "AND logical_agent_id = %s AND binding_id = %s FOR SHARE").format(
+                    sql.Identifier(self._store.settings.schema)),
+                (identity.tenant_id, identity.logical_agent_id, identity.binding_id))
+            yield
+
+
 @pytest.fixture
 def pg_harness_factory(pg_stores: StoreFactory,
                        pg_migrated_schema_dsn: PgSchema) -> Callable[[], PostgresHarness]:
     store = pg_stores(pg_migrated_schema_dsn.dsn, settings=pg_migrated_schema_dsn.settings())
-    return lambda: PostgresHarness(store)
+    return lambda: LockingPostgresHarness(store, pg_migrated_schema_dsn.dsn)
 
 
 @pytest.fixture

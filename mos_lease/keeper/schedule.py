@@ -48,6 +48,11 @@ def default_clock_step(store: object) -> float:
 
 TRANSIENT_ERRORS: Final = (StoreUnavailable, CommitOutcomeUnknown)
 
+# A renewal's result that refuses nothing: the store did not get to judge the lease (a batch
+# did not reach a row another transaction held locked: ``heartbeat_many``). Retried as a
+# transient error is, until the deadline.
+_UNJUDGED: Final = Reason.STORE_UNAVAILABLE
+
 LEASE_GONE_REASONS: Final = frozenset({
     Reason.LEASE_MISSING, Reason.LEASE_EXPIRED, Reason.LEASE_RELEASED, Reason.LEASE_REPLACED,
     Reason.STALE_EPOCH, Reason.EPOCH_MISMATCH,
@@ -241,15 +246,23 @@ def after_renewal(state: KeeperState, timing: KeeperTiming, started: float, fini
                 return lose(state, LeaseLoss(LossCause.DEADLINE, Reason.LEASE_EXPIRED,
                                              finished, state.last_error))
             return held(timing, outcome.lease, started, draw, renew_from)
+        if outcome.reason is _UNJUDGED:
+            return _retry(state, timing, finished, draw,
+                          f"renewal not made: {outcome.reason} (the lease was not judged)")
         reason = outcome.reason if outcome.reason is not None else Reason.LEASE_MISSING
         return lose(state, LeaseLoss(LossCause.DENIED, reason, finished))
     error = f"{type(outcome).__name__}: {outcome}"
     if isinstance(outcome, TRANSIENT_ERRORS):
-        failures = state.failures + 1
-        delay = timing.backoff(failures, draw, state.deadline - finished)
-        return attrs.evolve(state, failures=failures, last_error=error,
-                            renew_at=finished + delay)
+        return _retry(state, timing, finished, draw, error)
     return lose(state, LeaseLoss(LossCause.ERROR, Reason.LEASE_EXPIRED, finished, error))
+
+
+def _retry(state: KeeperState, timing: KeeperTiming, finished: float, draw: float,
+           error: str) -> KeeperState:
+    """A transient failure: try again after the backoff, never past half the time left."""
+    failures = state.failures + 1
+    delay = timing.backoff(failures, draw, state.deadline - finished)
+    return attrs.evolve(state, failures=failures, last_error=error, renew_at=finished + delay)
 
 
 def grant_loss(result: GrantResult, now: float) -> LeaseLoss | None:

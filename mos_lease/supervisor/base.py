@@ -73,7 +73,7 @@ class _Supervisor(Generic[C]):
             max_backoff: float | None = None,
             metadata: Mapping[str, str] | None = None) -> None:
         """Run ``identity`` as ``connector_id``: campaign for its lease, hold it, and
-        campaign again after a loss, until :meth:`remove` or :meth:`close`. The timing
+        campaign again after a loss, until ``remove()`` or ``close()``. The timing
         options are :class:`~mos_lease.keeper.KeeperTiming`'s (``docs/keeper.md``), except
         that ``jitter`` defaults to 0: a process's renewals are meant to go out together,
         and ``clock_step`` to 0 over a store that cannot fail over (the in-memory store).
@@ -93,10 +93,14 @@ class _Supervisor(Generic[C]):
         self._started()
 
     def lease(self, identity: LeaseIdentity) -> LeaseHandle | None:
-        """The lease held for ``identity`` now, or ``None`` (campaigning, or its local
-        deadline has passed: then the loss is recorded and reported here)."""
+        """The lease held for ``identity`` now, or ``None`` (campaigning, its local deadline
+        has passed: then the loss is recorded and reported here, or the supervisor is
+        closing or closed: its leases are being released). An identity never added raises
+        :class:`~mos_lease.errors.InvalidInput`."""
         with self._core.lock:
             lease, changes = self._core.schedule.lease(identity, self._core.clock())
+            if self._core.closing:
+                lease = None  # released by close(), if not already
         self._core.report(changes)
         return lease
 
@@ -118,7 +122,8 @@ class _Supervisor(Generic[C]):
     def _take(self, identity: LeaseIdentity) -> LeaseHandle | None:
         with self._core.lock:
             slot = self._core.schedule.slots.get(identity)
-            lease, changes = self._core.schedule.remove(identity, self._core.clock())
+            lease, changes = self._core.schedule.remove(identity, self._core.clock(),
+                                                        closing=self._core.closing)
             done = None if slot is None else self._core.confirming.pop(slot, None)
             if self._notices is not None:
                 self._notices.forget(identity)

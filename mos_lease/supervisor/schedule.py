@@ -77,6 +77,9 @@ class Schedule:
         self._draw = draw
         self._coalesce = coalesce
         self.slots: dict[LeaseIdentity, Slot] = {}
+        # The bindings dropped while the supervisor closed: asked about, they hold nothing
+        # (a status request during shutdown sees None), unlike an identity never added.
+        self.closed: set[LeaseIdentity] = set()
 
     def __len__(self) -> int:
         return len(self.slots)
@@ -89,13 +92,17 @@ class Schedule:
         slot = self.slots[binding.identity] = Slot(binding, now)
         return slot
 
-    def remove(self, identity: LeaseIdentity, now: float) -> tuple[LeaseHandle | None,
-                                                                    list[Change]]:
+    def remove(self, identity: LeaseIdentity, now: float, *, closing: bool = False
+               ) -> tuple[LeaseHandle | None, list[Change]]:
         """Forget ``identity``: the held lease to release (if any) and the loss to report
-        (cause ``STOPPED``). A call still in flight for it finds its slot removed."""
+        (cause ``STOPPED``). A call still in flight for it finds its slot removed.
+        ``closing``: the supervisor is closing, and :meth:`lease` answers ``None`` for the
+        identity from now on instead of refusing it as never added."""
         slot = self.slots.pop(identity, None)
         if slot is None:
             raise InvalidInput("identity", "is not supervised")
+        if closing:
+            self.closed.add(identity)
         slot.removed = True
         state = slot.state
         if state is None or state.loss is not None:
@@ -106,9 +113,12 @@ class Schedule:
     def lease(self, identity: LeaseIdentity, now: float) -> tuple[LeaseHandle | None,
                                                                    list[Change]]:
         """The lease held for ``identity`` at ``now``, or ``None``; a deadline found passed is
-        recorded (and returned as a change to report), as a keeper's ``enforce_deadline``."""
+        recorded (and returned as a change to report), as a keeper's ``enforce_deadline``.
+        ``None`` for a binding dropped while the supervisor closed (:meth:`remove`)."""
         slot = self.slots.get(identity)
         if slot is None:
+            if identity in self.closed:
+                return None, []
             raise InvalidInput("identity", "is not supervised")
         changes = self._judge(slot, now)
         return (slot.state.lease if slot.holding and slot.state is not None else None), changes
@@ -303,7 +313,9 @@ class Schedule:
                 # (renewing a little early only moves deadlines later).
                 new = after_renewal(state, slot.binding.timing, started, finished, single,
                                     self._draw(), min(call.tick, started))
-                if isinstance(single, BaseException) and new.loss is None:
+                # A transient failure (an error, or a lease the batch did not reach) is
+                # retried until this lease's own deadline; the others are judged apart.
+                if new.loss is None and new.failures > state.failures:
                     log.warning("mos_lease: renewal of %s failed (attempt %d): %s; retrying "
                                 "in %.3f s, %.3f s before the local deadline",
                                 state.lease.identity, new.failures, new.last_error,

@@ -11,9 +11,10 @@ one: build them inside the factories, or with :meth:`EventLoopThread.run`.
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import threading
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from datetime import timedelta
 from typing import Any, TypeVar
 from uuid import UUID
@@ -21,6 +22,7 @@ from uuid import UUID
 from mos_lease.fencing import AsyncResourceGuard, GuardDecision
 from mos_lease.identity import LeaseIdentity
 from mos_lease.machine import Renew, Write
+from mos_lease.ports import BATCH_METHODS
 from mos_lease.records import AuditEntry, AuditRecord, LeaseRow, Snapshot, WriteOutcome
 from mos_lease.testing.guard_contract import GuardFactory
 from mos_lease.testing.harness import AsyncInspectableStore, AsyncStoreHarness, StoreHarness
@@ -89,6 +91,15 @@ class DrivenStore:
     def __init__(self, store: AsyncInspectableStore, loop: EventLoopThread) -> None:
         self.store = store
         self._run = loop.run
+        # The batch operations are optional (mos_lease.ports.AsyncBatchLeaseStore): driven
+        # only where the store has them, so the kit checks them only there.
+        for name in BATCH_METHODS:
+            method = getattr(store, name, None)
+            if method is not None:
+                setattr(self, name, functools.partial(self._drive, method))
+
+    def _drive(self, method: Callable[..., Coroutine[Any, Any, T]], *args: object) -> T:
+        return self._run(method(*args))
 
     def load(self, identity: LeaseIdentity) -> Snapshot:
         return self._run(self.store.load(identity))

@@ -37,6 +37,11 @@ class StoreHarness(Protocol):
     ``advance`` must move the time the store reports (and judges expiry by) forward by
     exactly ``by``. For the in-memory store that is its manual clock; for PostgreSQL it is a
     test-only offset added to ``clock_timestamp()``.
+
+    Optional: ``hold_row(identity)``, a context manager holding ``identity``'s row from
+    another transaction (PostgreSQL: ``FOR SHARE`` on another session) while its block
+    runs, for a store with row locks; the kit then checks that a batch of renewals reports
+    that row not reached and renews the others. A store without row locks leaves it out.
     """
 
     @property

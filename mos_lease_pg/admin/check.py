@@ -8,7 +8,8 @@ server cannot produce (a standby, an old server, synchronous replication):
   called, not copied: schema, version and privileges are judged exactly as a store judges
   them), a few readings of the database clock against this host's clock, and the database
   clock against the newest stamp of the lease table (``sql/check/stamps.sql``: a clock that
-  stepped back reads earlier than it).
+  stepped back reads earlier than it), and how many lease rows hold metadata the library
+  withholds (``sql/check/metadata.sql``, judged by the write rule).
 * :func:`evaluate` (:mod:`mos_lease_pg.admin.verdict`, whose names are exported here too)
   turns facts into :class:`Item` rows (name, value, ok / warn / problem and a fix for
   anything not ok). No I/O.
@@ -26,7 +27,8 @@ from typing import Any, Final
 
 import psycopg
 
-from mos_lease.errors import ConfigurationError
+from mos_lease.errors import ConfigurationError, InvalidInput
+from mos_lease.metadata import check_metadata
 from mos_lease_pg import preflight
 from mos_lease_pg.admin.verdict import (
     CANNOT_CONNECT,
@@ -46,7 +48,8 @@ from mos_lease_pg.sql_files import DEFAULT_SCHEMA, check_schema, query_text, sch
 
 __all__ = ["CANNOT_CONNECT", "CLOCK_SAMPLES", "CLOCK_WARN_SECONDS", "MIN_SERVER_VERSION_NUM",
            "ClockReading", "Facts", "Item", "Report", "Status", "cannot_connect", "evaluate",
-           "gather", "read_clock", "read_stamps", "render_text", "run_check"]
+           "gather", "read_clock", "read_stamps", "read_withheld_metadata", "render_text",
+           "run_check"]
 
 CLOCK_SAMPLES: Final = 5
 
@@ -90,6 +93,22 @@ def read_stamps(conn: psycopg.Connection[Any], schema: str) -> tuple[float | Non
     return (None if row[0] is None else float(row[0])), int(row[1])
 
 
+def read_withheld_metadata(conn: psycopg.Connection[Any], schema: str) -> int | None:
+    """How many lease rows hold metadata the library withholds on read (it breaks the rule
+    every write passes: written around the library); ``None``: the table cannot be read."""
+    try:
+        rows = conn.execute(schema_query(schema, "check", "metadata.sql")).fetchall()
+    except psycopg.errors.DatabaseError:
+        return None  # missing table or privilege: already reported by the schema check
+    withheld = 0
+    for (stored,) in rows:
+        try:
+            check_metadata("holder_metadata", stored)
+        except InvalidInput:
+            withheld += 1
+    return withheld
+
+
 def _schema_verdict(conn: psycopg.Connection[Any],
                     schema: str) -> tuple[SchemaCheck | None, str | None]:
     try:
@@ -111,6 +130,8 @@ def gather(conn: psycopg.Connection[Any], schema: str = DEFAULT_SCHEMA, *,
     clock, pids = read_clock(conn, local_clock=local_clock)
     stamp_lead, rows_compared = (read_stamps(conn, schema) if schema_check is not None
                                  else (None, 0))
+    withheld = (read_withheld_metadata(conn, schema) if schema_check is not None
+                and rows_compared else None)
     return Facts(
         schema=schema, server_version_num=version_num, server_version=version, role=role,
         database=database, schema_check=schema_check, schema_error=schema_error,
@@ -118,7 +139,8 @@ def gather(conn: psycopg.Connection[Any], schema: str = DEFAULT_SCHEMA, *,
         in_recovery=in_recovery, statement_timeout=statement_timeout,
         lock_timeout=lock_timeout, clock=clock, client_port=_port(conn.info.port),
         server_port=server_port, backend_pids=(first_pid, *pids),
-        startup_pid=conn.info.backend_pid, stamp_lead=stamp_lead, rows_compared=rows_compared)
+        startup_pid=conn.info.backend_pid, stamp_lead=stamp_lead, rows_compared=rows_compared,
+        metadata_withheld=withheld)
 
 
 def _port(value: object) -> int | None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, Final
 
 from mos_lease.records import AuditRecord, LeaseRow
 
@@ -23,11 +23,20 @@ def lease_json(row: LeaseRow, now: datetime) -> dict[str, Any]:
         "acquired_at": iso(row.acquired_at), "heartbeat_at": iso(row.heartbeat_at),
         "expires_at": iso(row.expires_at), "released_at": iso(row.released_at),
         "updated_at": iso(row.updated_at), "metadata": dict(row.metadata),
+        "metadata_invalid": row.metadata_invalid,
     }
 
 
+METADATA_WITHHELD: Final = "<invalid: withheld>"
+"""What ``mos-lease status`` shows for metadata the store withheld (``metadata_invalid``):
+never the stored text, which may hold a terminal's escape sequences."""
+
+
 def metadata_text(row: LeaseRow) -> str:
+    if row.metadata_invalid:
+        return METADATA_WITHHELD
     # Compact JSON: values may hold spaces, commas or "=", and this reads back unambiguously.
+    # Checked metadata holds printable characters only, so none reaches the terminal raw.
     if not row.metadata:
         return "-"
     return json.dumps(dict(row.metadata), ensure_ascii=False, separators=(",", ":"))

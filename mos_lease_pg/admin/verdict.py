@@ -101,6 +101,9 @@ class Facts:
     # lease table could not be read, or holds no row).
     stamp_lead: float | None = None
     rows_compared: int = 0
+    # How many lease rows hold metadata that breaks the rule every write passes (None: not
+    # read, or the table holds no row).
+    metadata_withheld: int | None = None
 
 
 def _fix_layout(facts: Facts) -> str:
@@ -222,6 +225,25 @@ def _clock_step_items(facts: Facts) -> list[Item]:
                  f"({facts.rows_compared} rows): no step back seen", Status.OK)]
 
 
+def _metadata_items(facts: Facts) -> list[Item]:
+    """Rows holding metadata written around the library (before migration 0010): a warning,
+    not a problem, since every lease operation works on them and reads withhold it."""
+    withheld = facts.metadata_withheld
+    if withheld is None:
+        return []
+    if withheld == 0:
+        return [Item("holder_metadata", "no lease row holds metadata the library withholds",
+                     Status.OK)]
+    return [Item(
+        "holder_metadata", f"{withheld} lease row(s) hold metadata that breaks the rules a "
+        "write passes: written around the library; reads withhold it (metadata_invalid)",
+        Status.WARN,
+        "kept as written (evidence of who wrote it); the next takeover of each row replaces "
+        "it. List them as the owner: SELECT tenant_id, logical_agent_id, binding_id, epoch "
+        f"FROM \"{facts.schema}\".logical_agent_connector_leases WHERE \"{facts.schema}\"."
+        "mos_lease_metadata_problem(holder_metadata) IS NOT NULL")]
+
+
 def _pooler_signs(facts: Facts) -> tuple[list[str], bool]:
     """What shows a pooler, and whether it is certainly one that shares server sessions
     (a relay or a port mapping shows only a different port)."""
@@ -281,6 +303,7 @@ def evaluate(facts: Facts, *, behind_pooler: bool = False) -> Report:
         *_durability_items(facts),
         _clock_item(facts),
         *_clock_step_items(facts),
+        *_metadata_items(facts),
         _pooler_item(facts, behind_pooler),
     ))
 

@@ -139,7 +139,7 @@ def test_current_holder_reads_without_writing_and_without_secrets() -> None:
     assert audit_of(sim.store) == before  # reads write no audit row
     # Nothing in a view can act on the lease or reveal what it allows.
     assert {f.name for f in attrs.fields(HolderView)} == {
-        "connector_id", "epoch", "state", "expires_at", "now", "metadata"}
+        "connector_id", "epoch", "state", "expires_at", "now", "metadata", "metadata_invalid"}
     for secret in ("lease_id", "scopes"):
         assert not hasattr(view, secret)
     with pytest.raises(attrs.exceptions.FrozenInstanceError):

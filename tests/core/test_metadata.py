@@ -6,11 +6,13 @@ hold(), the keepers and the supervisor pass it on."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import pickle
 from collections.abc import Mapping
 from datetime import timedelta
 from types import MappingProxyType
 from typing import Any
+from uuid import uuid4
 
 import attrs
 import pytest
@@ -25,6 +27,7 @@ from mos_lease import (
     hold,
 )
 from mos_lease.clock import ManualClock
+from mos_lease.ids import uuid7
 from mos_lease.keeper import AsyncLeaseKeeper, LeaseKeeper
 from mos_lease.machine import Insert, Renew, Rotate, Write
 from mos_lease.metadata import (
@@ -32,10 +35,12 @@ from mos_lease.metadata import (
     MAX_METADATA_BYTES,
     Metadata,
     check_metadata,
+    stored_metadata,
 )
-from mos_lease.records import AuditEntry, LeaseRow, WriteOutcome
+from mos_lease.records import AuditEntry, LeaseHandle, LeaseRow, WriteOutcome
 from mos_lease.results import HolderView
 from mos_lease.testing import run_store_contract
+from mos_lease.vocabulary import LeaseState, LifecycleEvent, Outcome
 from mos_lease_memory import AsyncInMemoryLeaseStore, InMemoryLeaseStore, MemoryHarness
 
 IDENT = LeaseIdentity("acme", "agent-1", "binding-1")
@@ -346,3 +351,95 @@ def test_the_contract_catches_a_store_that_loses_metadata(flaw: str) -> None:
     with pytest.raises(AssertionError, match="metadata"):
         run_store_contract(Harness, steps=50)
     run_store_contract(MemoryHarness, steps=50)  # the same kit passes the reference store
+
+
+# -- metadata the library refuses, written around it, is withheld on the way out -------------
+
+# Each could only come from a write built by hand around the coordinator's checks (on
+# PostgreSQL: SQL run as the gateway role; tests/pg/test_pg_metadata_rules.py).
+PLANTED: list[object] = [
+    {"endpoint": 8443},
+    {"endpoint": {"host": "10.0.0.7"}},
+    {"endpoint": "\x1b[2J\x1b[31mowned\x1b[0m"},
+    {"\x1b]0;owned\x07": "10.0.0.7:8443"},
+    {"end point": "10.0.0.7:8443"},
+    {f"k{i}": "v" for i in range(17)},
+]
+
+
+def _planted(store: InMemoryLeaseStore, value: object,
+             ident: LeaseIdentity = IDENT) -> WriteOutcome:
+    write = Insert(ident, uuid4(), "c1", ("tool:run",), timedelta(seconds=10),
+                   Metadata(value))  # type: ignore[arg-type]
+    entry = AuditEntry(event_id=uuid7(), event=LifecycleEvent.ACQUIRE,
+                       outcome=Outcome.ACQUIRED, reason=None, identity=ident,
+                       connector_id="c1", epoch=1, correlation_id="planted")
+    return store.apply(write, entry)
+
+
+@pytest.mark.parametrize("value", PLANTED, ids=repr)
+def test_every_read_of_the_memory_store_withholds_planted_metadata(value: object) -> None:
+    gateway, store, _ = _coordinator()
+    applied = _planted(store, value)
+    seen = store.holding(IDENT, lambda snapshot: snapshot.row)
+    refused = gateway.acquire(IDENT, "c2", scopes=[], ttl=10, metadata=ROUTE)
+    assert not refused.ok
+    shown = [applied.row, store.load(IDENT).row, seen, *store.leases(),
+             gateway.current_holder(IDENT), refused.holder]
+    assert len(shown) == 6
+    for item in shown:
+        assert item is not None and item.metadata == {} and item.metadata_invalid, item
+
+
+@pytest.mark.parametrize("value", PLANTED[:3], ids=repr)
+def test_every_lease_operation_works_on_a_row_with_withheld_metadata(value: object) -> None:
+    gateway, store, _ = _coordinator()
+    row = _planted(store, value).row
+    assert row is not None
+    lease = LeaseHandle.of(row)
+    renewed = gateway.heartbeat(lease, ttl=10)
+    assert renewed.ok and renewed.lease is not None
+    assert gateway.heartbeat_many([renewed.lease], ttl=10)[0].ok
+    grant = gateway.issue_grant(renewed.lease, scopes=["tool:run"], ttl=5)
+    assert grant.grant is not None
+    assert gateway.validate(grant.grant, identity=IDENT, scopes=["tool:run"]).ok
+    assert gateway.release(renewed.lease).ok
+    view = gateway.current_holder(IDENT)
+    assert view is not None and view.metadata_invalid and view.state is LeaseState.RELEASED
+    # The next takeover replaces it: the row reads clean from then on.
+    assert gateway.takeover(IDENT, "c2", scopes=[], ttl=10, expected_epoch=1, observed=view,
+                            metadata=ROUTE).ok
+    view = gateway.current_holder(IDENT)
+    assert view is not None and not view.metadata_invalid and view.metadata == ROUTE
+    assert not store.leases()[0].metadata_invalid
+
+
+def test_withheld_metadata_is_logged_once_per_lease(caplog: pytest.LogCaptureFixture) -> None:
+    gateway, store, _ = _coordinator()
+    ident = LeaseIdentity("acme", "agent-1", f"warned-{uuid4().hex[:8]}")
+    with caplog.at_level(logging.WARNING, "mos_lease.metadata"):
+        _planted(store, {"k\x1b[31m": "v"}, ident)
+        for _ in range(3):
+            gateway.current_holder(ident)
+        store.leases()
+    warnings = [r for r in caplog.records if r.name == "mos_lease.metadata"]
+    assert [r.levelno for r in warnings] == [logging.WARNING]
+    message = warnings[0].getMessage()
+    assert repr(ident.binding_id) in message and "epoch 1" in message
+    assert "\x1b" not in message and "\\x1b" in message  # escaped, never raw
+
+
+def test_stored_metadata_judges_by_the_write_rule() -> None:
+    assert stored_metadata(None, IDENT, 1) is EMPTY_METADATA
+    assert stored_metadata({}, IDENT, 1) is EMPTY_METADATA
+    for good in GOOD:
+        shown = stored_metadata(dict(good), IDENT, 1)
+        assert shown == check_metadata("metadata", good) and isinstance(shown, Metadata)
+        assert stored_metadata(dict(good), IDENT, 1) == shown  # a second read: the same
+    for value, _, _ in BAD:
+        assert stored_metadata(value, IDENT, 1) is None, value
+    for value in PLANTED:
+        assert stored_metadata(value, IDENT, 1) is None, value
+    # A payload once found good does not make an equal-looking bad one pass.
+    assert stored_metadata({"k": "1"}, IDENT, 1) == {"k": "1"}
+    assert stored_metadata({"k": 1}, IDENT, 1) is None

@@ -76,12 +76,15 @@ class Time:
 
 
 class Counting(InMemoryLeaseStore):
-    """Counts the store calls, and can make them fail."""
+    """Counts the store calls, and can make them fail. A batch skips a row ``held`` by
+    another transaction (``reached=False``), as the PostgreSQL store's batch skips a row a
+    fenced transaction holds."""
 
     def __init__(self, clock: ManualClock) -> None:
         super().__init__(clock)
         self.calls: dict[str, int] = {}
         self.down = False
+        self.held: set[LeaseIdentity] = set()
         self._batch = False  # the in-memory renew_many applies each write: one call
 
     def _count(self, name: str) -> None:
@@ -102,9 +105,13 @@ class Counting(InMemoryLeaseStore):
         self._count("renew_many")
         self._batch = True
         try:
-            return super().renew_many(items)
+            reached = iter(super().renew_many([item for item in items
+                                               if item[0].identity not in self.held]))
         finally:
             self._batch = False
+        now = self.clock.now()
+        return [WriteOutcome(None, now, reached=False) if write.identity in self.held
+                else next(reached) for write, _ in items]
 
     def record(self, entry: AuditEntry) -> None:
         self._count("record")
@@ -224,6 +231,46 @@ def test_loss_is_reported_within_a_second_of_the_deadline_when_renewals_fail() -
         assert deadline <= change.loss.at < deadline + 1.0
 
 
+def test_a_lease_the_batch_did_not_reach_is_retried_alone_until_its_own_deadline() -> None:
+    """A renewal the store did not reach (its row held by another transaction) is a
+    transient failure of that lease alone: ``store_unavailable``, nothing recorded, retried
+    with backoff; every other lease of the batch is renewed on every tick. Renewed once the
+    row is free; lost at its own deadline if it never is."""
+    rig = Rig()
+    rig.add(10)
+    rig.settle()
+    held = ident(3)
+    first = rig.supervisor.lease(held)
+    assert first is not None
+    rig.store.held.add(held)
+    results = rig.coordinator.heartbeat_many([first], ttl=TTL)
+    assert [(r.outcome, r.reason, r.lease) for r in results] == [
+        (Outcome.DENIED, Reason.STORE_UNAVAILABLE, None)]
+    assert "record" not in rig.store.calls  # not a refusal: nothing was audited
+    for _ in range(2):  # two renewal ticks, within the 27 s deadline
+        before = {i: rig.supervisor.lease(ident(i)) for i in range(10)}
+        rig.run(TTL / 3 + 0.5)
+        assert not rig.of(BindingLost)
+        for i in range(10):
+            lease, earlier = rig.supervisor.lease(ident(i)), before[i]
+            assert lease is not None and earlier is not None
+            assert (lease.expires_at == earlier.expires_at) is (ident(i) == held)
+    rig.store.held.clear()
+    rig.run(3)
+    renewed = rig.supervisor.lease(held)
+    assert renewed is not None and renewed.expires_at > first.expires_at
+    assert not rig.of(BindingLost)
+    rig.store.held.add(held)
+    deadline = rig.time.mono + TTL - TTL / 10  # at most: the last renewal began earlier
+    rig.run(TTL, step=0.1)
+    (lost,) = rig.of(BindingLost)
+    assert (lost.identity, lost.loss.cause, lost.loss.reason) == (
+        held, LossCause.DEADLINE, Reason.LEASE_EXPIRED)
+    assert "store_unavailable" in (lost.loss.error or "")
+    assert lost.loss.at < deadline
+    assert all(rig.supervisor.lease(ident(i)) is not None for i in range(10) if i != 3)
+
+
 def test_after_a_deadline_loss_the_campaign_takes_the_lease_back_once_it_expires() -> None:
     rig = Rig()
     rig.add(2)
@@ -277,6 +324,56 @@ def test_close_releases_every_held_lease() -> None:
     assert [type(c) for c in seen] == [BindingLost] * 4  # the iterator ends on close
     with pytest.raises(ConfigurationError):
         rig.add(1)
+
+
+class StatusDuringClose:
+    """An ``on_change`` that asks for the lease of every binding (and of an identity never
+    added) each time close() reports a binding stopped: a status request during shutdown."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.supervisor: Supervisor | AsyncSupervisor | None = None
+        self.answers: list[list[LeaseHandle | None] | BaseException] = []
+        self.unknown: list[BaseException | None] = []
+
+    def __call__(self, change: Change) -> None:
+        if not isinstance(change, BindingLost) or change.loss.cause is not LossCause.STOPPED:
+            return
+        assert self.supervisor is not None
+        try:
+            self.answers.append([self.supervisor.lease(ident(i)) for i in range(self.n)])
+        except InvalidInput as refused:
+            self.answers.append(refused)
+        try:
+            self.supervisor.lease(ident(999))
+            self.unknown.append(None)
+        except InvalidInput as refused:
+            self.unknown.append(refused)
+
+    def check(self) -> None:
+        """Every binding, dropped already or not yet, reads ``None`` while closing; an
+        identity never added is refused, then and after."""
+        assert self.supervisor is not None
+        assert self.answers == [[None] * self.n] * self.n, self.answers
+        assert all(isinstance(refused, InvalidInput) for refused in self.unknown)
+        assert len(self.unknown) == self.n
+        assert all(self.supervisor.lease(ident(i)) is None for i in range(self.n))
+        with pytest.raises(InvalidInput):
+            self.supervisor.lease(ident(999))
+
+
+def test_a_closing_supervisor_answers_none_for_its_bindings() -> None:
+    rig = Rig()
+    status = StatusDuringClose(4)
+    rig.supervisor = status.supervisor = Supervisor(
+        rig.coordinator, on_change=status, clock=rig.time, sleep=rig.sleeps.append,
+        random=lambda: 0.5, background=False)
+    rig.add(4)
+    rig.settle()
+    assert all(rig.supervisor.lease(ident(i)) is not None for i in range(4))
+    rig.supervisor.close()
+    assert all(released(rig.store, ident(i)) for i in range(4))
+    status.check()
 
 
 def test_inputs_are_checked_when_a_binding_is_added() -> None:
@@ -340,6 +437,30 @@ class AsyncRig(Generic[S]):
                                           clock=self.time, sleep=sleep, random=lambda: 0.5,
                                           background=False)
 
+
+
+def test_a_closing_asyncio_supervisor_answers_none_for_its_bindings() -> None:
+    async def main() -> None:
+        rig = AsyncRig(AsyncInMemoryLeaseStore)
+        status = StatusDuringClose(4)
+
+        async def sleep(seconds: float) -> None:
+            rig.sleeps.append(seconds)
+
+        supervisor = status.supervisor = AsyncSupervisor(
+            rig.coordinator, on_change=status, clock=rig.time, sleep=sleep,
+            random=lambda: 0.5, background=False)
+        for i in range(4):
+            supervisor.add(ident(i), "gw-a", scopes=SCOPES, ttl=TTL)
+        while not all(supervisor.lease(ident(i)) is not None for i in range(4)):
+            await supervisor.turn()
+        await supervisor.close()
+        for i in range(4):
+            row = (await rig.store.load(ident(i))).row
+            assert row is not None and row.released_at is not None
+        status.check()
+
+    asyncio.run(main())
 
 
 def test_the_asyncio_supervisor_holds_renews_and_loses_one_binding() -> None:

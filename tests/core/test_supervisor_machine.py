@@ -51,8 +51,8 @@ def _longer_deadline(real: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _release_nothing(real: Callable[..., Any]) -> Callable[..., Any]:
-    def remove(self: Schedule, identity: Any, now: float) -> Any:
-        _lease, changes = real(self, identity, now)
+    def remove(self: Schedule, identity: Any, now: float, **options: Any) -> Any:
+        _lease, changes = real(self, identity, now, **options)
         return None, changes  # the lease is forgotten, not given back
     return remove
 

@@ -12,7 +12,8 @@ the specifications) stands for that file. In each page:
 * a line ``# -> TEXT`` in a block is what it prints: the block's output must contain TEXT;
 * a block whose first line is ``# from <path>`` is an excerpt of that file: it must be the
   file's text verbatim, and is not run again;
-* ``text`` blocks (output, formulas) are not code and never run;
+* ``text`` blocks (output, formulas) and ``mermaid`` ones (diagrams) are not code and never
+  run;
 * a block preceded by ``<!-- no-run: REASON -->`` is not run; the reason must say why (a
   command that installs the package, one that runs this suite, ...).
 
@@ -41,7 +42,8 @@ import pytest
 from tests.pg_fixtures import SetUpDatabase
 
 ROOT = Path(__file__).resolve().parents[2]
-LANGUAGES = frozenset({"python", "sh", "text"})
+LANGUAGES = frozenset({"python", "sh", "text", "mermaid"})
+NOT_CODE = frozenset({"text", "mermaid"})  # output, formulas and diagrams: never run
 PG_NAMES = ("MOS_LEASE_DSN", "ADMIN_DSN", "OWNER_DSN")
 FENCE = re.compile(r"^(?P<indent>[ ]*)```(?P<lang>[^\n`]*)\n(?P<body>.*?)^(?P=indent)```[ ]*$",
                    flags=re.DOTALL | re.MULTILINE)
@@ -65,7 +67,7 @@ class Block:
 
     @property
     def runs(self) -> bool:
-        return self.language != "text" and self.no_run is None and self.excerpt is None
+        return self.language not in NOT_CODE and self.no_run is None and self.excerpt is None
 
     def where(self) -> str:
         return f"{self.page.relative_to(ROOT)}:{self.line}"
@@ -117,8 +119,8 @@ def test_every_fence_is_known_and_every_skip_says_why() -> None:
                 f"{sorted(LANGUAGES)}")
             if block.no_run is not None:
                 assert len(block.no_run) >= 10, f"{block.where()}: say why it does not run"
-                assert block.language != "text", f"{block.where()}: text never runs anyway"
-            kind = ("excerpt" if block.excerpt else "text" if block.language == "text"
+                assert block.language not in NOT_CODE, f"{block.where()}: never runs anyway"
+            kind = ("excerpt" if block.excerpt else "text" if block.language in NOT_CODE
                     else "no-run" if block.no_run is not None else "run")
             counted[kind] += 1
     # Most of the documentation's code runs; a page of illustrations alone would not.

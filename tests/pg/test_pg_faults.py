@@ -268,8 +268,9 @@ def test_a_lost_batch_is_reconciled_lease_by_lease(lose: str, proxy: FaultProxy,
 def test_an_audit_append_lost_after_its_commit_is_unknown_when_it_cannot_be_resent(
         proxy: FaultProxy, pg_stores: StoreFactory, pg_tenant: str,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    # A denial's audit row commits, its reply is lost, and the one resend cannot connect:
-    # the row exists, so "nothing changed" (StoreUnavailable) would be false.
+    # A denial's audit row commits, its reply is lost, and neither the store's resend nor
+    # the coordinator's can connect: the row exists, so "nothing changed" (StoreUnavailable)
+    # would be false. The acquire it refused never happened, which reconcile answers.
     identity = LeaseIdentity(pg_tenant, "agent", "b1")
     direct = pg_stores()
     holder = ConnectorLeaseCoordinator(direct, AllowAllPolicy())
@@ -283,7 +284,7 @@ def test_an_audit_append_lost_after_its_commit_is_unknown_when_it_cannot_be_rese
     proxy.cut_reply_to(b"mos_lease_record_audit(")
     with pytest.raises(CommitOutcomeUnknown) as unknown:
         rival.acquire(identity, "c2", scopes=["tool:run"], ttl=30)
-    assert holder.reconcile(identity, unknown.value.event_id) is True
+    assert holder.reconcile(identity, unknown.value.event_id) is False
     denials = [row for row in _audit(direct, identity) if row[0] == "acquire"]
     assert denials.count(("acquire", "denied", None)) == 2, denials
 
