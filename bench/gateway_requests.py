@@ -1,6 +1,6 @@
 """A gateway's requests end to end: the ASGI recipe against a plain app, real processes.
 
-    python bench/requests.py [--bindings 2000] [--clients 64] [--seconds 6] [--rounds 3]
+    python bench/gateway_requests.py [--bindings 2000] [--clients 64] [--seconds 6] [--rounds 3]
 
 Finds PostgreSQL as the tests do and works in a throwaway database. Four uvicorn processes
 serve on loopback, each on its own port, side by side for the whole run:
@@ -85,7 +85,7 @@ class Size:
 QUICK = Size(bindings=200, clients=16, seconds=1.0, rounds=1, warmup=0.5)
 
 
-# --- the plain app (run as its own process: ``requests.py --serve-plain PORT``) ------------
+# --- the plain app (its own process: ``gateway_requests.py --serve-plain PORT``) -----------
 
 
 def plain_app(dsn: str, effect: bool) -> Any:
