@@ -34,6 +34,7 @@ import audit_log
 import coalesce
 import contention
 import event_ids
+import gateway_requests
 import grant_memory
 import notices
 import peers
@@ -76,6 +77,7 @@ class Mode:
     peers: peers.PeerSize
     coalesce_rounds: int = 8
     coalesce_per_block: int = 960
+    requests: gateway_requests.Size = attrs.field(factory=gateway_requests.Size)
 
 
 FULL = Mode("full", single.FULL, contention_rounds=800, contention_blocks=8,
@@ -88,7 +90,7 @@ QUICK = Mode("quick", single.QUICK, contention_rounds=40, contention_blocks=4,
              core_decisions=20_000, core_repeats=3, memory_small=1_000, memory_large=20_000,
              notice_trials=5, audit_rows=20_000, audit_rounds=4, audit_per_round=100,
              supervisor=supervisor.QUICK_SIZE, peers=peers.QUICK, coalesce_rounds=2,
-             coalesce_per_block=320)
+             coalesce_per_block=320, requests=gateway_requests.QUICK)
 
 
 @attrs.frozen
@@ -148,8 +150,8 @@ def measure_all(srv: PgServer, mode: Mode, args: argparse.Namespace,
     tenant = f"bench-{secrets.token_hex(4)}"
     if args.only == "peers":
         return _peers_only(report, srv, tenant, args, progress)
-    if args.only == "coalesce":
-        return _only_coalesce(srv, report, tenant, progress)
+    if args.only in ("coalesce", "requests"):
+        return _only_section(srv, report, tenant, args.only, progress)
     with throwaway_database(srv, "mos_lease_bench") as dsn:
         with PostgresLeaseStore(dsn) as store:
             conn = store_connection(store)
@@ -468,22 +470,48 @@ def _coalesce(dsn: str, tenant: str, mode: Mode,
                         per_block=mode.coalesce_per_block, progress=progress)
 
 
-def _only_coalesce(srv: PgServer, report: Report, tenant: str,
-                   progress: Callable[[str], None]) -> Report:
-    with throwaway_database(srv, "mos_lease_bench_coalesce") as dsn:
-        _coalesce_figures(report, _coalesce(dsn, tenant, report.mode, progress))
+def _only_section(srv: PgServer, report: Report, tenant: str, only: str,
+                  progress: Callable[[str], None]) -> Report:
+    """``--only coalesce`` or ``--only requests``: that section alone."""
+    if only == "coalesce":
+        with throwaway_database(srv, "mos_lease_bench_coalesce") as dsn:
+            _coalesce_figures(report, _coalesce(dsn, tenant, report.mode, progress))
+    else:
+        _requests_figures(report, _requests(report.mode, progress))
     report.partial = True
     return report
 
 
 def _last_sections(report: Report, srv: PgServer, tenant: str, mode: Mode,
                    args: argparse.Namespace, progress: Callable[[str], None]) -> None:
-    """Coalesced validation, then the supervisor and its peers, each in a database of its
-    own, and the load average at the end of the run."""
+    """Coalesced validation, a gateway's requests end to end, then the supervisor and its
+    peers, each in a database of its own, and the load average at the end of the run."""
     with throwaway_database(srv, "mos_lease_bench_coalesce") as dsn:
         _coalesce_figures(report, _coalesce(dsn, f"{tenant}-c", mode, progress))
+    _requests_figures(report, _requests(mode, progress))
     _many_figures(report, *_many_bindings(srv, tenant, mode, args, progress))
     report.environment.append(f"load average at end {os.getloadavg()[0]:.2f}")
+
+
+def _requests(mode: Mode, progress: Callable[[str], None]
+              ) -> gateway_requests.RequestsResult:
+    size = mode.requests
+    progress(f"requests: the ASGI gateway recipe ({size.bindings:,} bindings held) against a "
+             f"plain app, {size.clients} keep-alive clients, real uvicorn processes")
+    return gateway_requests.run(size, progress)
+
+
+def _requests_figures(report: Report, result: gateway_requests.RequestsResult) -> None:
+    report.figures.update(result.figures())
+    for name in result.blocks:
+        report.rows.append(Row("requests", name, result.rate(name), "req/s",
+                               result.percentile(name, 0.5) * 1000,
+                               result.percentile(name, 0.99) * 1000))
+    report.notes.append(
+        "requests: gateway_requests_vs_plain_app = the recipe (grant, then validate) over a "
+        "plain app (read, audit row, commit); gateway_effect_requests_vs_plain_app = both "
+        f"with an effect row (the recipe's in a fenced transaction); {result.effects_checked} "
+        "effect rows checked, one per 200")
 
 
 def _many_bindings(srv: PgServer, tenant: str, mode: Mode, args: argparse.Namespace,
@@ -618,7 +646,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="core to pin client and backend to (default: the lowest allowed)")
     parser.add_argument("--no-pin", action="store_true",
                         help="do not pin the single-connection comparisons to one core")
-    parser.add_argument("--only", choices=["stamps", "single", "peers", "coalesce"],
+    parser.add_argument("--only", choices=["stamps", "single", "peers", "coalesce", "requests"],
                         default=None,
                         help="run one comparison only (stamps: what the stamp checks cost "
                         "per write; single: validate and the writes, pinned and "

@@ -53,6 +53,10 @@ JSON_KEYS = (
     "coalesced_grant_32_vs_uncoalesced",
     "coalesced_grant_8_vs_single",
     "coalesced_grant_32_vs_single",
+    "gateway_requests_vs_plain_app",
+    "gateway_effect_requests_vs_plain_app",
+    "gateway_requests_per_s",
+    "plain_app_requests_per_s",
 )
 
 
@@ -117,6 +121,10 @@ TARGETS = (
     # Grant issues that overlap share their reads and their audit rows' statement and commit.
     Target("coalesced_grant_8_vs_single", ">=", 2.5),
     Target("coalesced_grant_32_vs_single", ">=", 4.5),
+    # A gateway's requests end to end (bench/gateway_requests.py): the recipe over a plain
+    # app doing the same durable work without the library, 64 clients.
+    Target("gateway_requests_vs_plain_app", ">=", 0.8),
+    Target("gateway_effect_requests_vs_plain_app", ">=", 0.8),
     # Wire shapes (from the libpq trace): 1 = as required.
     Target("validate_round_trips", "<=", 1),
     Target("validate_parses", "<=", 0),

@@ -124,15 +124,16 @@ class AsyncGateway:
                                                         ttl=self.config.grant_ttl)
             if granted.grant is None:
                 return grant_refused(granted)
-            result = await run_adapter_async(
-                self.coordinator, granted.grant, ledger.AsyncLedgerAdapter(self.pool,
-                                                                           binding.name),
-                work.text, identity=identity, scopes=SCOPES)
+            adapter: ledger.AsyncLedgerAdapter | ledger.AsyncValidateOnly = (
+                ledger.AsyncLedgerAdapter(self.pool, binding.name)
+                if self.config.work == "ledger" else ledger.AsyncValidateOnly())
+            result = await run_adapter_async(self.coordinator, granted.grant, adapter,
+                                             work.text, identity=identity, scopes=SCOPES)
         except FencedEffectRefused as refused:
             return fenced(refused.reason)
         except DOWN as down:
             return unavailable(down)
-        if result.value is None or result.context is None:
+        if not result.ok or result.context is None:
             return invoke_refused(result.reason)
         return receipt(self.config, binding.name, result.context.epoch, result.value,
                        work.hops)
@@ -169,8 +170,8 @@ async def read_body(request: Request) -> bytes | Refusal:
 
 
 def build_app(config: GatewayConfig, dsn: str) -> Starlette:
-    """The ASGI application: one invoke route per configured binding, ``/status``, and a
-    catch-all that answers ``404 unknown_binding`` for every other binding name."""
+    """The ASGI application: ``POST /bindings/{name}/invoke`` for each configured binding
+    (any other name: ``404 unknown_binding``) and ``GET /status``."""
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[dict[str, Any]]:
@@ -180,27 +181,26 @@ def build_app(config: GatewayConfig, dsn: str) -> Starlette:
         finally:
             await gateway.close()
 
-    def invoke_route(binding: RouteBinding) -> Route:
-        async def invoke(request: Request) -> Response:
-            body = await read_body(request)
-            work = body if isinstance(body, Refusal) else screen(
-                request.url.query, request.headers.items(), body)
-            if isinstance(work, Refusal):
-                return refusal_response(work)
-            gateway: AsyncGateway = request.state.gateway
-            served = await gateway.invoke(binding, work)
-            if isinstance(served, Refusal):
-                return refusal_response(served)
-            if isinstance(served, Relayed):
-                return Response(served.body, status_code=served.status,
-                                media_type="application/json")
-            return JSONResponse(served)
-
-        # The binding is fixed here, from the configuration: the path carries no identity.
-        return Route(f"/bindings/{binding.name}/invoke", invoke, methods=["POST"])
-
-    async def unknown(request: Request) -> Response:
-        return refusal_response(unknown_binding(request.path_params["name"]))
+    async def invoke(request: Request) -> Response:
+        # The name is looked up among the configured bindings (one dict lookup, however
+        # many): the identity comes from the configuration, never from the request.
+        name = request.path_params["name"]
+        binding = config.binding(name)
+        if binding is None:
+            return refusal_response(unknown_binding(name))
+        body = await read_body(request)
+        work = body if isinstance(body, Refusal) else screen(
+            request.url.query, request.headers.items(), body)
+        if isinstance(work, Refusal):
+            return refusal_response(work)
+        gateway: AsyncGateway = request.state.gateway
+        served = await gateway.invoke(binding, work)
+        if isinstance(served, Refusal):
+            return refusal_response(served)
+        if isinstance(served, Relayed):
+            return Response(served.body, status_code=served.status,
+                            media_type="application/json")
+        return JSONResponse(served)
 
     async def status(request: Request) -> Response:
         screened = screen(request.url.query, request.headers.items(), b"{}")
@@ -212,9 +212,8 @@ def build_app(config: GatewayConfig, dsn: str) -> Starlette:
         except DOWN as down:
             return refusal_response(unavailable(down))
 
-    routes = [invoke_route(b) for b in config.bindings]
-    routes += [Route("/bindings/{name}/invoke", unknown, methods=["POST"]),
-               Route("/status", status, methods=["GET"])]
+    routes = [Route("/bindings/{name}/invoke", invoke, methods=["POST"]),
+              Route("/status", status, methods=["GET"])]
     return Starlette(routes=routes, lifespan=lifespan)
 
 

@@ -117,14 +117,16 @@ class ThreadGateway:
                                                   ttl=self.config.grant_ttl)
             if granted.grant is None:
                 return grant_refused(granted)
-            result = run_adapter(self.coordinator, granted.grant,
-                                 ledger.LedgerAdapter(self.pool, binding.name), work.text,
+            adapter: ledger.LedgerAdapter | ledger.ValidateOnly = (
+                ledger.LedgerAdapter(self.pool, binding.name) if self.config.work == "ledger"
+                else ledger.ValidateOnly())
+            result = run_adapter(self.coordinator, granted.grant, adapter, work.text,
                                  identity=identity, scopes=SCOPES)
         except FencedEffectRefused as refused:
             return fenced(refused.reason)
         except DOWN as down:
             return unavailable(down)
-        if result.value is None or result.context is None:
+        if not result.ok or result.context is None:
             return invoke_refused(result.reason)
         return receipt(self.config, binding.name, result.context.epoch, result.value,
                        work.hops)

@@ -115,7 +115,36 @@ class StaticConnectorPolicy:
     """
 
     def __init__(self, rules: Sequence[ConnectorRule]) -> None:
-        self.rules = tuple(rules)
+        self._rules = tuple(rules)
+        # A gateway's policy may name every binding it runs (thousands of exact rules), and
+        # every lease and grant operation asks it: the first matching rule is found by an
+        # index, not a scan. Exact rules are keyed by their four ids (the first of equal keys
+        # kept); rules with a "*" are few and scanned in order. The answer is whichever of
+        # the exact rule and the first matching wildcard rule comes first in ``rules``.
+        self._exact: dict[tuple[str, str, str, str], int] = {}
+        self._wildcard: list[tuple[int, ConnectorRule]] = []
+        for index, rule in enumerate(self._rules):
+            key = (rule.tenant_id, rule.logical_agent_id, rule.binding_id, rule.connector_id)
+            if "*" in key:
+                self._wildcard.append((index, rule))
+            else:
+                self._exact.setdefault(key, index)
+
+    def rule_for(self, identity: LeaseIdentity, connector_id: str) -> ConnectorRule | None:
+        """The first rule (in document order) matching ``identity`` and ``connector_id``."""
+        first = self._exact.get((identity.tenant_id, identity.logical_agent_id,
+                                 identity.binding_id, connector_id))
+        for index, rule in self._wildcard:
+            if first is not None and index > first:
+                break
+            if rule.matches(identity, connector_id):
+                return rule
+        return None if first is None else self._rules[first]
+
+    @property
+    def rules(self) -> tuple[ConnectorRule, ...]:
+        """The rules, in the order they are tried (read-only: the index is built from them)."""
+        return self._rules
 
     @classmethod
     def from_dict(cls, document: Mapping[str, Any]) -> StaticConnectorPolicy:
@@ -136,8 +165,7 @@ class StaticConnectorPolicy:
         (``scope_not_authorized``), a TTL beyond its limit (``ttl_not_authorized``) and a
         takeover of an active lease without ``preempt_active`` (``preemption_denied``)
         are refused."""
-        rule = next((r for r in self.rules if r.matches(request.identity, request.connector_id)),
-                    None)
+        rule = self.rule_for(request.identity, request.connector_id)
         if rule is None:
             return _DENY_POLICY
         if request.event is LifecycleEvent.RELEASE:

@@ -12,6 +12,13 @@ JSON) reads::
 
 ``endpoint`` is where this process is reached; it is set as the holder metadata of every
 lease the process takes (``{"endpoint": ...}``), so that the other gateways forward there.
+
+A gateway of many bindings need not list them: ``"generate": {"tenants": 20, "agents": 100,
+"binding_id": "main"}`` adds one binding per tenant and agent (2,000 here), named
+``t{i}-a{j}``, for tenant ``tenant-{i}`` and agent ``agent-{j}`` (``i`` from 0 to
+``tenants - 1``, ``j`` likewise), beside or instead of ``bindings``; at most
+:data:`MAX_BINDINGS` in all. ``"work": "validate"`` serves a request by validating its grant
+and writing nothing (the default, ``"ledger"``, inserts the fenced row); benchmarks use it.
 """
 
 from __future__ import annotations
@@ -33,10 +40,12 @@ ENV: Final = "MOS_LEASE_GATEWAY_CONFIG"
 SCOPES: Final = ("recipes:write",)
 NAME: Final = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
 MAX_CONFIG_BYTES: Final = 64 * 1024
-MAX_BINDINGS: Final = 1000
+MAX_BINDINGS: Final = 10_000
+WORKS: Final = ("ledger", "validate")
 _KEYS: Final = frozenset({"connector_id", "endpoint", "ttl", "clock_step", "grant_ttl",
-                          "max_hops", "forward_timeout", "bindings"})
+                          "max_hops", "forward_timeout", "bindings", "generate", "work"})
 _BINDING_KEYS: Final = frozenset({"name", "tenant_id", "logical_agent_id", "binding_id"})
+_GENERATE_KEYS: Final = frozenset({"tenants", "agents", "binding_id"})
 
 
 class ConfigError(ValueError):
@@ -69,6 +78,12 @@ class GatewayConfig:
     # binding cannot pass a request back and forth for ever.
     max_hops: int = 2
     forward_timeout: float = 10.0
+    work: str = "ledger"
+    # Routes look a binding up by name on every request: a dict, not a scan of thousands.
+    _by_name: dict[str, RouteBinding] = attrs.field(init=False, eq=False, repr=False)
+
+    def __attrs_post_init__(self) -> None:
+        object.__setattr__(self, "_by_name", {b.name: b for b in self.bindings})
 
     @property
     def host(self) -> str:
@@ -87,7 +102,7 @@ class GatewayConfig:
 
     def binding(self, name: str) -> RouteBinding | None:
         """The configured binding called ``name``, if there is one."""
-        return next((b for b in self.bindings if b.name == name), None)
+        return self._by_name.get(name)
 
     def policy(self) -> StaticConnectorPolicy:
         """This process may hold its own bindings as its own connector, never preempting
@@ -136,6 +151,27 @@ def _binding(index: int, raw: object) -> RouteBinding:
     return RouteBinding(name, identity)
 
 
+def _generated(raw: object) -> list[RouteBinding]:
+    """The bindings ``"generate"`` describes (see the module's docstring)."""
+    if raw is None:
+        return []
+    if not isinstance(raw, dict) or set(raw) != _GENERATE_KEYS:
+        raise ConfigError(f"generate: an object with exactly {sorted(_GENERATE_KEYS)}")
+    counts = [raw["tenants"], raw["agents"]]
+    if any(isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_BINDINGS
+           for n in counts) or counts[0] * counts[1] > MAX_BINDINGS:
+        raise ConfigError(f"generate: tenants and agents are integers from 1 whose product "
+                          f"is at most {MAX_BINDINGS}, not {counts}")
+    binding_id = raw["binding_id"]
+    try:
+        check_id("generate.binding_id", binding_id)
+    except (InvalidInput, TypeError) as bad:
+        raise ConfigError(str(bad)) from None
+    return [RouteBinding(f"t{i}-a{j}", check_identity(
+        "generate", LeaseIdentity(f"tenant-{i}", f"agent-{j}", binding_id)))
+        for i in range(counts[0]) for j in range(counts[1])]
+
+
 def parse_config(text: str) -> GatewayConfig:
     """The configuration in ``text`` (JSON), checked; :class:`ConfigError` names what is
     wrong."""
@@ -154,10 +190,14 @@ def parse_config(text: str) -> GatewayConfig:
         connector_id = check_id("connector_id", raw.get("connector_id"))
     except InvalidInput as bad:
         raise ConfigError(str(bad)) from None
-    bindings = raw.get("bindings")
-    if not isinstance(bindings, list) or not 1 <= len(bindings) <= MAX_BINDINGS:
-        raise ConfigError(f"bindings: a list of 1 to {MAX_BINDINGS} bindings")
-    checked = tuple(_binding(i, b) for i, b in enumerate(bindings))
+    bindings = raw.get("bindings", [] if "generate" in raw else None)
+    if not isinstance(bindings, list) or len(bindings) > MAX_BINDINGS:
+        raise ConfigError(f"bindings: a list of at most {MAX_BINDINGS} bindings")
+    checked = (*(_binding(i, b) for i, b in enumerate(bindings)),
+               *_generated(raw.get("generate")))
+    if not 1 <= len(checked) <= MAX_BINDINGS:
+        raise ConfigError(f"bindings: 1 to {MAX_BINDINGS} bindings in all (listed and "
+                          f"generated), not {len(checked)}")
     for what, values in (("name", [b.name for b in checked]),
                          ("identity", [b.identity for b in checked])):
         if len(set(values)) != len(values):
@@ -166,11 +206,15 @@ def parse_config(text: str) -> GatewayConfig:
     if isinstance(max_hops, bool) or not isinstance(max_hops, int) or not 0 <= max_hops <= 8:
         raise ConfigError(f"max_hops: an integer from 0 to 8, not {max_hops!r}")
     ttl = _number(raw, "ttl", 3.0, 1.0, 300.0)
+    work = raw.get("work", "ledger")
+    if work not in WORKS:
+        raise ConfigError(f"work: one of {list(WORKS)}, not {work!r}")
     return GatewayConfig(
         connector_id, check_endpoint("endpoint", raw.get("endpoint")), checked, ttl=ttl,
         clock_step=_number(raw, "clock_step", 0.0, 0.0, 10.0),
         grant_ttl=_number(raw, "grant_ttl", min(ttl, 2.0), 0.1, min(ttl, 30.0)),
-        max_hops=max_hops, forward_timeout=_number(raw, "forward_timeout", 10.0, 0.1, 60.0))
+        max_hops=max_hops, forward_timeout=_number(raw, "forward_timeout", 10.0, 0.1, 60.0),
+        work=work)
 
 
 def load_config(path: str | None) -> GatewayConfig:

@@ -95,3 +95,18 @@ class AsyncLedgerAdapter:
             row = await cur.fetchone()
         assert row is not None
         return int(row[0])
+
+
+class ValidateOnly:
+    """The adapter of ``"work": "validate"``: the grant is validated (by ``invoke``, before
+    this runs) and nothing is written; the reply's ``seq`` is ``null``."""
+
+    def execute(self, context: ConnectorExecutionContext, text: str, /) -> None:
+        """Nothing to do: validation was the work."""
+
+
+class AsyncValidateOnly:
+    """The asyncio twin of :class:`ValidateOnly`."""
+
+    async def execute(self, context: ConnectorExecutionContext, text: str, /) -> None:
+        """As :meth:`ValidateOnly.execute`."""

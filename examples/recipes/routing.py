@@ -87,9 +87,10 @@ def unknown_binding(name: str) -> Refusal:
     return Refusal(404, "unknown_binding", f"no binding called {name[:64]!r} here")
 
 
-def receipt(config: GatewayConfig, name: str, epoch: int, seq: int,
+def receipt(config: GatewayConfig, name: str, epoch: int, seq: int | None,
             hops: int) -> dict[str, object]:
-    """The reply to served work: who served it, under which epoch, which row."""
+    """The reply to served work: who served it, under which epoch, which row (``None``
+    where the work writes no row, ``"work": "validate"``)."""
     return {"binding": name, "served_by": config.connector_id, "epoch": epoch, "seq": seq,
             "hops": hops}
 

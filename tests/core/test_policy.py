@@ -9,6 +9,8 @@ from typing import Any
 
 import attrs
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mos_lease import (
     AllowAllPolicy,
@@ -146,6 +148,48 @@ def test_the_first_matching_rule_decides() -> None:
     skip = StaticConnectorPolicy.from_dict({"rules": [
         _rule(connector_id="other", scopes=[]), _rule(scopes=["tool:run"])]})
     assert skip.authorize(_request(scopes=("tool:run",))).allowed
+
+
+_IDS = st.sampled_from(["a", "b", "*"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(rules=st.lists(st.tuples(_IDS, _IDS, _IDS, _IDS, st.integers(0, 3)), max_size=12),
+       asked=st.tuples(st.sampled_from(["a", "b"]), st.sampled_from(["a", "b"]),
+                       st.sampled_from(["a", "b"]), st.sampled_from(["a", "b"])))
+def test_the_indexed_rule_is_the_first_match_in_document_order(
+        rules: list[tuple[str, str, str, str, int]], asked: tuple[str, str, str, str]) -> None:
+    """The policy finds its rule through an index of exact rules and a scan of the wildcard
+    ones; whatever the mix and order, it is the rule a scan in document order finds first
+    (rules of equal ids told apart by their ttl)."""
+    policy = StaticConnectorPolicy.from_dict({"rules": [
+        _rule(tenant_id=t, logical_agent_id=a, binding_id=b, connector_id=c,
+              max_lease_ttl=10 + n) for t, a, b, c, n in rules]})
+    identity, connector = LeaseIdentity(*asked[:3]), asked[3]
+    scanned = next((index for index, rule in enumerate(policy.rules)
+                    if rule.matches(identity, connector)), None)
+    found = policy.rule_for(identity, connector)
+    assert found is (None if scanned is None else policy.rules[scanned])
+
+
+def test_thousands_of_exact_rules_are_found_without_a_scan(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A gateway's policy that names each of its 5,000 bindings answers through its index:
+    no rule's ``matches`` is called for an exact rule, and the answer is still the first."""
+    policy = StaticConnectorPolicy.from_dict({"rules": [
+        _rule(logical_agent_id=f"agent-{n}", binding_id="main", max_lease_ttl=60)
+        for n in range(5000)] + [_rule(logical_agent_id="agent-7", binding_id="main",
+                                       max_lease_ttl=5)]})
+    calls = []
+    real = ConnectorRule.matches
+    monkeypatch.setattr(ConnectorRule, "matches",
+                        lambda rule, *args: calls.append(rule) or real(rule, *args))
+    wanted = LeaseIdentity("acme", "agent-4999", "main")
+    assert policy.authorize(_request(identity=wanted)).allowed
+    assert policy.authorize(_request(identity=LeaseIdentity("acme", "agent-7", "main"),
+                                     ttl=30)).allowed  # the first of equal rules: 60 s
+    assert not policy.authorize(_request(identity=LeaseIdentity("acme", "x", "main"))).allowed
+    assert calls == []
 
 
 @pytest.mark.parametrize(("scopes", "allowed"), [

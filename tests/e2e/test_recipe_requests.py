@@ -61,11 +61,39 @@ def test_a_configuration_names_each_binding_and_its_identity() -> None:
     ({"max_hops": 9}, "max_hops"),
     ({"grant_ttl": 10}, "grant_ttl"),
     ({"tenant_id": "acme"}, "unknown keys"),
+    ({"work": "echo"}, "work"),
+    ({"generate": {"tenants": 2, "agents": 2}}, "generate"),
+    ({"generate": {"tenants": 0, "agents": 2, "binding_id": "main"}}, "generate"),
+    ({"generate": {"tenants": True, "agents": 2, "binding_id": "main"}}, "generate"),
+    ({"generate": {"tenants": 101, "agents": 100, "binding_id": "main"}}, "generate"),
+    ({"generate": {"tenants": 1, "agents": 1, "binding_id": ""}}, "generate.binding_id"),
+    ({"generate": {"tenants": 1, "agents": 1, "binding_id": "ledger"}, "bindings": [
+        {**BINDING, "name": "t0-a0"}]}, "same name"),
 ])
 def test_a_bad_configuration_is_refused_naming_the_field(change: dict[str, Any],
                                                          names: str) -> None:
     with pytest.raises(ConfigError, match=names.replace("[", r"\[").replace("]", r"\]")):
         parse_config(json.dumps({**GOOD, **change}))
+
+
+def test_a_gateway_of_thousands_of_bindings_generates_them() -> None:
+    """``generate`` adds a binding per tenant and agent, beside the listed ones; the policy
+    names each, and a name is found without a scan."""
+    config = parse_config(json.dumps({**GOOD, "work": "validate", "generate": {
+        "tenants": 20, "agents": 499, "binding_id": "main"}}))
+    assert len(config.bindings) == 9_981 and config.work == "validate"
+    found = config.binding("t19-a498")
+    assert found is not None and found.identity == LeaseIdentity("tenant-19", "agent-498",
+                                                                 "main")
+    assert config.binding("t20-a0") is None and config.binding("ledger") is not None
+    assert len(config.policy().rules) == 9_981
+    only = parse_config(json.dumps({"connector_id": "gw-a", "endpoint": GOOD["endpoint"],
+                                    "generate": {"tenants": 1, "agents": 2,
+                                                 "binding_id": "b"}}))
+    assert [b.name for b in only.bindings] == ["t0-a0", "t0-a1"] and only.work == "ledger"
+    with pytest.raises(ConfigError, match="10000 bindings in all"):
+        parse_config(json.dumps({**GOOD, "generate": {"tenants": 100, "agents": 100,
+                                                      "binding_id": "main"}}))
 
 
 @pytest.mark.parametrize("text", ["", "[]", "{", "x" * (64 * 1024 + 1)])
