@@ -180,10 +180,14 @@ def test_thousands_of_exact_rules_are_found_without_a_scan(
         _rule(logical_agent_id=f"agent-{n}", binding_id="main", max_lease_ttl=60)
         for n in range(5000)] + [_rule(logical_agent_id="agent-7", binding_id="main",
                                        max_lease_ttl=5)]})
-    calls = []
+    calls: list[ConnectorRule] = []
     real = ConnectorRule.matches
-    monkeypatch.setattr(ConnectorRule, "matches",
-                        lambda rule, *args: calls.append(rule) or real(rule, *args))
+
+    def counted(rule: ConnectorRule, identity: LeaseIdentity, connector_id: str) -> bool:
+        calls.append(rule)
+        return real(rule, identity, connector_id)
+
+    monkeypatch.setattr(ConnectorRule, "matches", counted)
     wanted = LeaseIdentity("acme", "agent-4999", "main")
     assert policy.authorize(_request(identity=wanted)).allowed
     assert policy.authorize(_request(identity=LeaseIdentity("acme", "agent-7", "main"),
