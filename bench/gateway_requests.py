@@ -395,10 +395,11 @@ def run(size: Size, progress: Any = print) -> RequestsResult:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--bindings", type=int, default=Size.bindings)
-    parser.add_argument("--clients", type=int, default=Size.clients)
-    parser.add_argument("--seconds", type=float, default=Size.seconds)
-    parser.add_argument("--rounds", type=int, default=Size.rounds)
+    full = Size()
+    parser.add_argument("--bindings", type=int, default=full.bindings)
+    parser.add_argument("--clients", type=int, default=full.clients)
+    parser.add_argument("--seconds", type=float, default=full.seconds)
+    parser.add_argument("--rounds", type=int, default=full.rounds)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--json", default=None, help="write the figures here")
     parser.add_argument("--serve-plain", type=int, default=None, help=argparse.SUPPRESS)
