@@ -23,12 +23,10 @@ from mos_lease.machine import (
     Acquire,
     PolicyVerdict,
     Release,
-    Takeover,
     Write,
     audit_entry,
     decide,
     plan,
-    preempts,
     success_epoch,
 )
 from mos_lease.metadata import check_metadata
@@ -101,16 +99,9 @@ class BatchFlows(Flows):
                     views[k] = HolderView.of(snapshot.row, snapshot.now)
         attempts: list[_Attempt] = []
         for k, (identity, epoch) in enumerate(pairs):
-            view = views[k]
-            state = None if view is None else view.state
-            verdict = self.verdict(PolicyRequest(
-                LifecycleEvent.TAKEOVER, identity, connector_id, norm_scopes, norm_ttl,
-                current_state=state,
-                current_connector_id=None if view is None else view.connector_id))
-            command = Takeover(identity, connector_id, norm_scopes, norm_ttl, epoch,
-                               preempt_active=preempts(verdict, state),
-                               new_lease_id=self.ids(), event_id=self.ids(),
-                               correlation_id=correlation, metadata=checked_metadata)
+            command, verdict = self._takeover(identity, epoch, views[k], connector_id,
+                                              norm_scopes, norm_ttl, correlation,
+                                              checked_metadata)
             attempts.append((command, verdict, snapshots.get(k)))
         return (yield from self._write_many("takeover_many", attempts))
 

@@ -39,7 +39,7 @@ from mos_lease.errors import (
     StoreUnavailable,
 )
 from mos_lease.grant_flows import GrantFlows
-from mos_lease.identity import check_epoch, check_id, normalize_ttl
+from mos_lease.identity import LeaseIdentity, Scopes, check_epoch, check_id, normalize_ttl
 from mos_lease.machine import (
     Acquire,
     Command,
@@ -58,7 +58,7 @@ from mos_lease.machine import (
     success_epoch,
     success_outcome,
 )
-from mos_lease.metadata import check_metadata
+from mos_lease.metadata import Metadata, check_metadata
 from mos_lease.policy import PolicyRequest
 from mos_lease.reconciliation import is_own_write, reconciled_row, recorded
 from mos_lease.records import AuditEntry, LeaseHandle, Snapshot, WriteOutcome
@@ -112,16 +112,25 @@ class Flows(GrantFlows):
             snapshot = yield Load(identity)
             if snapshot.row is not None:
                 view = HolderView.of(snapshot.row, snapshot.now)
+        command, verdict = self._takeover(identity, epoch, view, connector_id, norm_scopes,
+                                          norm_ttl, correlation, checked_metadata)
+        return (yield from self._lifecycle(command, verdict, snapshot))
+
+    def _takeover(self, identity: LeaseIdentity, epoch: int, view: HolderView | None,
+                  connector_id: str, scopes: Scopes, ttl: timedelta, correlation: str,
+                  metadata: Metadata) -> tuple[Takeover, PolicyVerdict]:
+        """A takeover at ``epoch`` as the policy judges it, told the lease's state and
+        holder as ``view`` shows them (``None``: no row), with its new lease UUID and event
+        id made now: for a single takeover and for each of a batch alike."""
         state = None if view is None else view.state
         verdict = self.verdict(PolicyRequest(
-            LifecycleEvent.TAKEOVER, identity, connector_id, norm_scopes, norm_ttl,
+            LifecycleEvent.TAKEOVER, identity, connector_id, scopes, ttl,
             current_state=state,
             current_connector_id=None if view is None else view.connector_id))
-        command = Takeover(identity, connector_id, norm_scopes, norm_ttl, epoch,
+        command = Takeover(identity, connector_id, scopes, ttl, epoch,
                            preempt_active=preempts(verdict, state), new_lease_id=self.ids(),
-                           event_id=self.ids(), correlation_id=correlation,
-                           metadata=checked_metadata)
-        return (yield from self._lifecycle(command, verdict, snapshot))
+                           event_id=self.ids(), correlation_id=correlation, metadata=metadata)
+        return command, verdict
 
     def heartbeat(self, lease: object, ttl: object,
                   correlation_id: object) -> Flow[LeaseResult]:
