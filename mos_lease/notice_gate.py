@@ -124,6 +124,7 @@ class NoticeGate(Generic[K]):
 
     @property
     def stats(self) -> NoticeStats:
+        """What the gate has seen and done since it was made (see :class:`NoticeStats`)."""
         return NoticeStats(self._notices, self._coalesced, self._confirmations,
                            self._held_back)
 

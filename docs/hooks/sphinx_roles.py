@@ -6,8 +6,9 @@ reference. A name relative to the docstring's own class or module (``:meth:`rene
 ``:mod:`.rows```) is looked up from there outwards, as Python would, and written as the full
 path it finds.
 
-* A role naming an object of these packages links to it wherever the site documents it; an
-  internal name the reference leaves out (``mos_lease.machine``'s) is shown as inline code.
+* A role naming an object of these packages links to it: every module it names is in the
+  reference (the internal ones on their own page), so a role whose object the site does not
+  document is reported as well.
 * A role naming the standard library's objects (``asyncio.Event``) is inline code.
 * A role naming nothing stays a plain reference, which autorefs reports and
   ``mkdocs build --strict`` turns into a failure: the references stay checked.
@@ -127,9 +128,10 @@ def rewrite(text: str, scope: Object, loader: GriffeLoader) -> str:
             return f"[`{shown}`][{path}]"
         if path.split(".", 1)[0] not in PACKAGES:
             return f"`{shown}`"  # the standard library's and others' names: no page to link
-        # Optional: a link where the site documents the object, inline code where it is an
-        # internal name the reference leaves out (its docstring is in the source).
-        return f'<autoref identifier="{path}" optional><code>{shown}</code></autoref>'
+        # Required: the site documents every object of these packages a docstring names, so
+        # a role whose object has no entry (a member a page's list leaves out) fails the
+        # strict build too, and every cross-reference stays a link.
+        return f'<autoref identifier="{path}"><code>{shown}</code></autoref>'
 
     return ROLE.sub(link, text)
 

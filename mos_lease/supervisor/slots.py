@@ -113,9 +113,9 @@ class Renew:
 
 @attrs.frozen(slots=True)
 class Due:
-    """What :meth:`Schedule.due` found: changes to report (losses at their deadline), the
-    renewals, campaign calls and confirming reads to make now, and when to look again if
-    nothing happens."""
+    """What :meth:`~mos_lease.supervisor.schedule.Schedule.due` found: changes to report
+    (losses at their deadline), the renewals, campaign calls and confirming reads to make now,
+    and when to look again if nothing happens."""
 
     changes: list[Change]
     renewals: list[Renew]

@@ -74,7 +74,8 @@ class ClockReading:
 
 @attrs.frozen(slots=True)
 class Facts:
-    """Everything :func:`evaluate` judges; :func:`gather` reads it from a live server."""
+    """Everything :func:`evaluate` judges; :func:`~mos_lease_pg.admin.check.gather` reads it
+    from a live server."""
 
     schema: str
     server_version_num: int

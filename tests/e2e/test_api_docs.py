@@ -128,9 +128,6 @@ def test_no_docstring_role_is_shown_raw(site: Path) -> None:
     assert {page: roles for page, roles in raw.items() if roles} == {}
 
 
-# Modules a package's introduction names that the reference leaves out (internal ones): their
-# roles render as inline code. Every other role there must be a link.
-UNRENDERED = {"mos_lease.version"}
 
 
 @pytest.mark.parametrize(("module_name", "page"), [
@@ -147,9 +144,6 @@ def test_the_package_introductions_roles_are_links(site: Path, module_name: str,
     for role in roles:
         written = role["target"]
         shown = re.escape(written.rsplit(".", 1)[-1] if role["short"] else written)
-        if written in UNRENDERED:
-            assert re.search(rf'<span title="{re.escape(written)}"><code>{shown}</code>', html)
-            continue
         link = rf'<a class="autorefs autorefs-internal"[^>]* href="[^"]+"><code>{shown}</code></a>'
         assert re.search(link, html), written
 
@@ -180,11 +174,11 @@ def test_a_role_naming_nothing_is_left_for_the_strict_build_to_report() -> None:
     loader = griffe.GriffeLoader(extensions=griffe.load_extensions(extension.SphinxRoles))
     package = loader.load("mos_lease_memory")
     store = package["store.InMemoryLeaseStore"]
-    assert ('<autoref identifier="mos_lease.clock.ManualClock" optional>'
+    assert ('<autoref identifier="mos_lease.clock.ManualClock">'
             "<code>ManualClock</code></autoref>") in store.docstring.value
     rewritten = extension.rewrite(":meth:`load` and :class:`NoSuchThing`", store, loader)
     assert rewritten == ('<autoref identifier="mos_lease_memory.store.InMemoryLeaseStore.load"'
-                         " optional><code>load</code></autoref> and [`NoSuchThing`][NoSuchThing]")
+                         "><code>load</code></autoref> and [`NoSuchThing`][NoSuchThing]")
 
 
 @pytest.mark.parametrize("name", ["mos_lease.Supervisor.add", "mos_lease.AsyncSupervisor.add",
