@@ -269,7 +269,6 @@ class Schedule:
                 state.loss.cause, state.loss.reason,
                 f" last error: {state.loss.error}" if state.loss.error else "")
         slot.step, slot.observed, slot.try_at = ReadHolder, None, state.loss.at
-        slot.probing = False
         return BindingLost(slot.binding.identity, state.lease, state.loss)
 
     def _campaign(self, slot: Slot) -> Campaign:
@@ -337,7 +336,6 @@ class Schedule:
         won = (outcome.lease if isinstance(outcome, LeaseResult) and outcome.ok else None)
         if slot.removed:
             return [], won
-        probing, slot.probing = slot.probing, False
         if isinstance(outcome, BaseException):
             # A store failure, or anything else: no lease is held, so nothing is unsafe;
             # back off and read the holder again.
@@ -357,11 +355,8 @@ class Schedule:
             log.warning("mos_lease: campaign for %s refused: %s; trying again later",
                         slot.binding.identity, outcome.reason)
         if outcome.holder is not None:  # the refusal shows the lease: no read needed
-            return self._observe(slot, outcome.holder, finished, pause=not probing), None
-        if probing:
-            slot.step, slot.try_at = ReadHolder, finished
-        else:
-            self._pause(slot, finished, ReadHolder, None)
+            return self._observe(slot, outcome.holder, finished, pause=True), None
+        self._pause(slot, finished, ReadHolder, None)
         return [], None
 
     def confirmed(self, call: Confirm, outcome: HolderView | BaseException | None,
