@@ -180,7 +180,7 @@ class AsyncSupervisor(_Supervisor[AsyncConnectorLeaseCoordinator]):
         return None if lease is None else await self.coordinator.release(lease)
 
     async def close(self) -> None:
-        """Cancel the task and release every held lease (each reported lost, ``STOPPED``)."""
+        """Cancel the task and release every held lease, as :meth:`Supervisor.close`."""
         with self._core.lock:
             self._core.closing = True
         task = self._task
@@ -189,11 +189,14 @@ class AsyncSupervisor(_Supervisor[AsyncConnectorLeaseCoordinator]):
             # Waited for without awaiting it, so a cancellation of the caller is not lost
             # (the asyncio keeper's stop() explains why).
             await asyncio.wait((task,))
-        for lease in self._close_all():
-            outcome = await self._release(lease)
-            if isinstance(outcome, BaseException):
-                log.warning(
-                    "mos_lease: could not release %s on close: %r", lease.identity, outcome)
+        for batch in self._close_all():
+            try:
+                outcome: list[LeaseResult] | Exception = await self.coordinator.release_many(
+                    [lease for lease, _ in batch])
+            except Exception as error:
+                outcome = error
+            self._released(batch, outcome)
+        self._closed()
 
     def changes(self) -> AsyncIterator[Change]:
         """As :meth:`Supervisor.changes`, for ``async for``."""

@@ -76,6 +76,11 @@ class Schedule:
     def __init__(self, draw: Callable[[], float], coalesce: float = COALESCE) -> None:
         self._draw = draw
         self._coalesce = coalesce
+        # Whether notices tell of releases and takeovers (the supervisor has a source): an
+        # active lease held elsewhere is then waited out to its expiry, not re-read at
+        # every backoff (holder/waiting.pause_for), and a notice is the reason to look
+        # sooner (look()).
+        self.noticed = False
         self.slots: dict[LeaseIdentity, Slot] = {}
         # The bindings dropped while the supervisor closed: asked about, they hold nothing
         # (a status request during shutdown sees None), unlike an identity never added.
@@ -153,6 +158,27 @@ class Schedule:
             return False
         state = slot.state
         return state is None or state.loss is not None or epoch > state.lease.epoch
+
+    def look(self, identity: LeaseIdentity, now: float) -> bool | None:
+        """A notice came for ``identity``: if it is a binding waiting for a lease held
+        elsewhere, its next read is moved to ``now`` (joining the next turn's batched read),
+        but never sooner than ``max_backoff`` after its last read, so that a flood of
+        notices, forged or not, costs no more reads than waiting without notices does.
+        ``None`` if it is not such a binding (held, or not registered: a held one's notice
+        is confirmed by :meth:`notice`); else whether its next read moved earlier."""
+        slot = self.slots.get(identity)
+        if slot is None or slot.holding:
+            return None
+        if slot.busy:
+            slot.hinted = True  # the read in flight may predate the change: look again
+            return False
+        if slot.step is not ReadHolder:
+            return False  # an acquire or a takeover is due already
+        at = max(now, slot.looked + slot.binding.timing.max_backoff)
+        if at >= slot.try_at:
+            return False
+        slot.try_at = at
+        return True
 
     def notice(self, identity: LeaseIdentity) -> Slot | None:
         """A confirming turn for ``identity`` begins: its read is made by the next turn that
@@ -395,9 +421,14 @@ class Schedule:
         # hold()'s rule with takeover=EXPIRED (holder/waiting.py): an identity that never
         # had a lease is acquired, an active lease is waited out, an expired or released
         # one is taken over at the epoch just read, so of several campaigners one wins.
+        slot.looked = now
         if view is not None and view.state is LeaseState.ACTIVE:
             self._pause(slot, now, ReadHolder, view)
+            if slot.hinted:  # a notice came while this view was read
+                slot.try_at = min(slot.try_at, now + slot.binding.timing.max_backoff)
+            slot.hinted = False
             return changes
+        slot.hinted = False
         step: type[Acquire] | int = Acquire if view is None else view.epoch
         if pause:
             self._pause(slot, now, step, view)
@@ -411,7 +442,7 @@ class Schedule:
         slot.failures += 1
         slot.step = step
         slot.try_at = now + pause_for(slot.binding.timing, slot.failures, self._draw(), None,
-                                      view)
+                                      view, until_expiry=self.noticed)
 
 
 def superseded(held: LeaseHandle, view: HolderView | None, at: float) -> LeaseLoss | None:

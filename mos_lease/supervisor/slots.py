@@ -7,6 +7,8 @@ decides with them.
 
 from __future__ import annotations
 
+import math
+
 import attrs
 
 from mos_lease.identity import LeaseIdentity
@@ -38,8 +40,8 @@ class Slot:
     while a notice's confirming read waits for its turn. Compared by identity: a call whose
     slot was removed (or replaced by a new registration) is stale."""
 
-    __slots__ = ("binding", "busy", "confirm", "failures", "observed", "removed",
-                 "seen", "state", "step", "try_at")
+    __slots__ = ("binding", "busy", "confirm", "failures", "hinted", "looked", "observed",
+                 "removed", "seen", "state", "step", "try_at")
 
     def __init__(self, binding: Binding, now: float) -> None:
         self.binding = binding
@@ -50,6 +52,8 @@ class Slot:
         self.step: type[Acquire] | type[ReadHolder] | int = ReadHolder  # int: take over at it
         self.observed: HolderView | None = None  # the view a takeover acts on
         self.try_at = now
+        self.looked = -math.inf  # when the campaign last read the holder
+        self.hinted = False  # a notice came while a campaign call was in flight
         self.failures = 0
         self.seen: tuple[str, int] | None = None  # the last (connector_id, epoch) reported
         self.busy = False
