@@ -4,12 +4,14 @@ Pure: no clock is read, no store is called, no randomness is drawn that is not h
 :class:`Schedule` keeps one :class:`Slot` per registered binding. A held binding follows the
 keeper's schedule (:mod:`mos_lease.keeper.schedule`: the same deadline, the same retry and
 the same loss rule as :func:`~mos_lease.hold`); a binding without a lease campaigns, as
-client-go's leader election does: acquire, read the holder, take over an expired or released
-lease at the observed epoch, back off with jitter, and campaign again after a loss.
+client-go's leader election does: read the holder, acquire an identity never held, take over
+an expired or released lease at the observed epoch, back off with jitter (or, with notices,
+wait out an active lease to its expiry), and campaign again after a loss.
 
 :meth:`Schedule.due` returns the calls due at ``now``: renewals grouped by ttl into batches of
-at most :data:`BATCH` leases (one ``heartbeat_many`` round trip each), and campaign calls one
-per binding. Each call's outcome goes back through :meth:`Schedule.renewed` or
+at most :data:`BATCH` leases (one ``heartbeat_many`` round trip each), and a campaign call per
+binding, which the turn sends in batches (:func:`mos_lease.supervisor.flow.batches`). Each
+call's outcome goes back, per binding, through :meth:`Schedule.renewed` or
 :meth:`Schedule.campaigned`, which return the changes to report. The values it decides with
 are in :mod:`~mos_lease.supervisor.slots` (the bindings, their slots and the calls) and
 :mod:`~mos_lease.supervisor.changes` (what is reported).
