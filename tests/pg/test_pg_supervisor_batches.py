@@ -6,15 +6,18 @@ its release."""
 
 from __future__ import annotations
 
+import threading
+import time
 from typing import Any
 
 import pytest
 
 from mos_lease import AllowAllPolicy, ConnectorLeaseCoordinator, LeaseIdentity
 from mos_lease.notice_confirmer import NoticeConfirmer
-from mos_lease.supervisor import BindingLost, BindingStarted, Change, Supervisor
+from mos_lease.supervisor import BindingLost, BindingStarted, Change, NewHolder, Supervisor
 from mos_lease.testing import ManualNoticeFeed
 from mos_lease.vocabulary import LeaseState, LifecycleEvent, Outcome
+from mos_lease_pg import LeaseNotices
 from tests.pg.test_pg_supervisor import SCOPES, Counted, _settle
 from tests.pg_fixtures import StoreFactory
 
@@ -156,3 +159,63 @@ def test_a_standby_with_notices_reads_at_the_holders_expiry_not_every_backoff(
     assert standby.store.calls["load_many"] <= 3
     holder.supervisor.close()
     standby.supervisor.close()
+
+
+def test_a_peers_shutdown_is_taken_over_at_once_in_batches_and_is_no_notice_flood(
+        pg_dsn: str, pg_stores: StoreFactory, pg_tenant: str,
+        caplog: pytest.LogCaptureFixture) -> None:
+    # Real time, real notices: a peer holding 2,000 bindings (ttl 30 s) closes; the standby
+    # hears 2,000 release notices and takes every lease over within seconds, long before
+    # any expiry, reading in batches and taking no confirming turn: no flood is warned of.
+    n = 2000
+    names = [LeaseIdentity(pg_tenant, f"peer-{i}", "b") for i in range(n)]
+    store_b = Counted(pg_stores())
+    confirmer = NoticeConfirmer()
+    taken = threading.Event()
+    started: list[BindingStarted] = []
+    seen: list[NewHolder] = []
+
+    def on_change(change: Change) -> None:
+        if isinstance(change, NewHolder):
+            seen.append(change)
+        if isinstance(change, BindingStarted):
+            started.append(change)
+            if len(started) == n:
+                taken.set()
+
+    with LeaseNotices(pg_dsn, confirmer=confirmer) as notices:
+        assert notices.listening.wait(5), notices.refused
+        peer = Supervisor(ConnectorLeaseCoordinator(pg_stores(), AllowAllPolicy()))
+        peer_started = threading.Event()
+        count = [0]
+
+        def peer_change(change: Change) -> None:
+            if isinstance(change, BindingStarted):
+                count[0] += 1
+                if count[0] == n:
+                    peer_started.set()
+
+        peer._core.on_change = peer_change
+        for identity in names:
+            peer.add(identity, "gw-a", scopes=SCOPES, ttl=TTL)
+        assert peer_started.wait(60)
+        with Supervisor(ConnectorLeaseCoordinator(store_b, AllowAllPolicy()),
+                        on_change=on_change, notices=notices) as standby:
+            for identity in names:
+                standby.add(identity, "gw-b", scopes=SCOPES, ttl=TTL)
+            deadline = time.monotonic() + 30
+            while len(seen) < n:  # the first pass saw every one held by the peer
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            time.sleep(0.5)
+            assert not started
+            caplog.clear()
+            t0 = time.monotonic()
+            peer.close()
+            assert taken.wait(15), f"{len(started)} of {n} taken over"
+            elapsed = time.monotonic() - t0
+            assert {c.lease.epoch for c in started} == {2}
+    assert elapsed < 10  # against leases that would expire 30 s after their last renewal
+    assert confirmer.stats().notices == 0  # no confirming turn for a waiting binding
+    assert not [r for r in caplog.records if "flood" in r.getMessage()]
+    assert store_b.calls.get("takeover_many", 0) <= 2 * (n // 1000) + 4
