@@ -297,6 +297,7 @@ class Schedule:
                 state.loss.cause, state.loss.reason,
                 f" last error: {state.loss.error}" if state.loss.error else "")
         slot.step, slot.observed, slot.try_at = ReadHolder, None, state.loss.at
+        slot.hinted = False
         return BindingLost(slot.binding.identity, state.lease, state.loss)
 
     def _campaign(self, slot: Slot) -> Campaign:

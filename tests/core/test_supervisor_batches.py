@@ -75,3 +75,15 @@ def test_the_asyncio_supervisor_closes_in_batches_too() -> None:
 
     seen = asyncio.run(main())
     assert len(seen) == 1200 and all(seen)
+
+
+def test_writes_are_batched_per_connector_scopes_and_ttl_and_reads_all_together() -> None:
+    rig = Rig()
+    for i in range(30):
+        rig.supervisor.add(ident(i), "gw-a" if i < 20 else "gw-b", scopes=SCOPES,
+                           ttl=TTL if i < 10 else 2 * TTL)
+    rig.settle()
+    assert len(rig.of(BindingStarted)) == 30
+    # One read of all 30; the acquires as (gw-a, TTL), (gw-a, 2 TTL) and (gw-b, 2 TTL).
+    assert rig.store.calls == {"load_many": 1, "acquire_many": 3}
+    assert {c.lease.connector_id for c in rig.of(BindingStarted)} == {"gw-a", "gw-b"}
