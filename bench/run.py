@@ -43,6 +43,7 @@ import purecore
 import scale
 import single
 import stamps
+import standby
 import supervisor
 import telemetry
 from common import BenchError, CorrectnessError, server, store_connection, throwaway_database
@@ -78,6 +79,7 @@ class Mode:
     coalesce_rounds: int = 8
     coalesce_per_block: int = 960
     requests: gateway_requests.Size = attrs.field(factory=gateway_requests.Size)
+    standby: tuple[int, float] = (10_000, 15.0)  # bindings, ttl (s)
 
 
 FULL = Mode("full", single.FULL, contention_rounds=800, contention_blocks=8,
@@ -90,7 +92,8 @@ QUICK = Mode("quick", single.QUICK, contention_rounds=40, contention_blocks=4,
              core_decisions=20_000, core_repeats=3, memory_small=1_000, memory_large=20_000,
              notice_trials=5, audit_rows=20_000, audit_rounds=4, audit_per_round=100,
              supervisor=supervisor.QUICK_SIZE, peers=peers.QUICK, coalesce_rounds=2,
-             coalesce_per_block=320, requests=gateway_requests.QUICK)
+             coalesce_per_block=320, requests=gateway_requests.QUICK,
+             standby=(1_000, 6.0))
 
 
 @attrs.frozen
@@ -150,7 +153,7 @@ def measure_all(srv: PgServer, mode: Mode, args: argparse.Namespace,
     tenant = f"bench-{secrets.token_hex(4)}"
     if args.only == "peers":
         return _peers_only(report, srv, tenant, args, progress)
-    if args.only in ("coalesce", "requests"):
+    if args.only in ("coalesce", "requests", "standby"):
         return _only_section(srv, report, tenant, args.only, progress)
     with throwaway_database(srv, "mos_lease_bench") as dsn:
         with PostgresLeaseStore(dsn) as store:
@@ -472,12 +475,14 @@ def _coalesce(dsn: str, tenant: str, mode: Mode,
 
 def _only_section(srv: PgServer, report: Report, tenant: str, only: str,
                   progress: Callable[[str], None]) -> Report:
-    """``--only coalesce`` or ``--only requests``: that section alone."""
+    """``--only coalesce``, ``requests`` or ``standby``: that section alone."""
     if only == "coalesce":
         with throwaway_database(srv, "mos_lease_bench_coalesce") as dsn:
             _coalesce_figures(report, _coalesce(dsn, tenant, report.mode, progress))
-    else:
+    elif only == "requests":
         _requests_figures(report, _requests(report.mode, progress))
+    else:
+        _standby_figures(report, srv, report.mode, progress)
     report.partial = True
     return report
 
@@ -489,6 +494,7 @@ def _last_sections(report: Report, srv: PgServer, tenant: str, mode: Mode,
     with throwaway_database(srv, "mos_lease_bench_coalesce") as dsn:
         _coalesce_figures(report, _coalesce(dsn, f"{tenant}-c", mode, progress))
     _requests_figures(report, _requests(mode, progress))
+    _standby_figures(report, srv, mode, progress)
     _many_figures(report, *_many_bindings(srv, tenant, mode, args, progress))
     report.environment.append(f"load average at end {os.getloadavg()[0]:.2f}")
 
@@ -499,6 +505,18 @@ def _requests(mode: Mode, progress: Callable[[str], None]
     progress(f"requests: the ASGI gateway recipe ({size.bindings:,} bindings held) against a "
              f"plain app, {size.clients} keep-alive clients, real uvicorn processes")
     return gateway_requests.run(size, progress)
+
+
+def _standby_figures(report: Report, srv: PgServer, mode: Mode,
+                     progress: Callable[[str], None]) -> None:
+    bindings, ttl = mode.standby
+    progress(f"standby: two supervisor processes over {bindings:,} bindings (ttl {ttl:g} s): "
+             "first acquire, a standby's reads, takeover after a kill, close")
+    with throwaway_database(srv, "mos_lease_bench_standby") as dsn:
+        figures = standby.run(dsn, bindings, ttl)
+    report.figures.update(figures)
+    if bindings != 10_000:
+        report.notes.append(f"standby: the _10k figures measured at {bindings:,} bindings")
 
 
 def _requests_figures(report: Report, result: gateway_requests.RequestsResult) -> None:
@@ -646,7 +664,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="core to pin client and backend to (default: the lowest allowed)")
     parser.add_argument("--no-pin", action="store_true",
                         help="do not pin the single-connection comparisons to one core")
-    parser.add_argument("--only", choices=["stamps", "single", "peers", "coalesce", "requests"],
+    parser.add_argument("--only", choices=["stamps", "single", "peers", "coalesce", "requests",
+                                           "standby"],
                         default=None,
                         help="run one comparison only (stamps: what the stamp checks cost "
                         "per write; single: validate and the writes, pinned and "

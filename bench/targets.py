@@ -56,6 +56,10 @@ JSON_KEYS = (
     "gateway_requests_vs_plain_app",
     "gateway_effect_requests_vs_plain_app",
     "gateway_requests_per_s",
+    "acquire_10k_s",
+    "standby_round_trips_10k",
+    "takeover_10k_p99_after_expiry_s",
+    "close_10k_s",
     "plain_app_requests_per_s",
 )
 
@@ -121,6 +125,12 @@ TARGETS = (
     # Grant issues that overlap share their reads and their audit rows' statement and commit.
     Target("coalesced_grant_8_vs_single", ">=", 2.5),
     Target("coalesced_grant_32_vs_single", ">=", 4.5),
+    # Two supervisor processes over 10,000 bindings (bench/standby.py): the first acquire,
+    # a waiting process's round trips per holder tick, failover after a kill, shutdown.
+    Target("acquire_10k_s", "<=", 2.0),
+    Target("standby_round_trips_10k", "<=", 11),
+    Target("takeover_10k_p99_after_expiry_s", "<=", 1.0),
+    Target("close_10k_s", "<=", 1.0),
     # A gateway's requests end to end (bench/gateway_requests.py): the recipe over a plain
     # app doing the same durable work without the library, 64 clients.
     Target("gateway_requests_vs_plain_app", ">=", 0.8),

@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -59,20 +59,26 @@ def send_flood(dsn: str, channel: str, identities: Sequence[LeaseIdentity], coun
 
 
 def count_loads(store: Any) -> list[int]:
-    """Count the calls of ``store.load`` (sync or async) from now on: a one-item list."""
+    """Count the rows read by ``store.load`` and ``store.load_many`` (sync or async) from now
+    on: a one-item list."""
     calls = [0]
-    real = store.load
-    if inspect.iscoroutinefunction(real):
-        async def counting_async(identity: LeaseIdentity) -> Any:
-            calls[0] += 1
-            return await real(identity)
-        store.load = counting_async
-    else:
-        def counting(identity: LeaseIdentity) -> Any:
-            calls[0] += 1
-            return real(identity)
-        store.load = counting
+    for name, rows in (("load", lambda _args: 1), ("load_many", len)):
+        _count_rows(store, name, rows, calls)
     return calls
+
+
+def _count_rows(store: Any, name: str, rows: Callable[[Any], int], calls: list[int]) -> None:
+    real = getattr(store, name)
+    if inspect.iscoroutinefunction(real):
+        async def counting_async(arg: Any) -> Any:
+            calls[0] += rows(arg)
+            return await real(arg)
+        setattr(store, name, counting_async)
+    else:
+        def counting(arg: Any) -> Any:
+            calls[0] += rows(arg)
+            return real(arg)
+        setattr(store, name, counting)
 
 
 def turn_bound(rate: float, burst: int, seconds: float) -> float:

@@ -45,13 +45,19 @@ def plan_attempt(view: HolderView | None, options: HoldOptions,
 
 
 def pause_for(timing: KeeperTiming, failures: int, draw: float, remaining: float | None,
-              view: HolderView | None) -> float:
+              view: HolderView | None, *, until_expiry: bool = False) -> float:
     """Backoff with jitter (the keeper's), never past the end of the wait, and waking no
-    later than the moment the observed lease would expire."""
-    delay = timing.backoff(failures, draw, math.inf if remaining is None else remaining)
+    later than the moment the observed lease would expire. ``until_expiry``: a notice will
+    tell of a release or takeover of the observed lease, so an active one is waited out
+    until it would expire (the store's time, counted from the read) instead of re-read at
+    every backoff; only its renewal can keep it, and that is seen by reading then."""
+    cap = math.inf if remaining is None else remaining
     if view is not None and view.state is LeaseState.ACTIVE:
-        delay = min(delay, max((view.expires_at - view.now).total_seconds(), 0.0))
-    return max(delay, 0.0)
+        expiry = max((view.expires_at - view.now).total_seconds(), 0.0)
+        if until_expiry:
+            return max(min(expiry, cap), 0.0)
+        return max(min(timing.backoff(failures, draw, cap), expiry), 0.0)
+    return max(timing.backoff(failures, draw, cap), 0.0)
 
 
 @attrs.frozen(slots=True)

@@ -37,7 +37,7 @@ from mos_lease.supervisor.flow import (
     turn_failed,
 )
 from mos_lease.supervisor.notices import NoticeFeed
-from mos_lease.supervisor.slots import Acquire, Confirm, ReadHolder, Renew, Takeover
+from mos_lease.supervisor.slots import Acquire, ReadHolder, Renew, Takeover
 
 log = logging.getLogger("mos_lease.supervisor")
 
@@ -142,19 +142,21 @@ class AsyncSupervisor(_Supervisor[AsyncConnectorLeaseCoordinator]):
             return error
 
     async def _campaign(self, attempt: Attempt) -> object:
-        call, binding = attempt.call, attempt.call.slot.binding
-        if isinstance(call, ReadHolder | Confirm):
-            return await self.coordinator.current_holder(binding.identity)
-        if isinstance(call, Acquire):
-            return await self.coordinator.acquire(binding.identity, binding.connector_id,
-                                                  scopes=binding.scopes,
-                                                  ttl=binding.timing.ttl,
-                                                  metadata=binding.metadata)
-        assert isinstance(call, Takeover)
-        return await self.coordinator.takeover(binding.identity, binding.connector_id,
-                                               scopes=binding.scopes, ttl=binding.timing.ttl,
-                                               expected_epoch=call.expected_epoch,
-                                               observed=call.observed, metadata=binding.metadata)
+        calls, kind = attempt.calls, attempt.kind
+        identities = [call.slot.binding.identity for call in calls]
+        if kind is ReadHolder:
+            return await self.coordinator.current_holders(identities)
+        binding = calls[0].slot.binding  # a write batch shares these (flow.batches)
+        if kind is Acquire:
+            return await self.coordinator.acquire_many(identities, binding.connector_id,
+                                                       scopes=binding.scopes,
+                                                       ttl=binding.timing.ttl,
+                                                       metadata=binding.metadata)
+        takeovers = [call for call in calls if isinstance(call, Takeover)]
+        return await self.coordinator.takeover_many(
+            [(call.slot.binding.identity, call.expected_epoch) for call in takeovers],
+            binding.connector_id, scopes=binding.scopes, ttl=binding.timing.ttl,
+            observed=[call.observed for call in takeovers], metadata=binding.metadata)
 
     async def _bounded(self, call: Awaitable[object], timeout: float) -> object:
         return await bounded_async(call, timeout, self._abandoned)
@@ -178,7 +180,7 @@ class AsyncSupervisor(_Supervisor[AsyncConnectorLeaseCoordinator]):
         return None if lease is None else await self.coordinator.release(lease)
 
     async def close(self) -> None:
-        """Cancel the task and release every held lease (each reported lost, ``STOPPED``)."""
+        """Cancel the task and release every held lease, as :meth:`Supervisor.close`."""
         with self._core.lock:
             self._core.closing = True
         task = self._task
@@ -187,11 +189,14 @@ class AsyncSupervisor(_Supervisor[AsyncConnectorLeaseCoordinator]):
             # Waited for without awaiting it, so a cancellation of the caller is not lost
             # (the asyncio keeper's stop() explains why).
             await asyncio.wait((task,))
-        for lease in self._close_all():
-            outcome = await self._release(lease)
-            if isinstance(outcome, BaseException):
-                log.warning(
-                    "mos_lease: could not release %s on close: %r", lease.identity, outcome)
+        for batch in self._close_all():
+            try:
+                outcome: list[LeaseResult] | Exception = await self.coordinator.release_many(
+                    [lease for lease, _ in batch])
+            except Exception as error:
+                outcome = error
+            self._released(batch, outcome)
+        self._closed()
 
     def changes(self) -> AsyncIterator[Change]:
         """As :meth:`Supervisor.changes`, for ``async for``."""

@@ -8,8 +8,9 @@ task; each only performs the calls a turn yields, which is where threads and asy
 
 from __future__ import annotations
 
+import logging
 import random as _random
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any, Generic, TypeVar
 
@@ -19,12 +20,16 @@ from mos_lease.identity import LeaseIdentity, check_id, check_identity, normaliz
 from mos_lease.keeper import KeeperTiming, default_clock_step
 from mos_lease.metadata import check_metadata
 from mos_lease.records import LeaseHandle
+from mos_lease.results import LeaseResult
 from mos_lease.supervisor.changes import Change
 from mos_lease.supervisor.flow import Core
 from mos_lease.supervisor.notices import NoticeFeed, SupervisorNotices, check_feed
+from mos_lease.supervisor.schedule import BATCH
 from mos_lease.supervisor.slots import Binding
 
 C = TypeVar("C", ConnectorLeaseCoordinator, AsyncConnectorLeaseCoordinator)
+
+log = logging.getLogger("mos_lease.supervisor")
 
 _CLOSED: Any = None  # what a listener is sent when the supervisor closes
 
@@ -62,6 +67,7 @@ class _Supervisor(Generic[C]):
                           on_change)
         self._background = background
         feed = check_feed(notices)
+        self._core.schedule.noticed = feed is not None
         # One subscription for every binding, made last: a notice may come at once.
         self._notices = (None if feed is None
                          else SupervisorNotices(feed, self._core, self._wake_from_thread))
@@ -120,6 +126,12 @@ class _Supervisor(Generic[C]):
         raise NotImplementedError
 
     def _take(self, identity: LeaseIdentity) -> LeaseHandle | None:
+        lease, changes = self._drop(identity)
+        self._core.report(changes)
+        return lease
+
+    def _drop(self, identity: LeaseIdentity) -> tuple[LeaseHandle | None, list[Change]]:
+        """Forget ``identity``: its held lease (to release) and the loss to report."""
         with self._core.lock:
             slot = self._core.schedule.slots.get(identity)
             lease, changes = self._core.schedule.remove(identity, self._core.clock(),
@@ -129,15 +141,38 @@ class _Supervisor(Generic[C]):
                 self._notices.forget(identity)
         if done is not None:
             done()
-        self._core.report(changes)
-        return lease
+        return lease, changes
 
-    def _close_all(self) -> list[LeaseHandle]:
+    def _close_all(self) -> list[list[tuple[LeaseHandle, list[Change]]]]:
+        """Drop every binding; the held leases in batches of :data:`BATCH` (one
+        ``release_many`` each), each with the loss to report once its release is written
+        (:meth:`_released`), not before: a ``STOPPED`` loss says the lease is given back."""
         if self._notices is not None:
             self._notices.close()
         with self._core.lock:
             identities = list(self._core.schedule.slots)
-        leases = [lease for lease in map(self._take, identities) if lease is not None]
+        held: list[tuple[LeaseHandle, list[Change]]] = []
+        for identity in identities:
+            lease, changes = self._drop(identity)
+            if lease is None:
+                self._core.report(changes)
+            else:
+                held.append((lease, changes))
+        return [held[first:first + BATCH] for first in range(0, len(held), BATCH)]
+
+    def _released(self, batch: list[tuple[LeaseHandle, list[Change]]],
+                  outcome: Sequence[LeaseResult] | BaseException) -> None:
+        """After the ``release_many`` of ``batch`` on close (its results, or what it raised):
+        a release that failed is logged (the lease then expires at its ttl), and every
+        lease's loss is reported."""
+        for k, (lease, changes) in enumerate(batch):
+            single = outcome if isinstance(outcome, BaseException) else outcome[k]
+            if isinstance(single, BaseException) or not single.ok:
+                log.warning("mos_lease: could not release %s on close: %r", lease.identity,
+                            single if isinstance(single, BaseException) else single.reason)
+            self._core.report(changes)
+
+    def _closed(self) -> None:
+        """Every lease is released (or failed to be): the change iterators end."""
         for listener in list(self._core.listeners):
             listener(_CLOSED)
-        return leases

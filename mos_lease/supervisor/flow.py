@@ -34,12 +34,21 @@ from mos_lease.records import LeaseHandle
 from mos_lease.results import GrantResult
 from mos_lease.sleep import Sleep
 from mos_lease.supervisor.changes import Change
-from mos_lease.supervisor.schedule import Schedule
-from mos_lease.supervisor.slots import Campaign, Confirm, Due, Renew, Slot
+from mos_lease.supervisor.schedule import BATCH, Schedule
+from mos_lease.supervisor.slots import (
+    Acquire,
+    Campaign,
+    Confirm,
+    Due,
+    ReadHolder,
+    Renew,
+    Slot,
+    Takeover,
+)
 from mos_lease.vocabulary import Reason
 
 __all__ = ["IN_FLIGHT", "OVERDUE", "Attempt", "Call", "Collect", "Core", "IssueGrant",
-           "Release", "Sleep", "issue_grant", "turn", "turn_failed"]
+           "Release", "Sleep", "batches", "issue_grant", "turn", "turn_failed"]
 
 log = logging.getLogger("mos_lease.supervisor")
 
@@ -58,11 +67,20 @@ time on one renewal thread, so two in flight cost it no thread (``docs/superviso
 
 @attrs.frozen(slots=True, eq=False)
 class Attempt:
-    """Make the campaign call (or the confirming read) ``call``; give up waiting after
-    ``timeout`` seconds."""
+    """Make the campaign calls (or confirming reads) ``calls`` as one batched store call;
+    give up waiting after ``timeout`` seconds. The calls are of one kind (:func:`batches`):
+    reads (``current_holders``), acquires (``acquire_many``) or takeovers
+    (``takeover_many``, each at its own epoch with its own observed view), the writes of
+    bindings that share connector, scopes, ttl and metadata. Answered with one outcome per
+    call, in order, or with what the whole call raised, or :data:`OVERDUE`."""
 
-    call: Campaign | Confirm
+    calls: tuple[Campaign | Confirm, ...]
     timeout: float
+
+    @property
+    def kind(self) -> type[ReadHolder] | type[Acquire] | type[Takeover]:
+        first = self.calls[0]
+        return ReadHolder if isinstance(first, Confirm) else type(first)
 
 
 @attrs.frozen(slots=True, eq=False)
@@ -232,47 +250,89 @@ def _collect(core: Core, flight: _Flight, rest: float) -> Generator[Call, Any, f
     return rest
 
 
+def batches(calls: list[Campaign | Confirm]) -> list[tuple[Campaign | Confirm, ...]]:
+    """``calls`` grouped into the batched store calls that make them, at most :data:`BATCH`
+    each: the reads first (confirming reads ahead of the campaign's), then the takeovers,
+    then the acquires. A write batch is sent as one connector with one set of scopes, ttl and
+    metadata, so the writes are grouped by those of their bindings."""
+    reads: list[Campaign | Confirm] = [c for c in calls if isinstance(c, Confirm)]
+    reads += [c for c in calls if isinstance(c, ReadHolder)]
+    writes: dict[tuple[object, ...], list[Campaign | Confirm]] = {}
+    for kind in (Takeover, Acquire):
+        for call in calls:
+            if isinstance(call, kind):
+                binding = call.slot.binding
+                key = (kind, binding.connector_id, binding.scopes, binding.timing.ttl,
+                       binding.metadata)
+                writes.setdefault(key, []).append(call)
+    groups = [reads, *writes.values()]
+    return [tuple(group[first:first + BATCH]) for group in groups
+            for first in range(0, len(group), BATCH)]
+
+
 def _campaign(core: Core, calls: list[Campaign | Confirm]) -> Flow:
-    """The confirming reads, then the campaign calls, until a renewal or deadline of a held
-    lease is due: the confirming reads go first, as they are few (a notice confirmer bounds
-    them for the process) and a loss they find is worth reporting at once."""
+    """The confirming reads, then the campaign calls, in batches (:func:`batches`), until
+    a renewal or deadline of a held lease is due: the confirming reads go first, as a loss
+    they find is worth reporting at once. Each binding's outcome is judged on its own, as
+    a single call's would be (:meth:`Schedule.campaigned`, :meth:`Schedule.confirmed`)."""
     with core.lock:
         # Read once, then moved earlier by each lease won below: nothing else makes a held
         # lease due sooner (other threads only remove bindings or record losses), and the
         # campaign of thousands of bindings must not rescan them all after every call.
         urgent_at, earliest = core.schedule.urgent_at(), core.schedule.earliest_deadline()
-    for k, call in enumerate(calls):
+    planned = batches(calls)
+    for k, batch in enumerate(planned):
         started = core.clock()
         with core.lock:
             if core.closing or started >= urgent_at:
                 # Renewals first: the rest waits for the next turn.
-                _unclaim_confirms([c.slot for c in calls[k:] if isinstance(c, Confirm)])
-                _unclaim([c.slot for c in calls[k:] if not isinstance(c, Confirm)])
+                rest = [c for later in planned[k:] for c in later]
+                _unclaim_confirms([c.slot for c in rest if isinstance(c, Confirm)])
+                _unclaim([c.slot for c in rest if not isinstance(c, Confirm)])
                 return
         timeout = min(earliest - started, MAX_CALL)
-        outcome = yield Attempt(call, max(timeout, 0.0))
+        answer = yield Attempt(batch, max(timeout, 0.0))
         finished = core.clock()
-        if outcome is OVERDUE:
-            outcome = StoreUnavailable(f"campaign call still running after {timeout:.3f} s; "
-                                       "abandoned")
-        elif isinstance(outcome, BaseException) and not isinstance(outcome, StoreUnavailable):
-            log.error("mos_lease: campaign call for %s failed: %r", call.slot.binding.identity,
-                      outcome)
-        if isinstance(call, Confirm):
-            _confirmed(core, call, outcome, finished)
-            continue
-        with core.lock:
-            changes, orphan = core.schedule.campaigned(call, outcome, started, finished)
-            won = call.slot.state if call.slot.holding else None
-        if won is not None:
-            urgent_at = min(urgent_at, won.renew_at, won.deadline)
-            earliest = min(earliest, won.deadline)
-        core.report(changes)
-        if orphan is not None:
+        outcomes = _outcomes(batch, answer, timeout)
+        orphans: list[LeaseHandle] = []
+        for call, outcome in zip(batch, outcomes, strict=True):
+            if isinstance(call, Confirm):
+                _confirmed(core, call, outcome, finished)
+                continue
+            with core.lock:
+                changes, orphan = core.schedule.campaigned(call, outcome, started, finished)
+                won = call.slot.state if call.slot.holding else None
+            if won is not None:
+                urgent_at = min(urgent_at, won.renew_at, won.deadline)
+                earliest = min(earliest, won.deadline)
+            core.report(changes)
+            if orphan is not None:
+                orphans.append(orphan)
+        for orphan in orphans:
             released = yield Release(orphan)
             if isinstance(released, BaseException):
                 log.warning("mos_lease: could not release the lease of removed binding %s: "
                             "%r; it expires at its ttl", orphan.identity, released)
+
+
+def _outcomes(batch: tuple[Campaign | Confirm, ...], answer: Any, timeout: float
+              ) -> list[Any]:
+    """One outcome per call of ``batch`` from the batched call's ``answer``: its results,
+    or what the whole call raised (or its being abandoned) given to each call."""
+    if answer is OVERDUE:
+        answer = StoreUnavailable(f"campaign call still running after {timeout:.3f} s; "
+                                  "abandoned")
+    elif isinstance(answer, BaseException):
+        if not isinstance(answer, StoreUnavailable):
+            log.error("mos_lease: campaign call for %d binding(s) (%s, ...) failed: %r",
+                      len(batch), batch[0].slot.binding.identity, answer)
+    elif not isinstance(answer, list) or len(answer) != len(batch):
+        answer = StoreUnavailable(f"a batched campaign call answered "
+                                  f"{len(answer) if isinstance(answer, list) else answer!r} "
+                                  f"for {len(batch)} bindings")
+    if isinstance(answer, BaseException):
+        return [answer] * len(batch)
+    return list(answer)
 
 
 def _confirmed(core: Core, call: Confirm, outcome: Any, finished: float) -> None:

@@ -1,15 +1,21 @@
 """One notice listener for the whole supervisor: every lease notice of the source reaches
-one callback, and a notice for a registered binding becomes a confirming read that the
-supervisor's own turn makes.
+one callback, and a notice for a registered binding becomes a read that the supervisor's own
+turn makes.
 
-A notice is a hint, never believed (anyone who can log in may send one by the thousand), so
-all it may cause is a *confirming turn* of the process's
+A notice is a hint, never believed (anyone who can log in may send one by the thousand).
+For a binding waiting for a lease held elsewhere it only moves the binding's next read of
+the holder into the next turn's batched read, at most once per ``max_backoff`` per binding
+(:meth:`~mos_lease.supervisor.schedule.Schedule.look`): a flood costs no more reads than
+waiting without notices, and a peer releasing thousands of leases at shutdown is read in
+a few round trips, not held back as a flood. For a held binding, all it may cause is a
+*confirming turn* of the process's
 :class:`~mos_lease.notice_confirmer.NoticeConfirmer` (the source's ``confirmer``, else the
 process's one), the same bound the holders of :func:`~mos_lease.hold` share: coalesced per
 identity (at most one turn in flight), ``burst + rate * T`` turns in any ``T`` seconds::
 
     source --notice(identity, epoch)--> _on_notice      (the source's thread: a look-up)
-        registered and newer than the lease held?  --> confirmer.notice(identity)
+        waiting for a lease held elsewhere?  --> Schedule.look: read in the next turn
+        held, and newer than the lease held?  --> confirmer.notice(identity)
     confirmer --job(done)--> _confirm                   (the confirmer's thread: no I/O)
         mark the slot (Schedule.notice), keep done, wake the supervisor
     supervisor turn --Confirm--> current_holder          (the supervisor's thread or task)
@@ -77,12 +83,19 @@ class SupervisorNotices:
     def _on_notice(self, identity: LeaseIdentity, epoch: int, kind: str) -> None:
         core = self._core
         with core.lock:
-            if core.closing or not core.schedule.worth_confirming(identity, epoch):
-                return  # not a binding of ours, or nothing newer than the lease held
-            if identity not in self._jobs:
-                job = self._jobs[identity] = functools.partial(self._confirm, identity)
-                self.confirmer.register(identity, job)
-            self.confirmer.notice(identity)
+            if core.closing:
+                return
+            # A binding waiting for a lease held elsewhere: the notice moves its next look
+            # into the next turn's batched read (Schedule.look bounds how often) and takes
+            # no confirming turn, so a peer's shutdown releasing thousands is no flood.
+            moved = core.schedule.look(identity, core.clock())
+            if moved is None and core.schedule.worth_confirming(identity, epoch):
+                if identity not in self._jobs:
+                    job = self._jobs[identity] = functools.partial(self._confirm, identity)
+                    self.confirmer.register(identity, job)
+                self.confirmer.notice(identity)
+        if moved:
+            self._wake()
 
     def _confirm(self, identity: LeaseIdentity, done: Done) -> None:
         """The job of a confirming turn, on the confirmer's thread: plan the read and wake

@@ -4,12 +4,14 @@ Pure: no clock is read, no store is called, no randomness is drawn that is not h
 :class:`Schedule` keeps one :class:`Slot` per registered binding. A held binding follows the
 keeper's schedule (:mod:`mos_lease.keeper.schedule`: the same deadline, the same retry and
 the same loss rule as :func:`~mos_lease.hold`); a binding without a lease campaigns, as
-client-go's leader election does: acquire, read the holder, take over an expired or released
-lease at the observed epoch, back off with jitter, and campaign again after a loss.
+client-go's leader election does: read the holder, acquire an identity never held, take over
+an expired or released lease at the observed epoch, back off with jitter (or, with notices,
+wait out an active lease to its expiry), and campaign again after a loss.
 
 :meth:`Schedule.due` returns the calls due at ``now``: renewals grouped by ttl into batches of
-at most :data:`BATCH` leases (one ``heartbeat_many`` round trip each), and campaign calls one
-per binding. Each call's outcome goes back through :meth:`Schedule.renewed` or
+at most :data:`BATCH` leases (one ``heartbeat_many`` round trip each), and a campaign call per
+binding, which the turn sends in batches (:func:`mos_lease.supervisor.flow.batches`). Each
+call's outcome goes back, per binding, through :meth:`Schedule.renewed` or
 :meth:`Schedule.campaigned`, which return the changes to report. The values it decides with
 are in :mod:`~mos_lease.supervisor.slots` (the bindings, their slots and the calls) and
 :mod:`~mos_lease.supervisor.changes` (what is reported).
@@ -76,6 +78,11 @@ class Schedule:
     def __init__(self, draw: Callable[[], float], coalesce: float = COALESCE) -> None:
         self._draw = draw
         self._coalesce = coalesce
+        # Whether notices tell of releases and takeovers (the supervisor has a source): an
+        # active lease held elsewhere is then waited out to its expiry, not re-read at
+        # every backoff (holder/waiting.pause_for), and a notice is the reason to look
+        # sooner (look()).
+        self.noticed = False
         self.slots: dict[LeaseIdentity, Slot] = {}
         # The bindings dropped while the supervisor closed: asked about, they hold nothing
         # (a status request during shutdown sees None), unlike an identity never added.
@@ -153,6 +160,27 @@ class Schedule:
             return False
         state = slot.state
         return state is None or state.loss is not None or epoch > state.lease.epoch
+
+    def look(self, identity: LeaseIdentity, now: float) -> bool | None:
+        """A notice came for ``identity``: if it is a binding waiting for a lease held
+        elsewhere, its next read is moved to ``now`` (joining the next turn's batched read),
+        but never sooner than ``max_backoff`` after its last read, so that a flood of
+        notices, forged or not, costs no more reads than waiting without notices does.
+        ``None`` if it is not such a binding (held, or not registered: a held one's notice
+        is confirmed by :meth:`notice`); else whether its next read moved earlier."""
+        slot = self.slots.get(identity)
+        if slot is None or slot.holding:
+            return None
+        if slot.busy:
+            slot.hinted = True  # the read in flight may predate the change: look again
+            return False
+        if slot.step is not ReadHolder:
+            return False  # an acquire or a takeover is due already
+        at = max(now, slot.looked + slot.binding.timing.max_backoff)
+        if at >= slot.try_at:
+            return False
+        slot.try_at = at
+        return True
 
     def notice(self, identity: LeaseIdentity) -> Slot | None:
         """A confirming turn for ``identity`` begins: its read is made by the next turn that
@@ -269,7 +297,7 @@ class Schedule:
                 state.loss.cause, state.loss.reason,
                 f" last error: {state.loss.error}" if state.loss.error else "")
         slot.step, slot.observed, slot.try_at = ReadHolder, None, state.loss.at
-        slot.probing = False
+        slot.hinted = False
         return BindingLost(slot.binding.identity, state.lease, state.loss)
 
     def _campaign(self, slot: Slot) -> Campaign:
@@ -337,7 +365,6 @@ class Schedule:
         won = (outcome.lease if isinstance(outcome, LeaseResult) and outcome.ok else None)
         if slot.removed:
             return [], won
-        probing, slot.probing = slot.probing, False
         if isinstance(outcome, BaseException):
             # A store failure, or anything else: no lease is held, so nothing is unsafe;
             # back off and read the holder again.
@@ -357,11 +384,8 @@ class Schedule:
             log.warning("mos_lease: campaign for %s refused: %s; trying again later",
                         slot.binding.identity, outcome.reason)
         if outcome.holder is not None:  # the refusal shows the lease: no read needed
-            return self._observe(slot, outcome.holder, finished, pause=not probing), None
-        if probing:
-            slot.step, slot.try_at = ReadHolder, finished
-        else:
-            self._pause(slot, finished, ReadHolder, None)
+            return self._observe(slot, outcome.holder, finished, pause=True), None
+        self._pause(slot, finished, ReadHolder, None)
         return [], None
 
     def confirmed(self, call: Confirm, outcome: HolderView | BaseException | None,
@@ -400,9 +424,14 @@ class Schedule:
         # hold()'s rule with takeover=EXPIRED (holder/waiting.py): an identity that never
         # had a lease is acquired, an active lease is waited out, an expired or released
         # one is taken over at the epoch just read, so of several campaigners one wins.
+        slot.looked = now
         if view is not None and view.state is LeaseState.ACTIVE:
             self._pause(slot, now, ReadHolder, view)
+            if slot.hinted:  # a notice came while this view was read
+                slot.try_at = min(slot.try_at, now + slot.binding.timing.max_backoff)
+            slot.hinted = False
             return changes
+        slot.hinted = False
         step: type[Acquire] | int = Acquire if view is None else view.epoch
         if pause:
             self._pause(slot, now, step, view)
@@ -416,7 +445,7 @@ class Schedule:
         slot.failures += 1
         slot.step = step
         slot.try_at = now + pause_for(slot.binding.timing, slot.failures, self._draw(), None,
-                                      view)
+                                      view, until_expiry=self.noticed)
 
 
 def superseded(held: LeaseHandle, view: HolderView | None, at: float) -> LeaseLoss | None:

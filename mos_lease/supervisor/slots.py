@@ -7,6 +7,8 @@ decides with them.
 
 from __future__ import annotations
 
+import math
+
 import attrs
 
 from mos_lease.identity import LeaseIdentity
@@ -38,17 +40,21 @@ class Slot:
     while a notice's confirming read waits for its turn. Compared by identity: a call whose
     slot was removed (or replaced by a new registration) is stale."""
 
-    __slots__ = ("binding", "busy", "confirm", "failures", "observed", "probing", "removed",
-                 "seen", "state", "step", "try_at")
+    __slots__ = ("binding", "busy", "confirm", "failures", "hinted", "looked", "observed",
+                 "removed", "seen", "state", "step", "try_at")
 
     def __init__(self, binding: Binding, now: float) -> None:
         self.binding = binding
         self.state: KeeperState | None = None  # the held lease (until lost)
-        self.step: type[Acquire] | type[ReadHolder] | int = Acquire  # int: take over at it
+        # A new binding reads its holder first, as after a loss: a binding held elsewhere
+        # costs no write and no audit row, and the ones never held are then acquired
+        # together (the reads and acquires of a turn are batched: flow.batches).
+        self.step: type[Acquire] | type[ReadHolder] | int = ReadHolder  # int: take over at it
         self.observed: HolderView | None = None  # the view a takeover acts on
         self.try_at = now
+        self.looked = -math.inf  # when the campaign last read the holder
+        self.hinted = False  # a notice came while a campaign call was in flight
         self.failures = 0
-        self.probing = True  # a refused first acquire is how the state is learnt: no pause
         self.seen: tuple[str, int] | None = None  # the last (connector_id, epoch) reported
         self.busy = False
         self.confirm = False  # a notice asked for a confirming read (mos_lease.notice_gate)

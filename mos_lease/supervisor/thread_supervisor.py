@@ -36,7 +36,7 @@ from mos_lease.supervisor.flow import (
     turn_failed,
 )
 from mos_lease.supervisor.notices import NoticeFeed
-from mos_lease.supervisor.slots import Acquire, Confirm, ReadHolder, Renew, Takeover
+from mos_lease.supervisor.slots import Acquire, ReadHolder, Renew, Takeover
 
 log = logging.getLogger("mos_lease.supervisor")
 
@@ -138,18 +138,21 @@ class Supervisor(_Supervisor[ConnectorLeaseCoordinator]):
             return error
 
     def _campaign(self, attempt: Attempt) -> object:
-        call, binding = attempt.call, attempt.call.slot.binding
-        if isinstance(call, ReadHolder | Confirm):
-            return self.coordinator.current_holder(binding.identity)
-        if isinstance(call, Acquire):
-            return self.coordinator.acquire(binding.identity, binding.connector_id,
-                                            scopes=binding.scopes, ttl=binding.timing.ttl,
-                                            metadata=binding.metadata)
-        assert isinstance(call, Takeover)
-        return self.coordinator.takeover(binding.identity, binding.connector_id,
-                                         scopes=binding.scopes, ttl=binding.timing.ttl,
-                                         expected_epoch=call.expected_epoch,
-                                         observed=call.observed, metadata=binding.metadata)
+        calls, kind = attempt.calls, attempt.kind
+        identities = [call.slot.binding.identity for call in calls]
+        if kind is ReadHolder:
+            return self.coordinator.current_holders(identities)
+        binding = calls[0].slot.binding  # a write batch shares these (flow.batches)
+        if kind is Acquire:
+            return self.coordinator.acquire_many(identities, binding.connector_id,
+                                                 scopes=binding.scopes,
+                                                 ttl=binding.timing.ttl,
+                                                 metadata=binding.metadata)
+        takeovers = [call for call in calls if isinstance(call, Takeover)]
+        return self.coordinator.takeover_many(
+            [(call.slot.binding.identity, call.expected_epoch) for call in takeovers],
+            binding.connector_id, scopes=binding.scopes, ttl=binding.timing.ttl,
+            observed=[call.observed for call in takeovers], metadata=binding.metadata)
 
     def issue_grant(self, identity: LeaseIdentity, *, scopes: object, ttl: float | timedelta,
                     correlation_id: str | None = None) -> GrantResult:
@@ -172,19 +175,23 @@ class Supervisor(_Supervisor[ConnectorLeaseCoordinator]):
         return None if lease is None else self.coordinator.release(lease)
 
     def close(self, *, timeout: float | None = 10.0) -> None:
-        """Stop the thread and release every held lease (each reported lost, ``STOPPED``).
-        A release that fails is logged; the lease then expires at its ttl."""
+        """Stop the thread and release every held lease, one ``release_many`` round trip
+        per 1,000, each reported lost (``STOPPED``) once its release is written. A release
+        that fails is logged; the lease then expires at its ttl."""
         with self._core.lock:
             self._core.closing = True
         self._wakeup.set()
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
-        for lease in self._close_all():
-            outcome = self._perform(Release(lease))
-            if isinstance(outcome, BaseException):
-                log.warning(
-                    "mos_lease: could not release %s on close: %r", lease.identity, outcome)
+        for batch in self._close_all():
+            try:
+                outcome: list[LeaseResult] | Exception = self.coordinator.release_many(
+                    [lease for lease, _ in batch])
+            except Exception as error:
+                outcome = error
+            self._released(batch, outcome)
+        self._closed()
 
     def changes(self) -> Iterator[Change]:
         """Every change from this call on, as it happens; the iteration ends when the

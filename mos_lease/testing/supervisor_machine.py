@@ -237,7 +237,11 @@ def make_supervisor_machine(harness_factory: Callable[[], StoreHarness], *,
             epoch = (0 if row is None else row.epoch) + (7 if forged else 0)
             core = self.supervisor._core
             with core.lock:
-                worth = core.schedule.worth_confirming(identity, max(epoch, 1))
+                # A held binding's notice takes a confirming turn; a waiting binding's only
+                # moves its next read (Schedule.look), on the notice's own thread.
+                slot = core.schedule.slots.get(identity)
+                worth = (slot is not None and slot.holding
+                         and core.schedule.worth_confirming(identity, max(epoch, 1)))
             self.feed.send(identity, max(epoch, 1), kind)
             if worth:  # wait for the confirmer's thread to hand the turn over
                 slot = self._slots()[identity]

@@ -42,7 +42,7 @@ from mos_lease.supervisor import (
     Supervisor,
 )
 from mos_lease.supervisor.schedule import BATCH, Schedule
-from mos_lease.supervisor.slots import Acquire, ReadHolder, Renew, Takeover
+from mos_lease.supervisor.slots import Acquire, Due, ReadHolder, Renew, Takeover
 from mos_lease.vocabulary import LeaseState, Outcome
 from mos_lease_memory import AsyncInMemoryLeaseStore, InMemoryLeaseStore
 
@@ -83,6 +83,7 @@ class Counting(InMemoryLeaseStore):
     def __init__(self, clock: ManualClock) -> None:
         super().__init__(clock)
         self.calls: dict[str, int] = {}
+        self.rows_read = 0  # by load and load_many: how many holders were read
         self.down = False
         self.held: set[LeaseIdentity] = set()
         self._batch = False  # the in-memory renew_many applies each write: one call
@@ -94,6 +95,7 @@ class Counting(InMemoryLeaseStore):
 
     def load(self, identity: LeaseIdentity) -> Any:
         self._count("load")
+        self.rows_read += 1
         return super().load(identity)
 
     def apply(self, write: Any, entry: AuditEntry) -> WriteOutcome:
@@ -102,11 +104,29 @@ class Counting(InMemoryLeaseStore):
         return super().apply(write, entry)
 
     def renew_many(self, items: Sequence[tuple[RenewWrite, AuditEntry]]) -> list[WriteOutcome]:
-        self._count("renew_many")
-        self._batch = True
+        return self._many("renew_many", super().renew_many, items)
+
+    def acquire_many(self, items: Sequence[tuple[Any, AuditEntry]]) -> list[WriteOutcome]:
+        return self._many("acquire_many", super().acquire_many, items)
+
+    def takeover_many(self, items: Sequence[tuple[Any, AuditEntry]]) -> list[WriteOutcome]:
+        return self._many("takeover_many", super().takeover_many, items)
+
+    def release_many(self, items: Sequence[tuple[Any, AuditEntry]]) -> list[WriteOutcome]:
+        return self._many("release_many", super().release_many, items)
+
+    def load_many(self, identities: Sequence[LeaseIdentity]) -> Any:
+        self._count("load_many")
+        self.rows_read += len(identities)
+        return super().load_many(identities)
+
+    def _many(self, name: str, call: Callable[[list[Any]], list[WriteOutcome]],
+              items: Sequence[tuple[Any, AuditEntry]]) -> list[WriteOutcome]:
+        self._count(name)
+        self._batch = True  # one call, however many writes it applies
         try:
-            reached = iter(super().renew_many([item for item in items
-                                               if item[0].identity not in self.held]))
+            reached = iter(call([item for item in items
+                                 if item[0].identity not in self.held]))
         finally:
             self._batch = False
         now = self.clock.now()
@@ -116,6 +136,10 @@ class Counting(InMemoryLeaseStore):
     def record(self, entry: AuditEntry) -> None:
         self._count("record")
         super().record(entry)
+
+    def reset(self) -> None:
+        self.calls.clear()
+        self.rows_read = 0
 
     def total(self) -> int:
         return sum(self.calls.values())
@@ -627,15 +651,24 @@ def test_the_schedule_sends_one_batch_per_thousand_leases_of_one_ttl() -> None:
     for i in range(2100):
         schedule.add(_binding(i, 10.0 if i % 2 else TTL), 0.0)
     due = schedule.due(0.0)
-    for call in due.campaigns:
-        handle = _handle(call.slot.binding.identity)
-        schedule.campaigned(call, LeaseResult(Outcome.ACQUIRED, None, "c", lease=handle),
-                            0.0, 0.0)
+    _acquire_all(schedule, due)
     due = schedule.due(0.0)
     assert not due.renewals and due.wake_at == pytest.approx(10.0 / 3)
     due = schedule.due(10.0 / 3)  # the ttl-10 leases are due; the ttl-30 ones are not yet
     assert sorted(len(r.slots) for r in due.renewals) == [50, 1000]
     assert {r.ttl for r in due.renewals} == {10.0}
+
+
+def _acquire_all(schedule: Schedule, due: Due) -> None:
+    """At time 0, the first reads of new bindings find no lease; the acquires then win."""
+    assert {type(call) for call in due.campaigns} == {ReadHolder}
+    for call in due.campaigns:
+        schedule.campaigned(call, None, 0.0, 0.0)
+    for call in schedule.due(0.0).campaigns:
+        assert isinstance(call, Acquire)
+        handle = _handle(call.slot.binding.identity)
+        schedule.campaigned(call, LeaseResult(Outcome.ACQUIRED, None, "c", lease=handle),
+                            0.0, 0.0)
 
 
 def _handle(identity: LeaseIdentity, epoch: int = 1) -> LeaseHandle:
@@ -681,10 +714,7 @@ def test_the_batches_of_a_slow_tick_stay_one_tick() -> None:
     timing = KeeperTiming(15.0, jitter=0.0)
     for i in range(2500):
         schedule.add(Binding(ident(i), "gw-a", SCOPES, timing), 0.0)
-    for call in schedule.due(0.0).campaigns:
-        handle = _handle(call.slot.binding.identity)
-        schedule.campaigned(call, LeaseResult(Outcome.ACQUIRED, None, "c", lease=handle),
-                            0.0, 0.0)
+    _acquire_all(schedule, schedule.due(0.0))
     due = schedule.due(5.0)
     assert [len(r.slots) for r in due.renewals] == [1000, 1000, 500]
     for k, renew in enumerate(due.renewals):  # each batch takes 1.5 s
@@ -733,10 +763,7 @@ def _held_core(n: int) -> Any:
     schedule = core.schedule
     for i in range(n):
         schedule.add(_binding(i), 0.0)
-    for call in schedule.due(0.0).campaigns:
-        handle = _handle(call.slot.binding.identity)
-        schedule.campaigned(call, LeaseResult(Outcome.ACQUIRED, None, "c", lease=handle),
-                            0.0, 0.0)
+    _acquire_all(schedule, schedule.due(0.0))
     clock[0] = 10.0
     return core
 

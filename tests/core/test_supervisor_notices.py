@@ -69,7 +69,7 @@ class NoticeRig(Rig):
         return slot.confirm
 
     def loads(self) -> int:
-        return self.store.calls.get("load", 0)
+        return self.store.rows_read
 
     def held(self, n: int) -> LeaseHandle:
         lease = self.supervisor.lease(ident(n))
@@ -84,7 +84,7 @@ def test_a_confirmed_takeover_is_reported_at_once_and_the_others_stay_untouched(
     before = {i: rig.held(i) for i in range(5)}
     rival = ConnectorLeaseCoordinator(rig.store, AllowAllPolicy())
     assert rival.takeover(ident(2), "gw-b", scopes=SCOPES, ttl=TTL, expected_epoch=1).ok
-    rig.store.calls.clear()
+    rig.store.reset()
     rig.feed.send(ident(2), 2)
     eventually(lambda: rig.confirming(ident(2)))
     at = rig.time.mono
@@ -96,7 +96,8 @@ def test_a_confirmed_takeover_is_reported_at_once_and_the_others_stay_untouched(
     assert "epoch 2 held by gw-b" in (lost.loss.error or "")
     [seen] = rig.of(NewHolder, ident(2))
     assert (seen.holder.connector_id, seen.holder.epoch) == ("gw-b", 2)
-    assert rig.store.calls == {"load": 1}  # one confirming read, and nothing else
+    assert rig.store.calls == {"load_many": 1}  # one confirming read, and nothing else
+    assert rig.loads() == 1
     assert rig.supervisor.lease(ident(2)) is None
     assert all(rig.held(i) == before[i] for i in range(5) if i != 2)
     # The turn is over: the next notice is confirmed again, by one read of its own.
@@ -105,7 +106,7 @@ def test_a_confirmed_takeover_is_reported_at_once_and_the_others_stay_untouched(
 
 def test_after_a_confirmed_loss_a_released_lease_is_taken_over_at_once() -> None:
     rig = NoticeRig()
-    rig.add(2, min_backoff=10, max_backoff=10)
+    rig.add(2)
     rig.settle()
     rival = ConnectorLeaseCoordinator(rig.store, AllowAllPolicy())
     taken = rival.takeover(ident(0), "gw-b", scopes=SCOPES, ttl=300, expected_epoch=1)
@@ -114,15 +115,16 @@ def test_after_a_confirmed_loss_a_released_lease_is_taken_over_at_once() -> None
     eventually(lambda: rig.confirming(ident(0)))
     rig.settle()
     assert [c.identity for c in rig.of(BindingLost)] == [ident(0)]
-    rig.run(3)  # waiting out an active lease: a 10 s pause, no takeover
-    assert len(rig.of(BindingStarted, ident(0))) == 1
+    rig.store.reset()
+    rig.run(30)  # waiting out an active lease: no read before its expiry, no takeover
+    assert len(rig.of(BindingStarted, ident(0))) == 1 and rig.loads() == 0
     assert rival.release(taken.lease).ok
     rig.feed.send(ident(0), 2, "release")
-    eventually(lambda: rig.confirming(ident(0)))
     rig.settle()  # no time passes: the read shows it released, the takeover follows
     started = rig.of(BindingStarted, ident(0))
     assert [c.lease.epoch for c in started] == [1, 3]
     assert rig.held(0) == started[-1].lease
+    assert rig.confirmer.stats().notices == 1  # only the held binding's took a turn
 
 
 def test_a_notice_wakes_a_campaign_waiting_for_an_active_lease() -> None:
@@ -130,22 +132,38 @@ def test_a_notice_wakes_a_campaign_waiting_for_an_active_lease() -> None:
     rival = ConnectorLeaseCoordinator(rig.store, AllowAllPolicy())
     theirs = rival.acquire(ident(0), "gw-b", scopes=SCOPES, ttl=300).lease
     assert theirs is not None
-    rig.add(1, min_backoff=10, max_backoff=10)
-    rig.run(2)
+    rig.add(1)
+    rig.run(20)
     assert rig.of(NewHolder, ident(0)) and not rig.of(BindingStarted)
+    assert rig.loads() == 1  # read once, then waited out to its expiry (300 s)
     assert rival.release(theirs).ok
     rig.feed.send(ident(0), 1, "release")
-    eventually(lambda: rig.confirming(ident(0)))
     rig.settle()
     [started] = rig.of(BindingStarted, ident(0))
     assert started.lease.epoch == 2
+    assert rig.loads() == 2 and rig.confirmer.stats().notices == 0
+
+
+def test_notices_for_a_waiting_binding_read_it_at_most_once_per_max_backoff() -> None:
+    rig = NoticeRig()
+    rival = ConnectorLeaseCoordinator(rig.store, AllowAllPolicy())
+    assert rival.acquire(ident(0), "gw-b", scopes=SCOPES, ttl=300).ok
+    rig.add(1, max_backoff=4)
+    rig.settle()
+    rig.store.reset()
+    for _ in range(40):  # a notice every 0.5 s for 20 s, forged: nothing changed
+        rig.feed.send(ident(0), 9)
+        rig.settle()
+        rig.time.advance(0.5)
+    assert 4 <= rig.loads() <= 5  # 20 s / max_backoff, as without notices
+    assert rig.confirmer.stats().notices == 0
 
 
 def test_notices_that_are_not_worth_a_read_cost_nothing() -> None:
     rig = NoticeRig()
     rig.add(3)
     rig.settle()
-    rig.store.calls.clear()
+    rig.store.reset()
     # Identities the supervisor does not run, and the epoch it holds (its own takeover's
     # notice): no read, no confirming turn, nothing registered with the confirmer.
     for k in range(10_000):
@@ -162,6 +180,7 @@ def test_a_forged_notice_ends_no_holding() -> None:
     rig = NoticeRig()
     rig.add(3)
     rig.settle()
+    rig.store.reset()  # the first pass read every holder
     rig.feed.send(ident(1), 99)
     eventually(lambda: rig.confirming(ident(1)))
     rig.settle()
@@ -195,7 +214,7 @@ def test_a_forged_flood_ends_no_holding_holds_up_no_renewal_and_reads_within_the
     n = 50
     rig.add(n)
     rig.settle()
-    rig.store.calls.clear()
+    rig.store.reset()
     began = rig.time.mono
     sent = 0
     while rig.time.mono < began + seconds:
@@ -222,6 +241,7 @@ def test_remove_ends_the_turn_and_later_notices_cost_nothing() -> None:
     rig = NoticeRig()
     rig.add(2)
     rig.settle()
+    rig.store.reset()  # the first pass read every holder
     rig.feed.send(ident(0), 4)
     eventually(lambda: rig.confirming(ident(0)))
     assert rig.supervisor.remove(ident(0)) is not None
@@ -338,6 +358,9 @@ def test_a_turn_nobody_can_make_is_given_back_at_once() -> None:
                                                                 AllowAllPolicy()),
                                  background=False, notices=feed)
     supervisor.add(ident(0), "gw-a", scopes=SCOPES, ttl=TTL)
+    for _ in range(2):  # the first read, then the acquire
+        asyncio.run(supervisor.turn())
+    assert supervisor._core.schedule.slots[ident(0)].holding
     feed.send(ident(0), 3)
     eventually(lambda: confirmer.stats().confirmations == 1
                and not confirmer._gate.pending(ident(0)))
