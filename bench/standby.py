@@ -11,6 +11,8 @@ of its own (this script run with ``--child``), a thread :class:`Supervisor` on o
 * ``standby_round_trips_10k``: a standby with ``notices=LeaseNotices(dsn)`` adds the same
   bindings and waits; its store calls over ``ttl`` seconds of the holder's renewals, per
   renewal tick of the holder (one every ``ttl / 3``);
+* ``standby_cpu_10k_vs_holder``: the CPU time (``/proc``) the standby used over those
+  ``ttl`` seconds, over the holder's in the same window;
 * ``takeover_10k_p99_after_expiry_s``: the holder is killed (``SIGKILL``); for each binding,
   the standby's wall time when it reported the binding started, minus the expiry of the
   holder's lease (the database's time, read after the kill; one machine, one clock); the
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import queue
 import signal
@@ -43,7 +46,7 @@ from mos_lease.supervisor import BindingStarted, Change, Supervisor
 from mos_lease_pg import LeaseNotices, PostgresLeaseStore
 
 TARGETS = {"acquire_10k_s": 2.0, "close_10k_s": 1.0, "standby_round_trips_10k": 11.0,
-           "takeover_10k_p99_after_expiry_s": 1.0}
+           "standby_cpu_10k_vs_holder": 1.0, "takeover_10k_p99_after_expiry_s": 1.0}
 
 
 class Counted:
@@ -148,6 +151,45 @@ class Child:
         self.process.wait()
 
 
+def cpu_seconds(pid: int) -> float:
+    """The CPU time (user and system) process ``pid`` has used so far, from ``/proc``."""
+    with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _settle(standby: Child, n: int) -> None:
+    """Until the standby's first pass (one batched read of every holder) is over: its call
+    count stops moving."""
+    deadline = time.monotonic() + 60
+    last = -1
+    while True:
+        time.sleep(1.0)
+        calls = standby.ask("calls")["calls"]
+        if calls == last and calls >= n // 1000:
+            return
+        if time.monotonic() > deadline:
+            raise BenchError("the standby never settled")
+        last = calls
+
+
+def _waiting(holder: Child, standby: Child, ttl: float) -> dict[str, float]:
+    """The standby's round trips per holder tick and both sides' CPU over ``ttl`` seconds
+    (three renewal ticks of the holder)."""
+    before = standby.ask("calls")
+    cpu = (cpu_seconds(holder.process.pid), cpu_seconds(standby.process.pid))
+    time.sleep(ttl)
+    holder_cpu = cpu_seconds(holder.process.pid) - cpu[0]
+    standby_cpu = cpu_seconds(standby.process.pid) - cpu[1]
+    after = standby.ask("calls")
+    if after["held"]:
+        raise CorrectnessError("the standby took a lease the holder still held")
+    return {"standby_round_trips_10k": (after["calls"] - before["calls"]) / 3,
+            "standby_cpu_s": standby_cpu, "holder_cpu_s": holder_cpu,
+            "standby_cpu_10k_vs_holder": (standby_cpu / holder_cpu if holder_cpu > 0
+                                          else math.inf)}
+
+
 def run(dsn: str, n: int, ttl: float) -> dict[str, float]:
     figures: dict[str, float] = {}
     holder = Child("holder", dsn, n, ttl)
@@ -156,23 +198,8 @@ def run(dsn: str, n: int, ttl: float) -> dict[str, float]:
         figures["acquire_10k_s"] = holder.expect()["seconds"]
         standby = Child("standby", dsn, n, ttl)
         standby.expect()
-        # The first pass: one batched read of every holder; then let it settle.
-        deadline = time.monotonic() + 60
-        last = -1
-        while True:
-            time.sleep(1.0)
-            calls = standby.ask("calls")["calls"]
-            if calls == last and calls >= n // 1000:
-                break
-            if time.monotonic() > deadline:
-                raise BenchError("the standby never settled")
-            last = calls
-        before = standby.ask("calls")
-        time.sleep(ttl)  # three renewal ticks of the holder
-        after = standby.ask("calls")
-        if after["held"]:
-            raise CorrectnessError("the standby took a lease the holder still held")
-        figures["standby_round_trips_10k"] = (after["calls"] - before["calls"]) / 3
+        _settle(standby, n)
+        figures.update(_waiting(holder, standby, ttl))
         holder.kill()
         reader_store = PostgresLeaseStore(dsn)
         reader = ConnectorLeaseCoordinator(reader_store, AllowAllPolicy())

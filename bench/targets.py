@@ -58,6 +58,7 @@ JSON_KEYS = (
     "gateway_requests_per_s",
     "acquire_10k_s",
     "standby_round_trips_10k",
+    "standby_cpu_10k_vs_holder",
     "takeover_10k_p99_after_expiry_s",
     "close_10k_s",
     "plain_app_requests_per_s",
@@ -129,6 +130,7 @@ TARGETS = (
     # a waiting process's round trips per holder tick, failover after a kill, shutdown.
     Target("acquire_10k_s", "<=", 2.0),
     Target("standby_round_trips_10k", "<=", 11),
+    Target("standby_cpu_10k_vs_holder", "<=", 1.0),
     Target("takeover_10k_p99_after_expiry_s", "<=", 1.0),
     Target("close_10k_s", "<=", 1.0),
     # A gateway's requests end to end (bench/gateway_requests.py): the recipe over a plain
