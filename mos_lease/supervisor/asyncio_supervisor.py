@@ -122,6 +122,7 @@ class AsyncSupervisor(_Supervisor[AsyncConnectorLeaseCoordinator]):
         if isinstance(call, Sleep):
             return await self._sleep(call.seconds)
         if isinstance(call, Renew):  # started now, waited for by its Collect
+            self._counts.renewal(len(call.leases))
             running = asyncio.ensure_future(
                 self.coordinator.heartbeat_many(call.leases, ttl=call.ttl))
             started.add(running)
@@ -136,6 +137,7 @@ class AsyncSupervisor(_Supervisor[AsyncConnectorLeaseCoordinator]):
         return await self._release(call.lease)
 
     async def _release(self, lease: LeaseHandle) -> object:
+        self._counts.releases += 1
         try:
             return await self.coordinator.release(lease)
         except Exception as error:
@@ -144,13 +146,16 @@ class AsyncSupervisor(_Supervisor[AsyncConnectorLeaseCoordinator]):
     async def _campaign(self, attempt: Attempt) -> object:
         call, binding = attempt.call, attempt.call.slot.binding
         if isinstance(call, ReadHolder | Confirm):
+            self._counts.campaign_reads += 1
             return await self.coordinator.current_holder(binding.identity)
         if isinstance(call, Acquire):
+            self._counts.acquires += 1
             return await self.coordinator.acquire(binding.identity, binding.connector_id,
                                                   scopes=binding.scopes,
                                                   ttl=binding.timing.ttl,
                                                   metadata=binding.metadata)
         assert isinstance(call, Takeover)
+        self._counts.takeovers += 1
         return await self.coordinator.takeover(binding.identity, binding.connector_id,
                                                scopes=binding.scopes, ttl=binding.timing.ttl,
                                                expected_epoch=call.expected_epoch,
@@ -175,7 +180,10 @@ class AsyncSupervisor(_Supervisor[AsyncConnectorLeaseCoordinator]):
     async def remove(self, identity: LeaseIdentity) -> LeaseResult | None:
         """As :meth:`Supervisor.remove`."""
         lease = self._take(identity)
-        return None if lease is None else await self.coordinator.release(lease)
+        if lease is None:
+            return None
+        self._counts.releases += 1
+        return await self.coordinator.release(lease)
 
     async def close(self) -> None:
         """Cancel the task and release every held lease (each reported lost, ``STOPPED``)."""

@@ -29,6 +29,7 @@ from typing import Protocol
 from mos_lease.errors import ConfigurationError
 from mos_lease.identity import LeaseIdentity
 from mos_lease.notice_confirmer import Done, Job, NoticeConfirmer, confirmer_of
+from mos_lease.stats import SupervisorCounts
 from mos_lease.supervisor.flow import Core
 
 AnyNoticeCallback = Callable[[LeaseIdentity, int, str], object]
@@ -64,8 +65,10 @@ class SupervisorNotices:
     ``wake()`` ends the supervisor's sleep from any thread and says whether it could (an
     asyncio supervisor whose loop has closed cannot)."""
 
-    def __init__(self, feed: NoticeFeed, core: Core, wake: Callable[[], bool]) -> None:
+    def __init__(self, feed: NoticeFeed, core: Core, wake: Callable[[], bool],
+                 counts: SupervisorCounts) -> None:
         self.feed = feed
+        self.counts = counts  # the supervisor's: notices worth a read are counted here
         self.confirmer: NoticeConfirmer = confirmer_of(feed)
         self._core = core
         self._wake = wake
@@ -79,6 +82,7 @@ class SupervisorNotices:
         with core.lock:
             if core.closing or not core.schedule.worth_confirming(identity, epoch):
                 return  # not a binding of ours, or nothing newer than the lease held
+            self.counts.notices += 1
             if identity not in self._jobs:
                 job = self._jobs[identity] = functools.partial(self._confirm, identity)
                 self.confirmer.register(identity, job)

@@ -124,6 +124,7 @@ class Supervisor(_Supervisor[ConnectorLeaseCoordinator]):
         if isinstance(call, Sleep):
             return self._sleep(min(call.seconds, threading.TIMEOUT_MAX))
         if isinstance(call, Renew):
+            self._counts.renewal(len(call.leases))
             return self._renewals.prime(self.coordinator, call)
         if isinstance(call, Collect):
             assert isinstance(call.ticket, _Batch)
@@ -132,6 +133,7 @@ class Supervisor(_Supervisor[ConnectorLeaseCoordinator]):
             return bounded(lambda: self._campaign(call), call.timeout,
                            name="mos-lease-supervisor-campaign")
         assert isinstance(call, Release)
+        self._counts.releases += 1
         try:
             return self.coordinator.release(call.lease)
         except Exception as error:
@@ -140,12 +142,15 @@ class Supervisor(_Supervisor[ConnectorLeaseCoordinator]):
     def _campaign(self, attempt: Attempt) -> object:
         call, binding = attempt.call, attempt.call.slot.binding
         if isinstance(call, ReadHolder | Confirm):
+            self._counts.campaign_reads += 1
             return self.coordinator.current_holder(binding.identity)
         if isinstance(call, Acquire):
+            self._counts.acquires += 1
             return self.coordinator.acquire(binding.identity, binding.connector_id,
                                             scopes=binding.scopes, ttl=binding.timing.ttl,
                                             metadata=binding.metadata)
         assert isinstance(call, Takeover)
+        self._counts.takeovers += 1
         return self.coordinator.takeover(binding.identity, binding.connector_id,
                                          scopes=binding.scopes, ttl=binding.timing.ttl,
                                          expected_epoch=call.expected_epoch,
@@ -169,7 +174,10 @@ class Supervisor(_Supervisor[ConnectorLeaseCoordinator]):
         """Stop running ``identity`` and release its lease if held (the release result,
         or ``None``); reports the loss with cause ``STOPPED``."""
         lease = self._take(identity)
-        return None if lease is None else self.coordinator.release(lease)
+        if lease is None:
+            return None
+        self._counts.releases += 1
+        return self.coordinator.release(lease)
 
     def close(self, *, timeout: float | None = 10.0) -> None:
         """Stop the thread and release every held lease (each reported lost, ``STOPPED``).
