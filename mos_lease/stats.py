@@ -25,7 +25,8 @@ from mos_lease.results import GrantResult, LeaseResult, RenewalResult, Validatio
 
 
 def _frozen_counts(counts: Mapping[str, int]) -> Mapping[str, int]:
-    return MappingProxyType(dict(counts))
+    # Keys may be counted as the results' StrEnum members: shown as their plain values.
+    return MappingProxyType({str(key): n for key, n in counts.items()})
 
 
 def _sum(counts: Mapping[str, int]) -> int:
