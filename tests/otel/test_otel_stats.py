@@ -14,6 +14,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from mos_lease import AllowAllPolicy, ConfigurationError, ConnectorLeaseCoordinator, LeaseIdentity
 from mos_lease.clock import ManualClock
 from mos_lease.otel import OpenTelemetryStats
+from mos_lease.stats import StoreStats, SupervisorStats
 from mos_lease.supervisor import Supervisor
 from mos_lease_memory import InMemoryLeaseStore
 
@@ -107,3 +108,47 @@ def test_watching_holds_nothing_alive_and_refuses_what_has_no_stats() -> None:
     del store
     gc.collect()
     assert _points(reader, "mos_lease.store.reconciles") == {}
+
+
+class _Fixed:
+    """A source whose ``stats()`` is a given snapshot, each count a different number, so a
+    count published under another's name shows."""
+
+    db_system = "postgresql"
+
+    def __init__(self, snapshot: object) -> None:
+        self.snapshot = snapshot
+
+    def stats(self) -> object:
+        return self.snapshot
+
+
+def test_each_count_is_published_under_its_own_name() -> None:
+    reader, published = _rig()
+    store = _Fixed(StoreStats({"load": 2, "load_many": 3}, load_batches=5, loads_batched=7,
+                              record_batches=11, records_batched=13,
+                              commit_outcome_unknown=17, reconciles=19))
+    supervisor = _Fixed(SupervisorStats(renewal_ticks=2, leases_renewed=3, last_renewed=5,
+                                        campaign_reads=7, acquires=11, takeovers=13,
+                                        releases=17, notices=19, bindings=23,
+                                        bindings_held=29))
+    published.watch(store, name="s")
+    published.watch(supervisor, name="v")
+
+    def values(name: str) -> dict[str, Any]:
+        return {",".join(f"{v}" for k, v in key if k not in ("mos_lease.source",
+                                                                "db.system.name")): n
+                for key, n in _points(reader, name).items()}
+
+    assert values("mos_lease.store.round_trips") == {"load": 2, "load_many": 3}
+    assert values("mos_lease.store.coalesced.batches") == {"load": 5, "record": 11}
+    assert values("mos_lease.store.coalesced.calls") == {"load": 7, "record": 13}
+    assert values("mos_lease.store.commit_outcome_unknown") == {"": 17}
+    assert values("mos_lease.store.reconciles") == {"": 19}
+    assert values("mos_lease.supervisor.renewal.ticks") == {"": 2}
+    assert values("mos_lease.supervisor.renewal.leases") == {"": 3}
+    assert values("mos_lease.supervisor.renewal.last_leases") == {"": 5}
+    assert values("mos_lease.supervisor.calls") == {"read": 7, "acquire": 11, "takeover": 13,
+                                                    "release": 17}
+    assert values("mos_lease.supervisor.notices") == {"": 19}
+    assert values("mos_lease.supervisor.bindings") == {"registered": 23, "held": 29}
