@@ -194,10 +194,11 @@ class OpenTelemetryStats:
     def watch(self, source: object, *, name: str = "default") -> None:
         """Publish the counts of ``source``: a lease store, a coordinator or a supervisor
         (anything whose ``stats()`` returns one of the :mod:`mos_lease.stats` snapshots)."""
-        stats = getattr(source, "stats", None)
+        stats: Any = getattr(source, "stats", None)
         if not isinstance(name, str) or not name:
             raise ConfigurationError("name must be a non-empty string")
         snapshot = stats() if callable(stats) else None
+        attributes: dict[str, AttributeValue]
         if isinstance(snapshot, StoreStats):
             kind, attributes = self._stores, {SOURCE: name,
                                               DB_SYSTEM_NAME: store_system(source)}
@@ -208,7 +209,7 @@ class OpenTelemetryStats:
         else:
             raise ConfigurationError(f"cannot watch {type(source).__name__}: it has no stats() "
                                      "of a store, a coordinator or a supervisor")
-        ref = weakref.WeakMethod(stats)  # type: ignore[arg-type]
+        ref: Callable[[], Any] = weakref.WeakMethod(stats)
         with self._lock:
             kind.append((ref, attributes))
 

@@ -29,6 +29,11 @@ def _frozen_counts(counts: Mapping[str, int]) -> Mapping[str, int]:
     return MappingProxyType({str(key): n for key, n in counts.items()})
 
 
+def _frozen_table(table: Mapping[str, Mapping[str, int]]
+                  ) -> Mapping[str, Mapping[str, int]]:
+    return MappingProxyType({str(key): _frozen_counts(row) for key, row in table.items()})
+
+
 def _sum(counts: Mapping[str, int]) -> int:
     return sum(counts.values())
 
@@ -135,9 +140,8 @@ class CoordinatorStats:
     :class:`~mos_lease.vocabulary.Reason` value, over every operation. ``failed``: calls
     that raised (``StoreUnavailable``, ``CommitOutcomeUnknown``, bad input), by operation."""
 
-    operations: Mapping[str, Mapping[str, int]] = attrs.field(
-        factory=dict, converter=lambda m: MappingProxyType(
-            {k: _frozen_counts(v) for k, v in m.items()}))
+    operations: Mapping[str, Mapping[str, int]] = attrs.field(factory=dict,
+                                                              converter=_frozen_table)
     denials: Mapping[str, int] = attrs.field(factory=dict, converter=_frozen_counts)
     failed: Mapping[str, int] = attrs.field(factory=dict, converter=_frozen_counts)
 

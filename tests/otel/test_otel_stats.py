@@ -29,7 +29,8 @@ def _points(reader: InMemoryMetricReader, name: str) -> dict[tuple[tuple[str, An
             for metric in scope.metrics:
                 if metric.name == name:
                     for p in metric.data.data_points:
-                        out[tuple(sorted((p.attributes or {}).items()))] = p.value
+                        point: Any = p  # a sum or a gauge: each has a value
+                        out[tuple(sorted((point.attributes or {}).items()))] = point.value
     return out
 
 
