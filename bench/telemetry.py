@@ -35,9 +35,10 @@ SCOPES = ("tool:run",)
 
 
 class _NoHookPath(ConnectorLeaseCoordinator):
-    """The synchronous driver without the hook check: the floor this figure divides by."""
+    """The synchronous driver without the hook check and without counting the operation
+    (``stats()``): the floor this figure divides by."""
 
-    def _run(self, flow: Flow[T]) -> T:
+    def _run(self, flow: Flow[T], _operation: str = "") -> T:
         drive = Drive(flow)
         for op in drive:
             drive.send(outcome_of(_call, self.store, op))
@@ -47,7 +48,7 @@ class _NoHookPath(ConnectorLeaseCoordinator):
 class _HandLoop(ConnectorLeaseCoordinator):
     """The driver as it was written in each coordinator before ``flowdrive``."""
 
-    def _run(self, flow: Flow[T]) -> T:
+    def _run(self, flow: Flow[T], _operation: str = "") -> T:
         try:
             op = next(flow)
             while True:

@@ -45,6 +45,7 @@ from mos_lease.results import (
     RenewalResult,
     ValidationResult,
 )
+from mos_lease.stats import CoordinatorCounts, CoordinatorStats
 from mos_lease.store_ops import Flow, perform, perform_async
 from mos_lease.vocabulary import Reason
 
@@ -119,6 +120,14 @@ class _Coordinator(Generic[S]):
         # Whether the store counts its calls' bounds from SHARED_START (operation.py).
         self._shares_bound = getattr(store, "shares_bound", False) is True
         self._pid = _pid
+        self._counts = CoordinatorCounts()
+
+    def stats(self) -> CoordinatorStats:
+        """The operations asked of this coordinator since it was created, by kind and
+        outcome (:class:`mos_lease.stats.CoordinatorStats`)."""
+        counts = self._counts
+        return CoordinatorStats({k: dict(v) for k, v in list(counts.finished.items())},
+                                dict(counts.denials), dict(counts.failed))
 
     def _observation(self) -> Observation | None:
         if self._emit is None:  # the one check telemetry costs when nothing listens
@@ -162,9 +171,10 @@ class AsyncConnectorLeaseCoordinator(_Coordinator[AsyncLeaseStore]):
     finished lifecycle attempt or validation (``docs/telemetry.md``).
     """
 
-    async def _run(self, flow: Flow[T]) -> T:
+    async def _run(self, flow: Flow[T], operation: str) -> T:
         """Drive ``flow``: perform each store operation it yields and send it the answer, or
-        throw in the store's error, until it returns its result."""
+        throw in the store's error, until it returns its result (counted under
+        ``operation``, the public method's name)."""
         seen = self._observation()
         answer: Any = None
         failure: MosLeaseError | None = None
@@ -172,9 +182,13 @@ class AsyncConnectorLeaseCoordinator(_Coordinator[AsyncLeaseStore]):
             try:
                 op = flow.send(answer) if failure is None else flow.throw(failure)
             except StopIteration as done:
+                self._counts.finish(operation, done.value)
                 if seen is not None:
                     seen.finish(done.value)
                 return done.value  # type: ignore[no-any-return]
+            except BaseException:
+                self._counts.fail(operation)
+                raise
             started = _UNTIMED if seen is None else seen.start(op)
             try:
                 answer, failure = await perform_async(self.store, op), None
@@ -199,7 +213,7 @@ class AsyncConnectorLeaseCoordinator(_Coordinator[AsyncLeaseStore]):
         routes this binding's requests to; never audited (:mod:`mos_lease.metadata` has its
         bounds). Heartbeats and the release keep it."""
         return await self._run(self._flows.acquire(
-            identity, connector_id, scopes, ttl, correlation_id, metadata))
+            identity, connector_id, scopes, ttl, correlation_id, metadata), "acquire")
 
     async def takeover(self, identity: LeaseIdentity, connector_id: str, *, scopes: object,
                        ttl: timedelta | float, expected_epoch: int,
@@ -215,12 +229,12 @@ class AsyncConnectorLeaseCoordinator(_Coordinator[AsyncLeaseStore]):
         replaces the previous holder's, as for :meth:`acquire` (``None``: none)."""
         return await self._run(self._flows.takeover(
             identity, connector_id, scopes, ttl, expected_epoch, correlation_id, observed,
-            metadata))
+            metadata), "takeover")
 
     async def heartbeat(self, lease: LeaseHandle, *, ttl: timedelta | float,
                         correlation_id: str | None = None) -> LeaseResult:
         """Extend an active lease to store time + ``ttl``; full match on every field."""
-        return await self._run(self._flows.heartbeat(lease, ttl, correlation_id))
+        return await self._run(self._flows.heartbeat(lease, ttl, correlation_id), "heartbeat")
 
     async def heartbeat_many(self, leases: Sequence[LeaseHandle], *, ttl: timedelta | float,
                              correlation_id: str | None = None) -> list[LeaseResult]:
@@ -229,7 +243,8 @@ class AsyncConnectorLeaseCoordinator(_Coordinator[AsyncLeaseStore]):
         transaction holds locked (a fenced transaction of a long tool) is not waited for:
         its result is ``store_unavailable`` (nothing written or audited; try it again, as
         after a transient failure) and the others are renewed."""
-        return await self._run(self._flows.heartbeat_many(leases, ttl, correlation_id))
+        return await self._run(self._flows.heartbeat_many(leases, ttl, correlation_id),
+                               "heartbeat_many")
 
     def prime_heartbeat_many(self, leases: Sequence[LeaseHandle], *, ttl: timedelta | float,
                              correlation_id: str | None = None
@@ -240,12 +255,13 @@ class AsyncConnectorLeaseCoordinator(_Coordinator[AsyncLeaseStore]):
         does. Call it once. A driver that renews many batches primes the next one while
         the last one's statement runs (the thread supervisor does)."""
         return functools.partial(self._run,
-                                 primed(self._flows.heartbeat_many(leases, ttl, correlation_id)))
+                                 primed(self._flows.heartbeat_many(leases, ttl, correlation_id)),
+                                 "heartbeat_many")
 
     async def release(self, lease: LeaseHandle, *,
                       correlation_id: str | None = None) -> LeaseResult:
         """Release an active lease, keeping its epoch; only a takeover follows it."""
-        return await self._run(self._flows.release(lease, correlation_id))
+        return await self._run(self._flows.release(lease, correlation_id), "release")
 
     async def acquire_many(self, identities: Sequence[LeaseIdentity], connector_id: str, *,
                            scopes: object, ttl: timedelta | float,
@@ -256,7 +272,7 @@ class AsyncConnectorLeaseCoordinator(_Coordinator[AsyncLeaseStore]):
         (``lease_held``, ``takeover_required``) and audited on its own. Results are in the
         order given."""
         return await self._run(self._flows.acquire_many(
-            identities, connector_id, scopes, ttl, correlation_id, metadata))
+            identities, connector_id, scopes, ttl, correlation_id, metadata), "acquire_many")
 
     async def takeover_many(self, targets: Sequence[tuple[LeaseIdentity, int]],
                             connector_id: str, *, scopes: object, ttl: timedelta | float,
@@ -271,34 +287,39 @@ class AsyncConnectorLeaseCoordinator(_Coordinator[AsyncLeaseStore]):
         together first. A target whose row another transaction holds locked is not
         waited for: its result is ``store_unavailable`` (nothing written; try again)."""
         return await self._run(self._flows.takeover_many(
-            targets, connector_id, scopes, ttl, correlation_id, observed, metadata))
+            targets, connector_id, scopes, ttl, correlation_id, observed, metadata),
+            "takeover_many")
 
     async def release_many(self, leases: Sequence[LeaseHandle], *,
                            correlation_id: str | None = None) -> list[LeaseResult]:
         """:meth:`release` for many leases (at most 1,000, each identity once) in one round
         trip, each matched, refused and audited on its own; a lease whose row another
         transaction holds locked is ``store_unavailable``, as in :meth:`takeover_many`."""
-        return await self._run(self._flows.release_many(leases, correlation_id))
+        return await self._run(self._flows.release_many(leases, correlation_id),
+                               "release_many")
 
     async def issue_grant(self, lease: LeaseHandle, *, scopes: object, ttl: timedelta | float,
                           correlation_id: str | None = None) -> GrantResult:
         """Mint a short-lived, process-local grant after rereading the current lease."""
-        return await self._run(self._flows.issue_grant(lease, scopes, ttl, correlation_id))
+        return await self._run(self._flows.issue_grant(lease, scopes, ttl, correlation_id),
+                               "issue_grant")
 
     async def validate(self, grant: ExecutionGrant, *, identity: LeaseIdentity, scopes: object,
                        correlation_id: str | None = None) -> ValidationResult:
         """Check ``grant`` against the store right now, for work on ``identity`` needing
         ``scopes``. Prefer :meth:`invoke`, which leaves no gap before the adapter runs."""
         if self._foreign_process():
-            return ValidationResult(Reason.GRANT_UNKNOWN)
+            denied = ValidationResult(Reason.GRANT_UNKNOWN)
+            self._counts.finish("validate", denied)
+            return denied
         flow = self._flows.validate(grant, identity, scopes, correlation_id)
         if not self._shares_bound:
-            return await self._run(flow)
+            return await self._run(flow, "validate")
         # The read and a denial's audit append share one bound (operation.py); set and
         # reset inline rather than through a context manager: this is the hottest call.
         started = SHARED_START.set(time.monotonic())
         try:
-            return await self._run(flow)
+            return await self._run(flow, "validate")
         finally:
             SHARED_START.reset(started)
 
@@ -313,9 +334,11 @@ class AsyncConnectorLeaseCoordinator(_Coordinator[AsyncLeaseStore]):
         expired grant is refused (``grant_expired``), and so is every grant once the lease
         moved on (``stale_epoch``, ``lease_replaced``, ``lease_released``, ...)."""
         if self._foreign_process():
-            return RenewalResult(Reason.GRANT_UNKNOWN, "unrecognized")
+            refused = RenewalResult(Reason.GRANT_UNKNOWN, "unrecognized")
+            self._counts.finish("renew_grant", refused)
+            return refused
         return await self._run(
-            self._flows.renew_grant(grant, identity, scopes, ttl, correlation_id))
+            self._flows.renew_grant(grant, identity, scopes, ttl, correlation_id), "renew_grant")
 
     async def invoke(self, grant: ExecutionGrant,
                      adapter: Callable[[ConnectorExecutionContext], Awaitable[T]], *,
@@ -335,17 +358,18 @@ class AsyncConnectorLeaseCoordinator(_Coordinator[AsyncLeaseStore]):
         """Who holds ``identity``'s lease now (``None`` if it never had one). A read: no
         audit row, no lease UUID, no scopes. Stored metadata that breaks the rules a write
         passes is withheld (``metadata_invalid``; :mod:`mos_lease.metadata`)."""
-        return await self._run(self._flows.current_holder(identity))
+        return await self._run(self._flows.current_holder(identity), "current_holder")
 
     async def current_holders(self, identities: Sequence[LeaseIdentity]
                               ) -> list[HolderView | None]:
         """:meth:`current_holder` for many identities (at most 1,000) in one round trip, all
         read at one store time; in the order given. A read: no audit row."""
-        return await self._run(self._flows.current_holders(identities))
+        return await self._run(self._flows.current_holders(identities),
+                               "current_holders")
 
     async def reconcile(self, identity: LeaseIdentity, event_id: UUID) -> bool:
         """Whether the write behind a :class:`CommitOutcomeUnknown` took effect."""
-        return await self._run(self._flows.reconcile(identity, event_id))
+        return await self._run(self._flows.reconcile(identity, event_id), "reconcile")
 
 
 # --- generated by tools/async_to_sync.py from the class above: do not edit ---
@@ -367,9 +391,10 @@ class ConnectorLeaseCoordinator(_Coordinator[LeaseStore]):
     finished lifecycle attempt or validation (``docs/telemetry.md``).
     """
 
-    def _run(self, flow: Flow[T]) -> T:
+    def _run(self, flow: Flow[T], operation: str) -> T:
         """Drive ``flow``: perform each store operation it yields and send it the answer, or
-        throw in the store's error, until it returns its result."""
+        throw in the store's error, until it returns its result (counted under
+        ``operation``, the public method's name)."""
         seen = self._observation()
         answer: Any = None
         failure: MosLeaseError | None = None
@@ -377,9 +402,13 @@ class ConnectorLeaseCoordinator(_Coordinator[LeaseStore]):
             try:
                 op = flow.send(answer) if failure is None else flow.throw(failure)
             except StopIteration as done:
+                self._counts.finish(operation, done.value)
                 if seen is not None:
                     seen.finish(done.value)
                 return done.value  # type: ignore[no-any-return]
+            except BaseException:
+                self._counts.fail(operation)
+                raise
             started = _UNTIMED if seen is None else seen.start(op)
             try:
                 answer, failure = perform(self.store, op), None
@@ -404,7 +433,7 @@ class ConnectorLeaseCoordinator(_Coordinator[LeaseStore]):
         routes this binding's requests to; never audited (:mod:`mos_lease.metadata` has its
         bounds). Heartbeats and the release keep it."""
         return self._run(self._flows.acquire(
-            identity, connector_id, scopes, ttl, correlation_id, metadata))
+            identity, connector_id, scopes, ttl, correlation_id, metadata), "acquire")
 
     def takeover(self, identity: LeaseIdentity, connector_id: str, *, scopes: object,
                  ttl: timedelta | float, expected_epoch: int,
@@ -420,12 +449,12 @@ class ConnectorLeaseCoordinator(_Coordinator[LeaseStore]):
         replaces the previous holder's, as for :meth:`acquire` (``None``: none)."""
         return self._run(self._flows.takeover(
             identity, connector_id, scopes, ttl, expected_epoch, correlation_id, observed,
-            metadata))
+            metadata), "takeover")
 
     def heartbeat(self, lease: LeaseHandle, *, ttl: timedelta | float,
                   correlation_id: str | None = None) -> LeaseResult:
         """Extend an active lease to store time + ``ttl``; full match on every field."""
-        return self._run(self._flows.heartbeat(lease, ttl, correlation_id))
+        return self._run(self._flows.heartbeat(lease, ttl, correlation_id), "heartbeat")
 
     def heartbeat_many(self, leases: Sequence[LeaseHandle], *, ttl: timedelta | float,
                        correlation_id: str | None = None) -> list[LeaseResult]:
@@ -434,7 +463,8 @@ class ConnectorLeaseCoordinator(_Coordinator[LeaseStore]):
         transaction holds locked (a fenced transaction of a long tool) is not waited for:
         its result is ``store_unavailable`` (nothing written or audited; try it again, as
         after a transient failure) and the others are renewed."""
-        return self._run(self._flows.heartbeat_many(leases, ttl, correlation_id))
+        return self._run(self._flows.heartbeat_many(leases, ttl, correlation_id),
+                         "heartbeat_many")
 
     def prime_heartbeat_many(self, leases: Sequence[LeaseHandle], *, ttl: timedelta | float,
                              correlation_id: str | None = None
@@ -445,12 +475,13 @@ class ConnectorLeaseCoordinator(_Coordinator[LeaseStore]):
         does. Call it once. A driver that renews many batches primes the next one while
         the last one's statement runs (the thread supervisor does)."""
         return functools.partial(self._run,
-                                 primed(self._flows.heartbeat_many(leases, ttl, correlation_id)))
+                                 primed(self._flows.heartbeat_many(leases, ttl, correlation_id)),
+                                 "heartbeat_many")
 
     def release(self, lease: LeaseHandle, *,
                 correlation_id: str | None = None) -> LeaseResult:
         """Release an active lease, keeping its epoch; only a takeover follows it."""
-        return self._run(self._flows.release(lease, correlation_id))
+        return self._run(self._flows.release(lease, correlation_id), "release")
 
     def acquire_many(self, identities: Sequence[LeaseIdentity], connector_id: str, *,
                      scopes: object, ttl: timedelta | float,
@@ -461,7 +492,7 @@ class ConnectorLeaseCoordinator(_Coordinator[LeaseStore]):
         (``lease_held``, ``takeover_required``) and audited on its own. Results are in the
         order given."""
         return self._run(self._flows.acquire_many(
-            identities, connector_id, scopes, ttl, correlation_id, metadata))
+            identities, connector_id, scopes, ttl, correlation_id, metadata), "acquire_many")
 
     def takeover_many(self, targets: Sequence[tuple[LeaseIdentity, int]],
                       connector_id: str, *, scopes: object, ttl: timedelta | float,
@@ -476,34 +507,39 @@ class ConnectorLeaseCoordinator(_Coordinator[LeaseStore]):
         together first. A target whose row another transaction holds locked is not
         waited for: its result is ``store_unavailable`` (nothing written; try again)."""
         return self._run(self._flows.takeover_many(
-            targets, connector_id, scopes, ttl, correlation_id, observed, metadata))
+            targets, connector_id, scopes, ttl, correlation_id, observed, metadata),
+            "takeover_many")
 
     def release_many(self, leases: Sequence[LeaseHandle], *,
                      correlation_id: str | None = None) -> list[LeaseResult]:
         """:meth:`release` for many leases (at most 1,000, each identity once) in one round
         trip, each matched, refused and audited on its own; a lease whose row another
         transaction holds locked is ``store_unavailable``, as in :meth:`takeover_many`."""
-        return self._run(self._flows.release_many(leases, correlation_id))
+        return self._run(self._flows.release_many(leases, correlation_id),
+                         "release_many")
 
     def issue_grant(self, lease: LeaseHandle, *, scopes: object, ttl: timedelta | float,
                     correlation_id: str | None = None) -> GrantResult:
         """Mint a short-lived, process-local grant after rereading the current lease."""
-        return self._run(self._flows.issue_grant(lease, scopes, ttl, correlation_id))
+        return self._run(self._flows.issue_grant(lease, scopes, ttl, correlation_id),
+                         "issue_grant")
 
     def validate(self, grant: ExecutionGrant, *, identity: LeaseIdentity, scopes: object,
                  correlation_id: str | None = None) -> ValidationResult:
         """Check ``grant`` against the store right now, for work on ``identity`` needing
         ``scopes``. Prefer :meth:`invoke`, which leaves no gap before the adapter runs."""
         if self._foreign_process():
-            return ValidationResult(Reason.GRANT_UNKNOWN)
+            denied = ValidationResult(Reason.GRANT_UNKNOWN)
+            self._counts.finish("validate", denied)
+            return denied
         flow = self._flows.validate(grant, identity, scopes, correlation_id)
         if not self._shares_bound:
-            return self._run(flow)
+            return self._run(flow, "validate")
         # The read and a denial's audit append share one bound (operation.py); set and
         # reset inline rather than through a context manager: this is the hottest call.
         started = SHARED_START.set(time.monotonic())
         try:
-            return self._run(flow)
+            return self._run(flow, "validate")
         finally:
             SHARED_START.reset(started)
 
@@ -518,9 +554,11 @@ class ConnectorLeaseCoordinator(_Coordinator[LeaseStore]):
         expired grant is refused (``grant_expired``), and so is every grant once the lease
         moved on (``stale_epoch``, ``lease_replaced``, ``lease_released``, ...)."""
         if self._foreign_process():
-            return RenewalResult(Reason.GRANT_UNKNOWN, "unrecognized")
+            refused = RenewalResult(Reason.GRANT_UNKNOWN, "unrecognized")
+            self._counts.finish("renew_grant", refused)
+            return refused
         return self._run(
-            self._flows.renew_grant(grant, identity, scopes, ttl, correlation_id))
+            self._flows.renew_grant(grant, identity, scopes, ttl, correlation_id), "renew_grant")
 
     def invoke(self, grant: ExecutionGrant,
                adapter: Callable[[ConnectorExecutionContext], T], *,
@@ -540,14 +578,15 @@ class ConnectorLeaseCoordinator(_Coordinator[LeaseStore]):
         """Who holds ``identity``'s lease now (``None`` if it never had one). A read: no
         audit row, no lease UUID, no scopes. Stored metadata that breaks the rules a write
         passes is withheld (``metadata_invalid``; :mod:`mos_lease.metadata`)."""
-        return self._run(self._flows.current_holder(identity))
+        return self._run(self._flows.current_holder(identity), "current_holder")
 
     def current_holders(self, identities: Sequence[LeaseIdentity]
                         ) -> list[HolderView | None]:
         """:meth:`current_holder` for many identities (at most 1,000) in one round trip, all
         read at one store time; in the order given. A read: no audit row."""
-        return self._run(self._flows.current_holders(identities))
+        return self._run(self._flows.current_holders(identities),
+                         "current_holders")
 
     def reconcile(self, identity: LeaseIdentity, event_id: UUID) -> bool:
         """Whether the write behind a :class:`CommitOutcomeUnknown` took effect."""
-        return self._run(self._flows.reconcile(identity, event_id))
+        return self._run(self._flows.reconcile(identity, event_id), "reconcile")

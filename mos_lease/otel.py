@@ -11,7 +11,10 @@ OpenTelemetry::
     coordinator = ConnectorLeaseCoordinator(store, policy, on_event=hook)
     keeper = LeaseKeeper(coordinator, ttl=30, on_event=hook)
 
-What is recorded (names in ``docs/telemetry.md``): one counter of every event by kind,
+:class:`OpenTelemetryStats` publishes the always-on counters of ``stats()``
+(:mod:`mos_lease.stats`) as observable instruments, read only when the SDK collects.
+
+What the hook records (names in ``docs/telemetry.md``): one counter of every event by kind,
 operation, outcome and reason; operation, store-call and renewal duration histograms; and a
 ``CLIENT`` span per store call following the OpenTelemetry database semantic conventions.
 Attribute values are enum values, operation names and exception type names only: identity
@@ -21,13 +24,17 @@ are not in the events this hook receives at all.
 
 from __future__ import annotations
 
-from typing import Final
+import threading
+import weakref
+from collections.abc import Callable, Iterable
+from typing import Any, Final
 
 from opentelemetry import metrics, trace
-from opentelemetry.metrics import MeterProvider
+from opentelemetry.metrics import CallbackOptions, MeterProvider, Observation
 from opentelemetry.trace import SpanKind, StatusCode, TracerProvider
 from opentelemetry.util.types import AttributeValue
 
+from mos_lease.errors import ConfigurationError
 from mos_lease.events import (
     Event,
     Lost,
@@ -35,7 +42,9 @@ from mos_lease.events import (
     RenewalRetry,
     Renewed,
     StoreCall,
+    store_system,
 )
+from mos_lease.stats import CoordinatorStats, StoreStats, SupervisorStats
 
 INSTRUMENTATION_NAME: Final = "mos_lease"
 
@@ -123,3 +132,158 @@ class OpenTelemetryHook:
         if call.error is not None:
             span.set_status(StatusCode.ERROR, call.error)
         span.end(end_time=start + int(call.duration * 1e9))
+
+
+# -- the counters of stats(), as observable instruments -----------------------------------
+
+SOURCE: Final = "mos_lease.source"
+QUEUE: Final = "mos_lease.queue"
+CALL: Final = "mos_lease.call"
+STATE: Final = "mos_lease.binding.state"
+
+_Watched = tuple[Callable[[], Any], dict[str, AttributeValue]]
+
+
+class OpenTelemetryStats:
+    """The counters of ``stats()`` (:mod:`mos_lease.stats`) of stores, coordinators and
+    supervisors, published as OpenTelemetry observable instruments.
+
+    Nothing is added to any call path: the instruments' callbacks read each watched
+    object's ``stats()`` when the SDK collects (its metric reader's interval). Pass each
+    object to :meth:`watch` with a ``name`` (the ``mos_lease.source`` attribute) that tells
+    several apart; a watched object is held weakly and dropped once it is gone. Names and
+    attributes are in ``docs/telemetry.md``."""
+
+    def __init__(self, meter_provider: MeterProvider | None = None) -> None:
+        meter = metrics.get_meter(INSTRUMENTATION_NAME, meter_provider=meter_provider)
+        self._stores: list[_Watched] = []
+        self._coordinators: list[_Watched] = []
+        self._supervisors: list[_Watched] = []
+        self._lock = threading.Lock()
+        counter, gauge = meter.create_observable_counter, meter.create_observable_gauge
+        counter("mos_lease.store.round_trips", [self._round_trips], unit="{statement}",
+                description="Statements a mos-lease store sent, by statement")
+        counter("mos_lease.store.coalesced.batches", [self._batches], unit="{statement}",
+                description="Coalesced statements sent for the calls queued behind one in "
+                "flight, by queue (load, record)")
+        counter("mos_lease.store.coalesced.calls", [self._batched], unit="{call}",
+                description="Calls carried by coalesced statements, by queue")
+        counter("mos_lease.store.commit_outcome_unknown", [self._in_doubt], unit="{statement}",
+                description="Statements whose commit outcome was lost")
+        counter("mos_lease.store.reconciles", [self._reconciles], unit="{call}",
+                description="Writes in doubt settled (event_committed calls)")
+        counter("mos_lease.coordinator.operations", [self._operations], unit="{operation}",
+                description="Coordinator operations, by operation and outcome")
+        counter("mos_lease.coordinator.denials", [self._denials], unit="{operation}",
+                description="Coordinator refusals, by reason")
+        counter("mos_lease.coordinator.failures", [self._failures], unit="{operation}",
+                description="Coordinator calls that raised, by operation")
+        counter("mos_lease.supervisor.renewal.ticks", [self._ticks], unit="{batch}",
+                description="Renewal batches a supervisor sent")
+        counter("mos_lease.supervisor.renewal.leases", [self._renewed], unit="{lease}",
+                description="Leases carried by a supervisor's renewal batches")
+        counter("mos_lease.supervisor.calls", [self._campaign], unit="{call}",
+                description="A supervisor's campaign calls and releases, by call")
+        counter("mos_lease.supervisor.notices", [self._notices], unit="{notice}",
+                description="Lease notices worth a confirming read")
+        gauge("mos_lease.supervisor.renewal.last_leases", [self._last_renewed], unit="{lease}",
+              description="Leases in a supervisor's latest renewal batch")
+        gauge("mos_lease.supervisor.bindings", [self._bindings], unit="{binding}",
+              description="A supervisor's bindings now, registered and held")
+
+    def watch(self, source: object, *, name: str = "default") -> None:
+        """Publish the counts of ``source``: a lease store, a coordinator or a supervisor
+        (anything whose ``stats()`` returns one of the :mod:`mos_lease.stats` snapshots)."""
+        stats: Any = getattr(source, "stats", None)
+        if not isinstance(name, str) or not name:
+            raise ConfigurationError("name must be a non-empty string")
+        snapshot = stats() if callable(stats) else None
+        attributes: dict[str, AttributeValue]
+        if isinstance(snapshot, StoreStats):
+            kind, attributes = self._stores, {SOURCE: name,
+                                              DB_SYSTEM_NAME: store_system(source)}
+        elif isinstance(snapshot, CoordinatorStats):
+            kind, attributes = self._coordinators, {SOURCE: name}
+        elif isinstance(snapshot, SupervisorStats):
+            kind, attributes = self._supervisors, {SOURCE: name}
+        else:
+            raise ConfigurationError(f"cannot watch {type(source).__name__}: it has no stats() "
+                                     "of a store, a coordinator or a supervisor")
+        ref: Callable[[], Any] = weakref.WeakMethod(stats)
+        with self._lock:
+            kind.append((ref, attributes))
+
+    def _read(self, kind: list[_Watched]) -> list[tuple[Any, dict[str, AttributeValue]]]:
+        with self._lock:
+            alive = [(ref(), attributes) for ref, attributes in kind]
+            # Objects gone since the last collection are dropped here.
+            kind[:] = [w for w, (stats, _a) in zip(kind, alive, strict=True)
+                       if stats is not None]
+        return [(stats(), attributes) for stats, attributes in alive if stats is not None]
+
+    def _round_trips(self, _options: CallbackOptions) -> Iterable[Observation]:
+        for stats, attributes in self._read(self._stores):
+            for statement, n in stats.round_trips.items():
+                yield Observation(n, {**attributes, DB_OPERATION_NAME: statement})
+
+    def _batches(self, _options: CallbackOptions) -> Iterable[Observation]:
+        for stats, attributes in self._read(self._stores):
+            yield Observation(stats.load_batches, {**attributes, QUEUE: "load"})
+            yield Observation(stats.record_batches, {**attributes, QUEUE: "record"})
+
+    def _batched(self, _options: CallbackOptions) -> Iterable[Observation]:
+        for stats, attributes in self._read(self._stores):
+            yield Observation(stats.loads_batched, {**attributes, QUEUE: "load"})
+            yield Observation(stats.records_batched, {**attributes, QUEUE: "record"})
+
+    def _in_doubt(self, _options: CallbackOptions) -> Iterable[Observation]:
+        for stats, attributes in self._read(self._stores):
+            yield Observation(stats.commit_outcome_unknown, attributes)
+
+    def _reconciles(self, _options: CallbackOptions) -> Iterable[Observation]:
+        for stats, attributes in self._read(self._stores):
+            yield Observation(stats.reconciles, attributes)
+
+    def _operations(self, _options: CallbackOptions) -> Iterable[Observation]:
+        for stats, attributes in self._read(self._coordinators):
+            for operation, outcomes in stats.operations.items():
+                for outcome, n in outcomes.items():
+                    yield Observation(n, {**attributes, OPERATION: operation,
+                                          OUTCOME: outcome})
+
+    def _denials(self, _options: CallbackOptions) -> Iterable[Observation]:
+        for stats, attributes in self._read(self._coordinators):
+            for reason, n in stats.denials.items():
+                yield Observation(n, {**attributes, REASON: reason})
+
+    def _failures(self, _options: CallbackOptions) -> Iterable[Observation]:
+        for stats, attributes in self._read(self._coordinators):
+            for operation, n in stats.failed.items():
+                yield Observation(n, {**attributes, OPERATION: operation})
+
+    def _supervisor(self, field: str) -> Iterable[Observation]:
+        for stats, attributes in self._read(self._supervisors):
+            yield Observation(getattr(stats, field), attributes)
+
+    def _ticks(self, _options: CallbackOptions) -> Iterable[Observation]:
+        return self._supervisor("renewal_ticks")
+
+    def _renewed(self, _options: CallbackOptions) -> Iterable[Observation]:
+        return self._supervisor("leases_renewed")
+
+    def _last_renewed(self, _options: CallbackOptions) -> Iterable[Observation]:
+        return self._supervisor("last_renewed")
+
+    def _notices(self, _options: CallbackOptions) -> Iterable[Observation]:
+        return self._supervisor("notices")
+
+    def _campaign(self, _options: CallbackOptions) -> Iterable[Observation]:
+        for stats, attributes in self._read(self._supervisors):
+            for call, n in (("read", stats.campaign_reads), ("acquire", stats.acquires),
+                            ("takeover", stats.takeovers), ("release", stats.releases)):
+                yield Observation(n, {**attributes, CALL: call})
+
+    def _bindings(self, _options: CallbackOptions) -> Iterable[Observation]:
+        for stats, attributes in self._read(self._supervisors):
+            yield Observation(stats.bindings, {**attributes, STATE: "registered"})
+            yield Observation(stats.bindings_held, {**attributes, STATE: "held"})

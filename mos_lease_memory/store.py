@@ -28,8 +28,13 @@ from mos_lease.metadata import EMPTY_METADATA, stored_metadata
 from mos_lease.ports import MAX_AUDIT_PAGE
 from mos_lease.reconciliation import took_effect
 from mos_lease.records import AuditEntry, AuditRecord, LeaseRow, Snapshot, WriteOutcome
+from mos_lease.stats import StoreCounts, StoreStats
 
 T = TypeVar("T")
+
+# A single write is counted under its statement's name in the PostgreSQL store.
+_WRITE_NAMES: dict[type[Write], str] = {Insert: "insert", Renew: "renew", Close: "close",
+                                         Rotate: "rotate"}
 
 
 def _judged(row: LeaseRow) -> LeaseRow:
@@ -60,15 +65,35 @@ class InMemoryLeaseStore:
         self._rows: dict[LeaseIdentity, LeaseRow] = {}
         self._audit: list[AuditRecord] = []
         self._entries: dict[UUID, AuditEntry] = {}  # every audit entry, by event id
+        # Calls by operation, each counted as one round trip, under the lock the call takes.
+        self._counts = StoreCounts()
+
+    def stats(self) -> StoreStats:
+        """The calls made to this store since it was created, each counted as one round trip
+        under the PostgreSQL store's statement names (:class:`mos_lease.stats.StoreStats`;
+        nothing here is coalesced or lost in doubt)."""
+        with self._lock:
+            return StoreStats(self._counts.sent, reconciles=self._counts.reconciles)
+
+    def _count_call(self, name: str) -> None:
+        # Called with the lock held.
+        sent = self._counts.sent
+        sent[name] = sent.get(name, 0) + 1
 
     def load(self, identity: LeaseIdentity) -> Snapshot:
         """:meth:`mos_lease.ports.LeaseStore.load` under the store's lock, at its clock's time."""
         with self._lock:
+            self._count_call("load")
             return Snapshot(self._rows.get(identity), self.clock.now())
 
     def apply(self, write: Write, entry: AuditEntry) -> WriteOutcome:
         """:meth:`mos_lease.ports.LeaseStore.apply`: the reference semantics (``write_outcome``)
         under the store's lock, the row and its audit record together."""
+        with self._lock:
+            self._count_call(_WRITE_NAMES[type(write)])
+            return self._write(write, entry)
+
+    def _write(self, write: Write, entry: AuditEntry) -> WriteOutcome:
         with self._lock:
             now = self.clock.now()
             current = self._rows.get(write.identity)
@@ -97,29 +122,34 @@ class InMemoryLeaseStore:
         order. Every renewal is reached (``WriteOutcome.reached``): this store has no row
         locks; :meth:`holding` holds the whole store, and a batch waits for it like any
         call."""
-        return [self.apply(write, entry) for write, entry in items]
+        with self._lock:
+            self._count_call("renew_many")
+        return [self._write(write, entry) for write, entry in items]
 
     def acquire_many(self, items: Sequence[tuple[Insert, AuditEntry]]) -> list[WriteOutcome]:
         """:meth:`mos_lease.ports.BatchLeaseStore.acquire_many`: each as :meth:`apply`, in order,
         under one hold of the lock (one atomic step)."""
-        return self._apply_all(items)
+        return self._apply_all("acquire_many", items)
 
     def takeover_many(self, items: Sequence[tuple[Rotate, AuditEntry]]) -> list[WriteOutcome]:
         """:meth:`mos_lease.ports.BatchLeaseStore.takeover_many`, as :meth:`acquire_many`. Nothing
         here holds a row apart from the store's lock, so every takeover is reached."""
-        return self._apply_all(items)
+        return self._apply_all("takeover_many", items)
 
     def release_many(self, items: Sequence[tuple[Close, AuditEntry]]) -> list[WriteOutcome]:
         """:meth:`mos_lease.ports.BatchLeaseStore.release_many`, as :meth:`takeover_many`."""
-        return self._apply_all(items)
+        return self._apply_all("release_many", items)
 
-    def _apply_all(self, items: Sequence[tuple[Write, AuditEntry]]) -> list[WriteOutcome]:
+    def _apply_all(self, name: str, items: Sequence[tuple[Write, AuditEntry]]
+                   ) -> list[WriteOutcome]:
         with self._lock:
-            return [self.apply(write, entry) for write, entry in items]
+            self._count_call(name)
+            return [self._write(write, entry) for write, entry in items]
 
     def load_many(self, identities: Sequence[LeaseIdentity]) -> list[Snapshot]:
         """:meth:`mos_lease.ports.BatchLeaseStore.load_many`: every row at one clock reading."""
         with self._lock:
+            self._count_call("load_many")
             now = self.clock.now()
             return [Snapshot(self._rows.get(identity), now) for identity in identities]
 
@@ -128,6 +158,7 @@ class InMemoryLeaseStore:
         reply was lost) is recorded once; another entry under a recorded event id raises
         ``ValueError``."""
         with self._lock:
+            self._count_call("record")
             if self._entries.get(entry.event_id) == entry:
                 return
             self._append(entry, self.clock.now())
@@ -139,6 +170,7 @@ class InMemoryLeaseStore:
         ``ValueError`` before any is appended."""
         checked = check_entries(entries)
         with self._lock:
+            self._count_call("record_many")
             now = self.clock.now()
             fresh = [entry for entry in checked if self._entries.get(entry.event_id) != entry]
             for entry in fresh:
@@ -151,6 +183,8 @@ class InMemoryLeaseStore:
         """:meth:`mos_lease.ports.LeaseStore.event_committed`: from the entry's outcome, since
         a refusal's entry carries the event id of the write it refused."""
         with self._lock:
+            self._count_call("event_committed")
+            self._counts.reconciles += 1
             entry = self._entries.get(event_id)
             return entry is not None and took_effect(entry)
 
@@ -196,6 +230,10 @@ class AsyncInMemoryLeaseStore:
 
     def __init__(self, store: InMemoryLeaseStore | None = None) -> None:
         self.sync = store if store is not None else InMemoryLeaseStore()
+
+    def stats(self) -> StoreStats:
+        """As :meth:`InMemoryLeaseStore.stats` (shared with :attr:`sync`)."""
+        return self.sync.stats()
 
     async def load(self, identity: LeaseIdentity) -> Snapshot:
         """As :meth:`InMemoryLeaseStore.load`."""

@@ -125,6 +125,9 @@ class PostgresLeaseStore(_StoreCore):
         """Send ``call`` once: its rows, or the :class:`Missed` that says why not."""
         source = self._source
         wire = source.enter(deadline)
+        # Counted during the connection's turn (a dedicated connection's threads take turns).
+        sent, name = self._counts.sent, call.statement.name
+        sent[name] = sent.get(name, 0) + 1
         try:
             try:
                 with wire.watch.arm(deadline, self._bound) as watch:
@@ -324,6 +327,8 @@ class AsyncPostgresLeaseStore(_StoreCore):
         """As :meth:`PostgresLeaseStore._attempt`."""
         source = self._source
         wire = await source.enter(deadline)
+        sent, name = self._counts.sent, call.statement.name  # as PostgresLeaseStore._attempt
+        sent[name] = sent.get(name, 0) + 1
         try:
             conn = wire.conn
             try:

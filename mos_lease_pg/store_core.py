@@ -29,6 +29,7 @@ from mos_lease.operation import time_left
 from mos_lease.ports import MAX_AUDIT_PAGE
 from mos_lease.records import AuditEntry, AuditRecord, Snapshot, WriteOutcome
 from mos_lease.sleep import Sleep
+from mos_lease.stats import StoreCounts, StoreStats
 from mos_lease_pg import batch_statements, reconcile, replication, statements
 from mos_lease_pg.attempts import Covers, Missed, Resend, resending
 from mos_lease_pg.coalesce import Ticket, overdue
@@ -69,10 +70,25 @@ class _StoreCore:
     _clock: MonotonicClock  # the only clock the store reads (deadlines, polls)
     _bound: float  # settings.call_bound(), computed once: the settings are frozen
 
+    _counts: StoreCounts  # statements sent, writes in doubt, reconciles (mos_lease.stats)
+    _reads: Any  # the coalesced loads and appends (coalesce.ThreadReads or TaskReads)
+    _records: Any
+
     def _setup(self, settings: ConnectionSettings, clock: MonotonicClock) -> None:
         self.settings = settings
         self._clock = clock
         self._bound = settings.call_bound()
+        self._counts = StoreCounts()
+
+    def stats(self) -> StoreStats:
+        """What this store sent since it was created (:class:`mos_lease.stats.StoreStats`)."""
+        counts, loads, records = self._counts, self._reads._reads, self._records._reads
+        return StoreStats(
+            # Counted under the statement's file name; shown without the ``.sql``.
+            {name.removesuffix(".sql"): n for name, n in list(counts.sent.items())},
+            load_batches=loads.batches, loads_batched=loads.items,
+            record_batches=records.batches, records_batched=records.items,
+            commit_outcome_unknown=counts.in_doubt, reconciles=counts.reconciles)
 
     @property
     def _schema(self) -> str:
@@ -94,7 +110,12 @@ class _StoreCore:
     def _resending(self, call: Call[T], covers: Covers | None, deadline: float,
                    missed: Missed) -> Flow[T]:
         """What follows a failed first attempt (:func:`attempts.resending`)."""
-        return resending(call, covers, deadline, self._bound, self._clock, missed)
+        try:
+            return (yield from resending(call, covers, deadline, self._bound, self._clock,
+                                         missed))
+        except CommitOutcomeUnknown:
+            self._counts.in_doubt += 1  # off the hot path: only a lost statement gets here
+            raise
 
     def _lost_here(self, event_id: UUID, wire: AnyWire) -> Lost | None:
         """The backend to end before ``event_id`` is looked for, if this process knows it
@@ -176,6 +197,7 @@ class _StoreCore:
     def _settling(self, event_id: UUID, lost: Lost | None, deadline: float) -> Flow[bool]:
         """``event_committed``: end the session that may still commit the write (``lost``,
         if this process knows it: see :meth:`_lost_here`), then look the event up."""
+        self._counts.reconciles += 1
         yield from self._ending(lost, deadline)
         if event_id in UNAUDITED:
             # A lost heartbeat that wrote no audit row (its backend is ended by now): the

@@ -122,6 +122,7 @@ class AsyncSupervisor(_Supervisor[AsyncConnectorLeaseCoordinator]):
         if isinstance(call, Sleep):
             return await self._sleep(call.seconds)
         if isinstance(call, Renew):  # started now, waited for by its Collect
+            self._counts.renewal(len(call.leases))
             running = asyncio.ensure_future(
                 self.coordinator.heartbeat_many(call.leases, ttl=call.ttl))
             started.add(running)
@@ -136,6 +137,7 @@ class AsyncSupervisor(_Supervisor[AsyncConnectorLeaseCoordinator]):
         return await self._release(call.lease)
 
     async def _release(self, lease: LeaseHandle) -> object:
+        self._counts.releases += 1
         try:
             return await self.coordinator.release(lease)
         except Exception as error:
@@ -145,14 +147,17 @@ class AsyncSupervisor(_Supervisor[AsyncConnectorLeaseCoordinator]):
         calls, kind = attempt.calls, attempt.kind
         identities = [call.slot.binding.identity for call in calls]
         if kind is ReadHolder:
+            self._counts.campaign_reads += len(identities)
             return await self.coordinator.current_holders(identities)
         binding = calls[0].slot.binding  # a write batch shares these (flow.batches)
         if kind is Acquire:
+            self._counts.acquires += len(identities)
             return await self.coordinator.acquire_many(identities, binding.connector_id,
                                                        scopes=binding.scopes,
                                                        ttl=binding.timing.ttl,
                                                        metadata=binding.metadata)
         takeovers = [call for call in calls if isinstance(call, Takeover)]
+        self._counts.takeovers += len(takeovers)
         return await self.coordinator.takeover_many(
             [(call.slot.binding.identity, call.expected_epoch) for call in takeovers],
             binding.connector_id, scopes=binding.scopes, ttl=binding.timing.ttl,
@@ -177,7 +182,10 @@ class AsyncSupervisor(_Supervisor[AsyncConnectorLeaseCoordinator]):
     async def remove(self, identity: LeaseIdentity) -> LeaseResult | None:
         """As :meth:`Supervisor.remove`."""
         lease = self._take(identity)
-        return None if lease is None else await self.coordinator.release(lease)
+        if lease is None:
+            return None
+        self._counts.releases += 1
+        return await self.coordinator.release(lease)
 
     async def close(self) -> None:
         """Cancel the task and release every held lease, as :meth:`Supervisor.close`."""
@@ -190,6 +198,7 @@ class AsyncSupervisor(_Supervisor[AsyncConnectorLeaseCoordinator]):
             # (the asyncio keeper's stop() explains why).
             await asyncio.wait((task,))
         for batch in self._close_all():
+            self._counts.releases += len(batch)
             try:
                 outcome: list[LeaseResult] | Exception = await self.coordinator.release_many(
                     [lease for lease, _ in batch])

@@ -21,6 +21,7 @@ from mos_lease.keeper import KeeperTiming, default_clock_step
 from mos_lease.metadata import check_metadata
 from mos_lease.records import LeaseHandle
 from mos_lease.results import LeaseResult
+from mos_lease.stats import SupervisorCounts, SupervisorStats
 from mos_lease.supervisor.changes import Change
 from mos_lease.supervisor.flow import Core
 from mos_lease.supervisor.notices import NoticeFeed, SupervisorNotices, check_feed
@@ -62,6 +63,8 @@ class _Supervisor(Generic[C]):
         if on_change is not None and not callable(on_change):
             raise ConfigurationError("on_change must be callable")
         self.coordinator: C = coordinator
+        # Counted by the driver where each call is made (mos_lease.stats).
+        self._counts = SupervisorCounts()
         # Deadlines are kept on the coordinator's monotonic clock unless told otherwise.
         self._core = Core(clock if clock is not None else coordinator.monotonic, random,
                           on_change)
@@ -70,7 +73,8 @@ class _Supervisor(Generic[C]):
         self._core.schedule.noticed = feed is not None
         # One subscription for every binding, made last: a notice may come at once.
         self._notices = (None if feed is None
-                         else SupervisorNotices(feed, self._core, self._wake_from_thread))
+                         else SupervisorNotices(feed, self._core, self._wake_from_thread,
+                                                self._counts))
 
     def add(self, identity: LeaseIdentity, connector_id: str, *, scopes: object,
             ttl: float | timedelta, safety_margin: float | None = None,
@@ -109,6 +113,18 @@ class _Supervisor(Generic[C]):
                 lease = None  # released by close(), if not already
         self._core.report(changes)
         return lease
+
+    def stats(self) -> SupervisorStats:
+        """What this supervisor did since it was created, and the bindings it holds now
+        (:class:`mos_lease.stats.SupervisorStats`)."""
+        counts = self._counts
+        with self._core.lock:
+            slots = self._core.schedule.slots.values()
+            held = sum(1 for slot in slots if slot.state is not None)
+            registered = len(slots)
+        return SupervisorStats(counts.renewal_ticks, counts.renewed, counts.last_renewed,
+                               counts.campaign_reads, counts.acquires, counts.takeovers,
+                               counts.releases, counts.notices, registered, held)
 
     @property
     def bindings(self) -> list[LeaseIdentity]:

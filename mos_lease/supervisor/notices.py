@@ -35,6 +35,7 @@ from typing import Protocol
 from mos_lease.errors import ConfigurationError
 from mos_lease.identity import LeaseIdentity
 from mos_lease.notice_confirmer import Done, Job, NoticeConfirmer, confirmer_of
+from mos_lease.stats import SupervisorCounts
 from mos_lease.supervisor.flow import Core
 
 AnyNoticeCallback = Callable[[LeaseIdentity, int, str], object]
@@ -70,8 +71,10 @@ class SupervisorNotices:
     ``wake()`` ends the supervisor's sleep from any thread and says whether it could (an
     asyncio supervisor whose loop has closed cannot)."""
 
-    def __init__(self, feed: NoticeFeed, core: Core, wake: Callable[[], bool]) -> None:
+    def __init__(self, feed: NoticeFeed, core: Core, wake: Callable[[], bool],
+                 counts: SupervisorCounts) -> None:
         self.feed = feed
+        self.counts = counts  # the supervisor's: notices worth a read are counted here
         self.confirmer: NoticeConfirmer = confirmer_of(feed)
         self._core = core
         self._wake = wake
@@ -89,7 +92,10 @@ class SupervisorNotices:
             # into the next turn's batched read (Schedule.look bounds how often) and takes
             # no confirming turn, so a peer's shutdown releasing thousands is no flood.
             moved = core.schedule.look(identity, core.clock())
-            if moved is None and core.schedule.worth_confirming(identity, epoch):
+            confirm = moved is None and core.schedule.worth_confirming(identity, epoch)
+            if moved or confirm:
+                self.counts.notices += 1  # acted on: a look moved or a confirming read asked
+            if confirm:
                 if identity not in self._jobs:
                     job = self._jobs[identity] = functools.partial(self._confirm, identity)
                     self.confirmer.register(identity, job)

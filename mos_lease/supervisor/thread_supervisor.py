@@ -124,6 +124,7 @@ class Supervisor(_Supervisor[ConnectorLeaseCoordinator]):
         if isinstance(call, Sleep):
             return self._sleep(min(call.seconds, threading.TIMEOUT_MAX))
         if isinstance(call, Renew):
+            self._counts.renewal(len(call.leases))
             return self._renewals.prime(self.coordinator, call)
         if isinstance(call, Collect):
             assert isinstance(call.ticket, _Batch)
@@ -132,6 +133,7 @@ class Supervisor(_Supervisor[ConnectorLeaseCoordinator]):
             return bounded(lambda: self._campaign(call), call.timeout,
                            name="mos-lease-supervisor-campaign")
         assert isinstance(call, Release)
+        self._counts.releases += 1
         try:
             return self.coordinator.release(call.lease)
         except Exception as error:
@@ -141,14 +143,17 @@ class Supervisor(_Supervisor[ConnectorLeaseCoordinator]):
         calls, kind = attempt.calls, attempt.kind
         identities = [call.slot.binding.identity for call in calls]
         if kind is ReadHolder:
+            self._counts.campaign_reads += len(identities)
             return self.coordinator.current_holders(identities)
         binding = calls[0].slot.binding  # a write batch shares these (flow.batches)
         if kind is Acquire:
+            self._counts.acquires += len(identities)
             return self.coordinator.acquire_many(identities, binding.connector_id,
                                                  scopes=binding.scopes,
                                                  ttl=binding.timing.ttl,
                                                  metadata=binding.metadata)
         takeovers = [call for call in calls if isinstance(call, Takeover)]
+        self._counts.takeovers += len(takeovers)
         return self.coordinator.takeover_many(
             [(call.slot.binding.identity, call.expected_epoch) for call in takeovers],
             binding.connector_id, scopes=binding.scopes, ttl=binding.timing.ttl,
@@ -172,7 +177,10 @@ class Supervisor(_Supervisor[ConnectorLeaseCoordinator]):
         """Stop running ``identity`` and release its lease if held (the release result,
         or ``None``); reports the loss with cause ``STOPPED``."""
         lease = self._take(identity)
-        return None if lease is None else self.coordinator.release(lease)
+        if lease is None:
+            return None
+        self._counts.releases += 1
+        return self.coordinator.release(lease)
 
     def close(self, *, timeout: float | None = 10.0) -> None:
         """Stop the thread and release every held lease, one ``release_many`` round trip
@@ -185,6 +193,7 @@ class Supervisor(_Supervisor[ConnectorLeaseCoordinator]):
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
         for batch in self._close_all():
+            self._counts.releases += len(batch)
             try:
                 outcome: list[LeaseResult] | Exception = self.coordinator.release_many(
                     [lease for lease, _ in batch])

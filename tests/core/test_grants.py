@@ -359,7 +359,7 @@ def test_a_forked_child_refuses_grants_inherited_from_its_parent() -> None:
                                          scopes=["tool:run"])
             # Below the process check, the inherited registry itself was wiped at fork.
             registry = coordinator._run(coordinator._flows.validate(
-                grant, IDENT, ["tool:run"], None))
+                grant, IDENT, ["tool:run"], None), "validate")
             report = (f"{checked.reason}|{invoked.reason}|{len(calls)}|"
                       f"{coordinator.live_grants}|{registry.reason}")
             os.write(write_end, report.encode())

@@ -1,0 +1,156 @@
+"""The counters of ``stats()`` published as OpenTelemetry observable instruments
+(``mos_lease.otel.OpenTelemetryStats``), read back through the SDK's in-memory reader."""
+
+from __future__ import annotations
+
+import gc
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+from mos_lease import AllowAllPolicy, ConfigurationError, ConnectorLeaseCoordinator, LeaseIdentity
+from mos_lease.clock import ManualClock
+from mos_lease.otel import OpenTelemetryStats
+from mos_lease.stats import StoreStats, SupervisorStats
+from mos_lease.supervisor import Supervisor
+from mos_lease_memory import InMemoryLeaseStore
+
+SCOPES = ("tool:run",)
+
+
+def _points(reader: InMemoryMetricReader, name: str) -> dict[tuple[tuple[str, Any], ...], Any]:
+    data = reader.get_metrics_data()
+    out = {}
+    for resource in data.resource_metrics if data is not None else ():
+        for scope in resource.scope_metrics:
+            for metric in scope.metrics:
+                if metric.name == name:
+                    for p in metric.data.data_points:
+                        point: Any = p  # a sum or a gauge: each has a value
+                        out[tuple(sorted((point.attributes or {}).items()))] = point.value
+    return out
+
+
+def _rig() -> tuple[InMemoryMetricReader, OpenTelemetryStats]:
+    reader = InMemoryMetricReader()
+    return reader, OpenTelemetryStats(MeterProvider(metric_readers=[reader]))
+
+
+def test_store_and_coordinator_counts_appear_as_observable_counters() -> None:
+    reader, published = _rig()
+    store = InMemoryLeaseStore(ManualClock(datetime(2030, 1, 1, tzinfo=UTC)))
+    gateway = ConnectorLeaseCoordinator(store, AllowAllPolicy())
+    published.watch(store, name="main")
+    published.watch(gateway, name="main")
+    identity = LeaseIdentity("t", "a", "b")
+    lease = gateway.acquire(identity, "c", scopes=SCOPES, ttl=60).lease
+    assert lease is not None
+    grant = gateway.issue_grant(lease, scopes=SCOPES, ttl=20).grant
+    assert grant is not None
+    for _ in range(4):
+        assert gateway.validate(grant, identity=identity, scopes=SCOPES).ok
+    assert not gateway.validate(grant, identity=identity, scopes=["tool:write"]).ok
+    trips = _points(reader, "mos_lease.store.round_trips")
+    store_attributes = (("db.system.name", "memory"), ("mos_lease.source", "main"))
+    assert trips == {tuple(sorted((*store_attributes, ("db.operation.name", name)))): n
+                     for name, n in store.stats().round_trips.items()}
+    # The grant issue's read and the five validations'.
+    assert trips[tuple(sorted((*store_attributes, ("db.operation.name", "load"))))] \
+        == store.stats().round_trips["load"] == 6
+    operations = _points(reader, "mos_lease.coordinator.operations")
+    key = (("mos_lease.operation", "validate"), ("mos_lease.outcome", "ok"),
+           ("mos_lease.source", "main"))
+    assert operations[key] == 4
+    denials = _points(reader, "mos_lease.coordinator.denials")
+    assert denials == {(("mos_lease.reason", "scope_not_authorized"),
+                        ("mos_lease.source", "main")): 1}
+    # Cumulative: a later collection sees the calls made since.
+    assert gateway.validate(grant, identity=identity, scopes=SCOPES).ok
+    assert _points(reader, "mos_lease.coordinator.operations")[key] == 5
+
+
+def test_a_supervisors_counts_and_gauges_appear() -> None:
+    reader, published = _rig()
+    store = InMemoryLeaseStore()
+    gateway = ConnectorLeaseCoordinator(store, AllowAllPolicy())
+    supervisor = Supervisor(gateway, background=False, sleep=lambda _s: None)
+    published.watch(supervisor, name="sup")
+    for i in range(3):
+        supervisor.add(LeaseIdentity("t", f"a{i}", "b"), "c", scopes=SCOPES, ttl=30)
+    supervisor.turn()  # a new binding reads its holder first (one batched read of three)
+    supervisor.turn()  # then the three with no row are acquired together
+    stats = supervisor.stats()
+    assert stats.bindings_held == 3 and stats.campaign_reads == 3
+    bindings = _points(reader, "mos_lease.supervisor.bindings")
+    assert bindings == {(("mos_lease.binding.state", "held"), ("mos_lease.source", "sup")): 3,
+                        (("mos_lease.binding.state", "registered"),
+                         ("mos_lease.source", "sup")): 3}
+    calls = _points(reader, "mos_lease.supervisor.calls")
+    assert calls[(("mos_lease.call", "acquire"), ("mos_lease.source", "sup"))] \
+        == stats.acquires == 3
+    assert _points(reader, "mos_lease.supervisor.renewal.ticks") == {
+        (("mos_lease.source", "sup"),): stats.renewal_ticks}
+    supervisor.close()
+
+
+def test_watching_holds_nothing_alive_and_refuses_what_has_no_stats() -> None:
+    reader, published = _rig()
+    with pytest.raises(ConfigurationError, match="no stats"):
+        published.watch(object())
+    with pytest.raises(ConfigurationError, match="name"):
+        published.watch(InMemoryLeaseStore(), name="")
+    store = InMemoryLeaseStore()
+    published.watch(store, name="gone")
+    store.load_many([])
+    assert _points(reader, "mos_lease.store.reconciles") == {
+        (("db.system.name", "memory"), ("mos_lease.source", "gone")): 0}
+    del store
+    gc.collect()
+    assert _points(reader, "mos_lease.store.reconciles") == {}
+
+
+class _Fixed:
+    """A source whose ``stats()`` is a given snapshot, each count a different number, so a
+    count published under another's name shows."""
+
+    db_system = "postgresql"
+
+    def __init__(self, snapshot: object) -> None:
+        self.snapshot = snapshot
+
+    def stats(self) -> object:
+        return self.snapshot
+
+
+def test_each_count_is_published_under_its_own_name() -> None:
+    reader, published = _rig()
+    store = _Fixed(StoreStats({"load": 2, "load_many": 3}, load_batches=5, loads_batched=7,
+                              record_batches=11, records_batched=13,
+                              commit_outcome_unknown=17, reconciles=19))
+    supervisor = _Fixed(SupervisorStats(renewal_ticks=2, leases_renewed=3, last_renewed=5,
+                                        campaign_reads=7, acquires=11, takeovers=13,
+                                        releases=17, notices=19, bindings=23,
+                                        bindings_held=29))
+    published.watch(store, name="s")
+    published.watch(supervisor, name="v")
+
+    def values(name: str) -> dict[str, Any]:
+        return {",".join(f"{v}" for k, v in key if k not in ("mos_lease.source",
+                                                                "db.system.name")): n
+                for key, n in _points(reader, name).items()}
+
+    assert values("mos_lease.store.round_trips") == {"load": 2, "load_many": 3}
+    assert values("mos_lease.store.coalesced.batches") == {"load": 5, "record": 11}
+    assert values("mos_lease.store.coalesced.calls") == {"load": 7, "record": 13}
+    assert values("mos_lease.store.commit_outcome_unknown") == {"": 17}
+    assert values("mos_lease.store.reconciles") == {"": 19}
+    assert values("mos_lease.supervisor.renewal.ticks") == {"": 2}
+    assert values("mos_lease.supervisor.renewal.leases") == {"": 3}
+    assert values("mos_lease.supervisor.renewal.last_leases") == {"": 5}
+    assert values("mos_lease.supervisor.calls") == {"read": 7, "acquire": 11, "takeover": 13,
+                                                    "release": 17}
+    assert values("mos_lease.supervisor.notices") == {"": 19}
+    assert values("mos_lease.supervisor.bindings") == {"registered": 23, "held": 29}
