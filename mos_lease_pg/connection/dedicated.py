@@ -144,11 +144,20 @@ class DedicatedConnection(Checkout, _Dedicated[Wire]):
         self._in_use.release()
 
     def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            if self._wire is not None:
-                self._wire.conn.close()
-                self._wire = None
+        # A call another thread is making (one a caller gave up on, say) keeps the
+        # connection until it ends, which its own bound guarantees: closing a libpq
+        # connection under a statement in flight is undefined behaviour, and a process
+        # abort was seen. So the close waits for the call, at most one call bound.
+        taken = self._in_use.acquire(timeout=self._bound)
+        try:
+            with self._lock:
+                self._closed = True
+                if self._wire is not None:
+                    self._wire.conn.close()
+                    self._wire = None
+        finally:
+            if taken:
+                self._in_use.release()
 
 
 class AsyncDedicatedConnection(AsyncCheckout, _Dedicated[AsyncWire]):

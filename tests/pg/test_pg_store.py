@@ -3,6 +3,7 @@ row appended in the same statement exactly when it applied, all judged by databa
 
 from __future__ import annotations
 
+import threading
 import time
 from datetime import timedelta
 from typing import Any
@@ -359,3 +360,39 @@ def test_uuid_ids_round_trip(pg_store: PostgresLeaseStore, pg_tenant: str) -> No
     loaded = pg_store.load(identity).row
     assert loaded is not None and isinstance(loaded.lease_id, UUID)
     assert loaded == row
+
+
+def test_closing_a_store_waits_for_a_call_in_flight_on_another_thread(
+        pg_dsn: str, pg_store: PostgresLeaseStore, pg_tenant: str) -> None:
+    """A store closed while another thread's call is on its connection (a call its caller
+    gave up on, at a gateway's shutdown) closes once that call has ended, at most a call
+    bound later: never under the statement, which libpq does not survive (a process abort
+    was seen). The call gets its answer; the next call is refused as on a closed store."""
+    identity = LeaseIdentity(pg_tenant, "agent", "in-flight")
+    row = acquired(pg_store, identity)
+    renew = Renew(identity, "c1", row.lease_id, row.epoch, TTL)
+    answers: list[object] = []
+    with psycopg.connect(pg_dsn, autocommit=False) as other:
+        # Another transaction holds the row: the heartbeat below waits for it.
+        other.execute("SELECT 1 FROM mos_lease.logical_agent_connector_leases WHERE "
+                      "tenant_id = %s AND binding_id = 'in-flight' FOR UPDATE", (pg_tenant,))
+
+        def call() -> None:
+            try:
+                answers.append(pg_store.apply(renew, entry_for(renew)))
+            except Exception as error:  # what the call got is its answer
+                answers.append(error)
+
+        worker = threading.Thread(target=call)
+        worker.start()
+        time.sleep(0.3)  # the heartbeat is waiting on the row lock now
+        closer = threading.Thread(target=pg_store.close)
+        closer.start()
+        time.sleep(0.3)
+        assert closer.is_alive(), "the store closed under a statement in flight"
+        other.commit()  # the heartbeat gets its row and ends
+        worker.join(10)
+        closer.join(10)
+    assert not worker.is_alive() and not closer.is_alive()
+    [answer] = answers
+    assert isinstance(answer, WriteOutcome) and answer.row is not None, answer
