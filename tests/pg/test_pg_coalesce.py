@@ -29,6 +29,7 @@ from mos_lease import (
 from mos_lease.vocabulary import LifecycleEvent, Reason
 from mos_lease_pg import ConnectionSettings, statements
 from mos_lease_pg.coalesce import MAX_BATCH, Reads, Ticket
+from tests.pg import held_sends
 from tests.pg_clock import ShiftedAsyncPostgresLeaseStore, ShiftedPostgresLeaseStore
 from tests.pg_fixtures import StoreFactory
 
@@ -77,32 +78,14 @@ async def _until_async(condition: Callable[[], bool], limit: float = HOLD) -> No
 
 def hold_sync(store: ShiftedPostgresLeaseStore) -> Recorder:
     recorder = Recorder()
-    real = store._attempt
-
-    def attempt(call: Any, covers: Any, deadline: float) -> Any:
-        if recorder.note(call):
-            recorder.release.wait(HOLD)
-        if recorder.fail_many is not None and call.statement.name == "load_many.sql":
-            raise recorder.fail_many
-        return real(call, covers, deadline)
-
-    store._attempt = attempt  # type: ignore[method-assign]
-    return recorder
+    return held_sends.hold_sync(
+        store, recorder, hold=HOLD,
+        fail=lambda call: recorder.fail_many if call.statement.name == "load_many.sql"
+        else None)
 
 
 def hold_async(store: ShiftedAsyncPostgresLeaseStore) -> Recorder:
-    recorder = Recorder()
-    real = store._attempt
-
-    async def attempt(call: Any, covers: Any, deadline: float) -> Any:
-        if recorder.note(call):
-            ends = time.monotonic() + HOLD
-            while not recorder.release.is_set() and time.monotonic() < ends:
-                await asyncio.sleep(0.002)
-        return await real(call, covers, deadline)
-
-    store._attempt = attempt  # type: ignore[method-assign]
-    return recorder
+    return held_sends.hold_async(store, Recorder(), hold=HOLD)
 
 
 def queued(store: Any) -> int:

@@ -32,6 +32,7 @@ from mos_lease.records import AuditEntry
 from mos_lease.supervisor import AsyncSupervisor, BindingStarted
 from mos_lease.vocabulary import LifecycleEvent, Outcome, Reason
 from mos_lease_pg import ConnectionSettings
+from tests.pg import held_sends
 from tests.pg_clock import ShiftedAsyncPostgresLeaseStore, ShiftedPostgresLeaseStore
 from tests.pg_fixtures import StoreFactory
 
@@ -67,31 +68,11 @@ class Recorder:
 
 
 def hold_sync(store: ShiftedPostgresLeaseStore) -> Recorder:
-    recorder = Recorder()
-    real = store._attempt
-
-    def attempt(call: Any, covers: Any, deadline: float) -> Any:
-        if recorder.note(call):
-            recorder.release.wait(HOLD)
-        return real(call, covers, deadline)
-
-    store._attempt = attempt  # type: ignore[method-assign]
-    return recorder
+    return held_sends.hold_sync(store, Recorder(), hold=HOLD)
 
 
 def hold_async(store: ShiftedAsyncPostgresLeaseStore) -> Recorder:
-    recorder = Recorder()
-    real = store._attempt
-
-    async def attempt(call: Any, covers: Any, deadline: float) -> Any:
-        if recorder.note(call):
-            ends = time.monotonic() + HOLD
-            while not recorder.release.is_set() and time.monotonic() < ends:
-                await asyncio.sleep(0.002)
-        return await real(call, covers, deadline)
-
-    store._attempt = attempt  # type: ignore[method-assign]
-    return recorder
+    return held_sends.hold_async(store, Recorder(), hold=HOLD)
 
 
 def appends_queued(store: Any) -> int:
