@@ -39,6 +39,7 @@ import time
 from typing import IO, Any
 
 import _path  # noqa: F401  (the repository's own mos_lease, before anything imports it)
+import psycopg
 from common import SCOPES, BenchError, CorrectnessError, failed, server, throwaway_database
 
 from mos_lease import AllowAllPolicy, ConnectorLeaseCoordinator, LeaseIdentity
@@ -190,6 +191,27 @@ def _waiting(holder: Child, standby: Child, ttl: float) -> dict[str, float]:
                                           else math.inf)}
 
 
+def _audited_takeovers(dsn: str, n: int) -> int:
+    """The audit log after the failover: exactly one successful takeover per binding, by
+    the standby, at epoch 2 (the holder's epoch + 1), and every lease row at that epoch
+    and held by the standby. Returns the takeover rows counted."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*), count(DISTINCT logical_agent_id), min(epoch), max(epoch), "
+            "bool_and(connector_id = 'gw-standby') "
+            "FROM mos_lease.connector_lease_audit_log "
+            "WHERE event = 'takeover' AND outcome = 'taken_over'").fetchone()
+        leases = conn.execute(
+            "SELECT count(*) FILTER (WHERE epoch = 2 AND connector_id = 'gw-standby'), "
+            "count(*) FROM mos_lease.logical_agent_connector_leases").fetchone()
+    if row is None or leases is None or tuple(row) != (n, n, 2, 2, True) \
+            or tuple(leases) != (n, n):
+        raise CorrectnessError(f"audit after the failover: takeovers (rows, bindings, "
+                               f"min epoch, max epoch, all by the standby) {row}, lease "
+                               f"rows at epoch 2 by the standby {leases}, for {n} bindings")
+    return int(row[0])
+
+
 def run(dsn: str, n: int, ttl: float) -> dict[str, float]:
     figures: dict[str, float] = {}
     holder = Child("holder", dsn, n, ttl)
@@ -224,6 +246,7 @@ def run(dsn: str, n: int, ttl: float) -> dict[str, float]:
             raise CorrectnessError("a lease was taken over before its expiry")
         figures["takeover_10k_p99_after_expiry_s"] = after_expiry[int(0.99 * (n - 1))]
         figures["takeover_10k_median_after_expiry_s"] = statistics.median(after_expiry)
+        figures["takeover_audit_rows"] = _audited_takeovers(dsn, n)
         figures["close_10k_s"] = standby.ask("close")["seconds"]
     finally:
         for side in (holder, standby):
