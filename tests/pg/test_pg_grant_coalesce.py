@@ -78,6 +78,25 @@ def hold_async(store: ShiftedAsyncPostgresLeaseStore) -> Recorder:
 def appends_queued(store: Any) -> int:
     return len(store._records._reads.waiting)
 
+async def _grants_queued(gateway: AsyncConnectorLeaseCoordinator,
+                         store: ShiftedAsyncPostgresLeaseStore, tenant: str
+                         ) -> tuple[list[LeaseHandle], Recorder,
+                                    list[asyncio.Task[GrantResult]]]:
+    """Five leases, and a grant issue started for each: the first append held at the
+    store's sending step, the other four queued behind it."""
+    leases = []
+    for i in range(5):
+        lease = (await gateway.acquire(LeaseIdentity(tenant, f"a{i}", "b"), "c1",
+                                       scopes=SCOPES, ttl=60)).lease
+        assert lease is not None
+        leases.append(lease)
+    recorder = hold_async(store)
+    tasks = [asyncio.create_task(gateway.issue_grant(lease, scopes=SCOPES, ttl=20))
+             for lease in leases]
+    await _until_async(lambda: appends_queued(store) == len(leases) - 1)
+    return leases, recorder, tasks
+
+
 
 def _until(condition: Callable[[], bool], limit: float = HOLD) -> None:
     ends = time.monotonic() + limit
@@ -213,16 +232,7 @@ def test_a_takeover_racing_a_batch_leaves_no_grant_valid_under_the_old_epoch(
         async with async_store() as store, async_store() as other:
             gateway = AsyncConnectorLeaseCoordinator(store, AllowAllPolicy())
             rival = AsyncConnectorLeaseCoordinator(other, AllowAllPolicy())
-            leases = []
-            for i in range(5):
-                lease = (await gateway.acquire(LeaseIdentity(pg_tenant, f"a{i}", "b"), "c1",
-                                               scopes=SCOPES, ttl=60)).lease
-                assert lease is not None
-                leases.append(lease)
-            recorder = hold_async(store)
-            tasks = [asyncio.create_task(gateway.issue_grant(lease, scopes=SCOPES, ttl=20))
-                     for lease in leases]
-            await _until_async(lambda: appends_queued(store) == len(leases) - 1)
+            leases, recorder, tasks = await _grants_queued(gateway, store, pg_tenant)
             # Every grant has read its lease; the rival takes one over before they are issued.
             taken = leases[2]
             assert (await rival.takeover(taken.identity, "c2", scopes=SCOPES, ttl=60,
@@ -247,16 +257,7 @@ def test_a_cancelled_grant_in_a_batch_is_cancelled_and_the_others_are_issued(
     async def main() -> None:
         async with async_store() as store:
             gateway = AsyncConnectorLeaseCoordinator(store, AllowAllPolicy())
-            leases = []
-            for i in range(5):
-                lease = (await gateway.acquire(LeaseIdentity(pg_tenant, f"a{i}", "b"), "c1",
-                                               scopes=SCOPES, ttl=60)).lease
-                assert lease is not None
-                leases.append(lease)
-            recorder = hold_async(store)
-            tasks = [asyncio.create_task(gateway.issue_grant(lease, scopes=SCOPES, ttl=20))
-                     for lease in leases]
-            await _until_async(lambda: appends_queued(store) == len(leases) - 1)
+            leases, recorder, tasks = await _grants_queued(gateway, store, pg_tenant)
             victim = tasks[3]
             victim.cancel()
             await asyncio.wait([victim])
