@@ -36,9 +36,11 @@ def _write_many(name: str, *, notify: bool) -> Template:
     text = _with_guards(statement_text(name), lambda column: f"r.{column}")
     pieces = {"{audit_many}": statement_text("audit_many.sql")}
     if notify:
-        pieces |= {"{lock_many}": statement_text("lock_many.sql"),
-                   "{notify_many}": statement_text("notify_many.sql"),
-                   "{found_many}": statement_text("found_many.sql")}
+        # applied_many.sql first: it holds the marks of the three pieces after it.
+        pieces = {"{applied_many}": statement_text("applied_many.sql"), **pieces,
+                  "{lock_many}": statement_text("lock_many.sql"),
+                  "{notify_many}": statement_text("notify_many.sql"),
+                  "{found_many}": statement_text("found_many.sql")}
     return Template(name, _pieced(text, pieces))
 
 

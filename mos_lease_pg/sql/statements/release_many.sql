@@ -26,17 +26,4 @@ written AS (
     SET released_at = t.now, updated_at = t.now
     FROM t, req AS r, locked AS k
     {active_holder}
-      AND k.tenant_id = l.tenant_id
-      AND k.logical_agent_id = l.logical_agent_id
-      AND k.binding_id = l.binding_id
-    RETURNING l.tenant_id, l.logical_agent_id, l.binding_id, l.lease_id, l.connector_id,
-              l.allowed_scopes, l.epoch, l.acquired_at, l.heartbeat_at, l.expires_at,
-              l.released_at, l.updated_at, l.holder_metadata
-),
-audited AS (
-{audit_many}
-),
-notified AS MATERIALIZED (
-{notify_many}
-)
-{found_many}
+{applied_many}

@@ -46,17 +46,4 @@ written AS (
         released_at = NULL, updated_at = t.now, holder_metadata = r.metadata::jsonb
     FROM t, req AS r, locked AS k
     {takeover_guard}
-      AND k.tenant_id = l.tenant_id
-      AND k.logical_agent_id = l.logical_agent_id
-      AND k.binding_id = l.binding_id
-    RETURNING l.tenant_id, l.logical_agent_id, l.binding_id, l.lease_id, l.connector_id,
-              l.allowed_scopes, l.epoch, l.acquired_at, l.heartbeat_at, l.expires_at,
-              l.released_at, l.updated_at, l.holder_metadata
-),
-audited AS (
-{audit_many}
-),
-notified AS MATERIALIZED (
-{notify_many}
-)
-{found_many}
+{applied_many}
