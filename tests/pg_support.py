@@ -50,7 +50,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar
 from urllib.parse import urlparse
 from uuid import UUID
 
@@ -438,6 +438,64 @@ class LoopbackRelay:
         for sock in socks:
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
+
+
+class RelayedPair(Protocol):
+    """One relayed connection of a :class:`PairedRelay`: its two sockets."""
+
+    client: socket.socket
+    upstream: socket.socket
+
+
+P = TypeVar("P", bound=RelayedPair)
+
+
+class PairedRelay(LoopbackRelay, Generic[P]):
+    """A :class:`LoopbackRelay` that relays each connection as a pair of its own (requests
+    one way, replies the other, each on its own thread), keeps them to hang up on
+    :meth:`close`, and refuses a new connection while :meth:`_refusing` says so. Subclasses
+    make the pair (:meth:`_pair`) and write ``_requests`` and ``_replies``."""
+
+    def __init__(self, dsn: str) -> None:
+        super().__init__(dsn)
+        self._lock = threading.Lock()
+        self._pairs: list[P] = []
+
+    def _pair(self, client: socket.socket, upstream: socket.socket) -> P:
+        raise NotImplementedError
+
+    def _refusing(self) -> bool:
+        """Whether a new connection is closed as soon as it opens (under the lock)."""
+        return False
+
+    def _requests(self, pair: P) -> None:
+        raise NotImplementedError
+
+    def _replies(self, pair: P) -> None:
+        raise NotImplementedError
+
+    def _relay(self, client: socket.socket, upstream: socket.socket) -> None:
+        pair = self._pair(client, upstream)
+        with self._lock:
+            self._pairs.append(pair)
+            refusing = self._refusing()
+        if refusing:
+            self._hang_up(client, upstream)
+            return
+        self._spawn(self._requests, pair)
+        self._spawn(self._replies, pair)
+
+    def close(self) -> None:
+        """Stop accepting, hang up every relayed connection and wait for the relays."""
+        self._stop_accepting()
+        with self._lock:
+            pairs = list(self._pairs)
+        for pair in pairs:
+            self._hang_up(pair.client, pair.upstream)
+        self._join()
+        for pair in pairs:
+            pair.client.close()
+            pair.upstream.close()
 
 
 class FaultProxy(LoopbackRelay):

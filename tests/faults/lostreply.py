@@ -26,7 +26,7 @@ import time
 
 from psycopg.conninfo import make_conninfo
 
-from tests.pg_support import LoopbackRelay
+from tests.pg_support import PairedRelay
 
 _READY_FOR_QUERY = ord("Z")
 
@@ -40,19 +40,17 @@ class _Pair:
         self.withholding = threading.Event()
 
 
-class ReplyLossProxy(LoopbackRelay):
+class ReplyLossProxy(PairedRelay[_Pair]):
     """See the module's docstring. :attr:`strikes` counts replies lost after their commit;
     :attr:`struck_at` is ``time.monotonic()`` of the last one."""
 
     def __init__(self, dsn: str) -> None:
         super().__init__(dsn)
         self._dsn = dsn
-        self._lock = threading.Lock()
-        self._pairs: list[_Pair] = []
         self._marker: bytes | None = None
         self._left = 0
         self._then_refuse = False
-        self._refusing = False
+        self._refusing_now = False
         self.strikes = 0
         self.struck_at: float | None = None
         self._start()
@@ -73,29 +71,13 @@ class ReplyLossProxy(LoopbackRelay):
     def heal(self) -> None:
         """From now on every request and reply is relayed."""
         with self._lock:
-            self._marker, self._left, self._refusing = None, 0, False
+            self._marker, self._left, self._refusing_now = None, 0, False
 
-    def close(self) -> None:
-        self._stop_accepting()
-        with self._lock:
-            pairs = list(self._pairs)
-        for pair in pairs:
-            self._hang_up(pair.client, pair.upstream)
-        self._join()
-        for pair in pairs:
-            pair.client.close()
-            pair.upstream.close()
+    def _pair(self, client: socket.socket, upstream: socket.socket) -> _Pair:
+        return _Pair(client, upstream)
 
-    def _relay(self, client: socket.socket, upstream: socket.socket) -> None:
-        pair = _Pair(client, upstream)
-        with self._lock:
-            self._pairs.append(pair)
-            refusing = self._refusing
-        if refusing:
-            self._hang_up(client, upstream)
-            return
-        self._spawn(self._requests, pair)
-        self._spawn(self._replies, pair)
+    def _refusing(self) -> bool:
+        return self._refusing_now
 
     def _matches(self, data: bytes) -> bool:
         with self._lock:
@@ -134,7 +116,7 @@ class ReplyLossProxy(LoopbackRelay):
             self.strikes += 1
             self.struck_at = time.monotonic()
             if self._left == 0 and self._then_refuse:
-                self._refusing = True
+                self._refusing_now = True
 
 
 def _ready_for_query_in(held: bytes) -> bool:

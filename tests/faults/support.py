@@ -19,7 +19,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -38,7 +37,7 @@ from tests.faults.history import (
     check_history,
     read_records,
 )
-from tests.pg_support import LoopbackRelay, server_programs
+from tests.pg_support import PairedRelay, server_programs
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -476,7 +475,7 @@ class _Pair:
     keep: bool = False  # leave both sides as they are when the relay ends
 
 
-class HostileProxy(LoopbackRelay):
+class HostileProxy(PairedRelay[_Pair]):
     """A loopback relay in front of PostgreSQL that turns hostile at one chosen moment.
 
     :meth:`arm` names a fault and the request it strikes at: the ``at``-th message the
@@ -497,8 +496,6 @@ class HostileProxy(LoopbackRelay):
     def __init__(self, dsn: str) -> None:
         super().__init__(dsn)
         self._dsn = dsn
-        self._lock = threading.Lock()
-        self._pairs: list[_Pair] = []
         self._fault: HostileFault | None = None
         self._at = 0
         self._after = False
@@ -550,29 +547,16 @@ class HostileProxy(LoopbackRelay):
             if self.closed:
                 return
             self.closed = True
-        self._stop_accepting()
-        with self._lock:
-            pairs = list(self._pairs)
-            self._network = None
-        for pair in pairs:
-            self._hang_up(pair.client, pair.upstream)
-        self._join()
-        for pair in pairs:
-            pair.client.close()
-            pair.upstream.close()
+            self._network = None  # a held request goes on, so its relay thread can end
+        super().close()
 
     # -- relaying -------------------------------------------------------------------------
 
-    def _relay(self, client: socket.socket, upstream: socket.socket) -> None:
-        pair = _Pair(client, upstream)
-        with self._lock:
-            self._pairs.append(pair)
-            refuse = self._refuse
-        if refuse:
-            self._hang_up(client, upstream)
-            return
-        self._spawn(self._requests, pair)
-        self._spawn(self._replies, pair)
+    def _pair(self, client: socket.socket, upstream: socket.socket) -> _Pair:
+        return _Pair(client, upstream)
+
+    def _refusing(self) -> bool:
+        return self._refuse
 
     def _strike(self, pair: _Pair, data: bytes) -> tuple[HostileFault | None, bool]:
         """Count a client message; (the fault striking now, whether after forwarding)."""
