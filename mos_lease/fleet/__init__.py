@@ -1,0 +1,1 @@
+"""A fleet: several supervisors sharing their bindings (pure decision parts and members)."""
