@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Final
 
 import attrs
@@ -100,8 +100,8 @@ def check_members(field: str, members: object) -> dict[str, float]:
         raise InvalidInput(field, f"must be member names or a mapping of name to weight, "
                            f"not {type(members).__name__}")
     checked: dict[str, float] = {}
-    for name, weight in given:
-        name = check_id(f"{field}[]", name)
+    for given_name, weight in given:
+        name = check_id(f"{field}[]", given_name)
         checked[name] = check_weight(f"{field}[{name!r}]", weight)
     if len(checked) != len(given):
         raise InvalidInput(field, "member names must be distinct")
@@ -189,15 +189,16 @@ def place(members: object, bindings: Iterable[LeaseIdentity]) -> Placement:
     order = sorted((binding_digest(identity), identity.tenant_id, identity.logical_agent_id,
                     identity.binding_id, identity) for identity in unique)
     # Scores a column per member (one comprehension each), then a row per binding.
-    columns: list[list[int]] | list[list[float]] = [
+    columns: list[list[int]] = [
         [score(row[0], key) for row in order] for key in map(member_digest, names)]
+    ranks: Sequence[Sequence[float]] = columns  # equal weights: the integers, exactly
     if len(set(weights.values())) > 1:
-        columns = [[_weighted(value, weights[name]) for value in column]
-                   for name, column in zip(names, columns, strict=True)]
+        ranks = [[_weighted(value, weights[name]) for value in column]
+                 for name, column in zip(names, columns, strict=True)]
     room = [limit[name] for name in names]
     chosen: list[list[LeaseIdentity]] = [[] for _ in names]
     preferred: dict[LeaseIdentity, str] = {}
-    for row, scores in zip(order, zip(*columns, strict=True), strict=True):
+    for row, scores in zip(order, zip(*ranks, strict=True), strict=True):
         best = scores.index(max(scores))  # ties: the first name in sorted order
         if not room[best]:
             # Full: the next choices in score order (a stable sort keeps name order on ties).
