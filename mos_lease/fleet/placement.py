@@ -66,7 +66,7 @@ def member_digest(name: str) -> int:
 
 def binding_digest(identity: LeaseIdentity) -> int:
     """The 64-bit digest of a binding: BLAKE2b of its three ids joined by NUL (which no id
-    may contain, :func:`~mos_lease.identity.check_id`), so the encoding is unambiguous."""
+    may contain, ``check_id`` (:mod:`mos_lease.identity`)), so the encoding is unambiguous."""
     canonical = "\0".join((identity.tenant_id, identity.logical_agent_id, identity.binding_id))
     return _digest(canonical.encode("utf-8"), b"mos-lease.bind")
 
@@ -88,7 +88,7 @@ def _weighted(value: int, weight: float) -> float:
 def check_members(field: str, members: object) -> dict[str, float]:
     """Member names (an iterable of ``str``, each weight 1) or a mapping of name to weight,
     as a dict sorted by name; :class:`~mos_lease.errors.InvalidInput` names what is wrong.
-    Names follow :func:`~mos_lease.identity.check_id`; weights are ``int`` or ``float``,
+    Names follow ``check_id`` (:mod:`mos_lease.identity`); weights are ``int`` or ``float``,
     positive, finite and at most :data:`MAX_MEMBER_WEIGHT`."""
     if isinstance(members, str | bytes):
         raise InvalidInput(field, "must be a collection of member names, not a single string")
