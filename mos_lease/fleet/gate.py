@@ -51,8 +51,9 @@ class Held:
 
 @attrs.frozen(slots=True)
 class Unheld:
-    """The binding has had no active lease since ``since`` (database time: the expiry or
-    release of its last lease, or the first read that found no lease at all)."""
+    """The binding has had no active lease since ``since`` (database time): the expiry of
+    its last lease; for a lease released before its expiry, or for a binding never held,
+    the first read that found it so (a holder view does not say when a release happened)."""
 
     since: datetime
 
