@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mos_lease import AllowAllPolicy, ConnectorLeaseCoordinator, InvalidInput, LeaseIdentity
+from mos_lease import InvalidInput, LeaseIdentity
 from mos_lease.clock import ManualClock
 from mos_lease.fleet.gate import (
     Gate,
@@ -26,10 +26,9 @@ from mos_lease.fleet.gate import (
     next_look,
 )
 from mos_lease.fleet.placement import place
-from mos_lease.records import LeaseHandle
-from mos_lease.results import HolderView
 from mos_lease.vocabulary import LeaseState
 from mos_lease_memory import InMemoryLeaseStore
+from tests.fleet_sim import SimMember
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 GRACE = timedelta(seconds=5)
@@ -127,54 +126,6 @@ def test_with_any_views_no_member_campaigns_for_an_active_lease(
                 assert not (decision.campaign and isinstance(observed[binding], Held))
 
 
-class _Member:
-    """A member driving real leases by the gate: it reads every binding in one call, judges
-    what it saw with its own view of the member set, campaigns where the gate says so and
-    renews what it holds."""
-
-    def __init__(self, name: str, view: set[str], store: InMemoryLeaseStore,
-                 clock: ManualClock) -> None:
-        self.name = name
-        self.clock = clock
-        self.view = view | {name}
-        self.coordinator = ConnectorLeaseCoordinator(store, AllowAllPolicy())
-        self.held: dict[LeaseIdentity, LeaseHandle] = {}
-        self.first_unheld: dict[LeaseIdentity, datetime] = {}
-
-    def observe(self, view: HolderView | None, identity: LeaseIdentity,
-                now: datetime) -> Observed:
-        if view is not None and view.state is LeaseState.ACTIVE:
-            holder = view.connector_id
-            return Held(holder if holder in self.view else None, view.expires_at)
-        if view is None:
-            return Unheld(self.first_unheld.setdefault(identity, now))
-        return Unheld(min(view.expires_at, now))
-
-    def turn(self, ttl: float) -> None:
-        views = self.coordinator.current_holders(BINDINGS)
-        now = self.clock.now()  # the store's time: the memory store reads this clock
-        observed = {b: self.observe(v, b, now) for b, v in zip(BINDINGS, views, strict=True)}
-        decided = gates(place(self.view, BINDINGS), self.name, observed, now, GRACE)
-        for (binding, decision), view in zip(decided.items(), views, strict=True):
-            if not decision.campaign:
-                continue
-            if view is None:
-                got = self.coordinator.acquire(binding, self.name, scopes=[], ttl=ttl)
-            else:
-                # The policy would allow preempting an active lease: the gate must not ask.
-                assert view.state is not LeaseState.ACTIVE
-                got = self.coordinator.takeover(binding, self.name, scopes=[], ttl=ttl,
-                                                expected_epoch=view.epoch, observed=view)
-            if got.lease is not None:
-                self.held[binding] = got.lease
-        for binding, lease in list(self.held.items()):
-            renewed = self.coordinator.heartbeat(lease, ttl=ttl)
-            if renewed.lease is None:
-                del self.held[binding]
-            else:
-                self.held[binding] = renewed.lease
-
-
 steps = st.lists(st.one_of(
     st.tuples(st.just("turn"), st.sampled_from(MEMBERS)),
     st.tuples(st.just("advance"), st.sampled_from([0.5, 1, 3, 7])),
@@ -187,7 +138,7 @@ def test_disagreeing_members_never_preempt_and_never_leave_a_binding_unheld(
         views: list[set[str]], program: list[tuple[str, object]]) -> None:
     clock = ManualClock()
     store = InMemoryLeaseStore(clock)
-    members = {name: _Member(name, view, store, clock)
+    members = {name: SimMember(name, view, store, clock.now, BINDINGS, GRACE)
                for name, view in zip(MEMBERS, views, strict=True)}
     live = set(MEMBERS)
     for kind, arg in program:
