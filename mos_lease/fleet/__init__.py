@@ -1,0 +1,40 @@
+"""A fleet: several gateway processes sharing their bindings.
+
+The pure parts a member decides with, each in the module named for it: who should hold each
+binding (:mod:`mos_lease.fleet.placement`), who the live members are, read from their
+leases (:mod:`mos_lease.fleet.members`), and when to campaign and what to hand off
+(:mod:`mos_lease.fleet.gate`). The guide is ``docs/fleet.md`` ("Running a fleet").
+"""
+
+from mos_lease.fleet.gate import Gate, GateReason, Held, Unheld, gates, hand_offs, next_look
+from mos_lease.fleet.members import (
+    FLEET_TENANT,
+    FleetView,
+    Member,
+    MemberRejection,
+    live_members,
+    member_identities,
+    member_identity,
+    member_metadata,
+)
+from mos_lease.fleet.placement import Placement, place
+
+__all__ = [
+    "FLEET_TENANT",
+    "FleetView",
+    "Gate",
+    "GateReason",
+    "Held",
+    "Member",
+    "MemberRejection",
+    "Placement",
+    "Unheld",
+    "gates",
+    "hand_offs",
+    "live_members",
+    "member_identities",
+    "member_identity",
+    "member_metadata",
+    "next_look",
+    "place",
+]
