@@ -41,6 +41,7 @@ from mos_lease.keeper.schedule import (
     LossCause,
     ReportLoss,
     Wait,
+    abandoned,
     after_renewal,
     grant_loss,
     held,
@@ -238,13 +239,12 @@ def step(core: KeeperCore) -> Steps[Action]:
     started = core.clock()
     outcome = yield HeartbeatCall(core.require_state().lease, core.timing.ttl,
                                   action.deadline - started)
-    if outcome is OVERDUE:
-        # Abandoned: whatever the call returns later cannot undo a reported loss.
-        core.lose(LeaseLoss(LossCause.DEADLINE, Reason.LEASE_EXPIRED, core.clock(),
-                            "heartbeat still running at the deadline"))
-        return action
     finished = core.clock()
     draw = core.draw()
+    if outcome is OVERDUE:  # abandoned at this lease's own deadline: lost
+        core.update(lambda current: abandoned(current, core.timing, started, finished,
+                                              action.deadline, draw))
+        return action
     new = core.update(lambda current: after_renewal(current, core.timing, started, finished,
                                                     outcome, draw))
     core.renewed(new, finished, finished - started, outcome)

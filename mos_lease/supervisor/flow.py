@@ -244,7 +244,7 @@ def _collect(core: Core, flight: _Flight, rest: float) -> Generator[Call, Any, f
     finished = core.clock()
     with core.lock:
         changes = core.schedule.renewed(flight.renew, None if outcome is OVERDUE else outcome,
-                                        flight.started, finished)
+                                        flight.started, finished, flight.limit)
         rest = min(rest, core.schedule.deadlines(flight.renew.slots))  # retries keep theirs
     core.report(changes)
     return rest

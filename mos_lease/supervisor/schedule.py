@@ -31,6 +31,7 @@ from mos_lease.keeper import (
     KeeperState,
     LeaseLoss,
     LossCause,
+    abandoned,
     after_renewal,
     held,
     lose,
@@ -70,8 +71,6 @@ COALESCE: Final = 0.5
 interval (``ttl * renew_fraction``) before its own renewal is due. Renewing early is safe (the
 deadline only moves later: it is counted from the start of the renewing call), and it is what
 gathers the leases of a process into one tick instead of one round trip per lease."""
-
-OVERDUE_RENEWAL: Final = "renewal still running when the earliest deadline came; abandoned"
 
 
 # --- the schedule ----------------------------------------------------------------------------
@@ -318,10 +317,12 @@ class Schedule:
     # -- outcomes -----------------------------------------------------------------------------
 
     def renewed(self, call: Renew, outcome: Sequence[LeaseResult] | BaseException | None,
-                started: float, finished: float) -> list[Change]:
+                started: float, finished: float, limit: float = -math.inf) -> list[Change]:
         """After a ``heartbeat_many`` that started at ``started`` and returned at
         ``finished``: its results (in order), the exception it raised, or ``None`` if it was
-        abandoned at ``call.timeout``. Each lease is judged on its own by the keeper's rule."""
+        abandoned at its time limit ``limit`` (the earliest deadline when it started). Each
+        lease is judged on its own by the keeper's rule (an abandoned one by
+        :func:`~mos_lease.keeper.schedule.abandoned`)."""
         if not isinstance(outcome, BaseException | None) and len(outcome) != len(call.slots):
             outcome = StoreUnavailable(f"heartbeat_many returned {len(outcome)} results for "
                                        f"{len(call.slots)} leases")
@@ -332,14 +333,9 @@ class Schedule:
             if slot.removed or state is None or state.loss is not None \
                     or state.lease is not call.leases[k]:
                 continue  # removed, or lost while the call was in flight: nothing to undo
-            if outcome is None:
-                if finished >= state.deadline:
-                    new = lose(state, LeaseLoss(LossCause.DEADLINE, Reason.LEASE_EXPIRED,
-                                                finished, "heartbeat still running at the "
-                                                "deadline"))
-                else:  # another lease's deadline came first: retry this one
-                    new = after_renewal(state, slot.binding.timing, started, finished,
-                                        StoreUnavailable(OVERDUE_RENEWAL), self._draw())
+            if outcome is None:  # abandoned at the batch's limit
+                new = abandoned(state, slot.binding.timing, started, finished, limit,
+                                self._draw())
             else:
                 single = outcome if isinstance(outcome, BaseException) else outcome[k]
                 # The deadline counts from this call's start, as it must; the next renewal

@@ -15,15 +15,17 @@ from mos_lease import (
     AllowAllPolicy,
     ConnectorLeaseCoordinator,
     InvalidInput,
+    LossCause,
     Reason,
     StaticConnectorPolicy,
 )
+from mos_lease.keeper import KeeperTiming, abandoned, held
 from mos_lease.policy import ConnectorLeaseService
 from mos_lease.results import HolderView
 from mos_lease.supervisor import BindingStarted, GaveUp, NewHolder, Supervisor, TakeoverPolicy
 from mos_lease.supervisor.campaign import ACQUIRE, next_try
 from mos_lease.vocabulary import LeaseState, LifecycleEvent, Outcome
-from tests.core.test_supervisor import SCOPES, Counting, Rig, Time, ident
+from tests.core.test_supervisor import SCOPES, Counting, Rig, Time, _handle, ident
 
 RIVAL_TTL = 20.0
 
@@ -210,3 +212,28 @@ def test_bad_takeover_or_wait_is_refused_and_adds_nothing(field: str, value: obj
         _add(rig, **{field: value})
     assert refused.value.field == field
     assert rig.supervisor.bindings == []
+
+
+# --- the overdue-heartbeat rule, one for the keeper and the supervisor ------------------------
+
+
+def test_an_abandoned_renewal_is_lost_at_its_own_deadline_and_retried_before_it() -> None:
+    """keeper.schedule.abandoned judges a renewal abandoned at its time limit: lost when that
+    limit was the lease's own deadline (the keeper's case, and the earliest lease of a
+    supervisor's batch) or the deadline has come, else retried as a transient failure (a
+    lease whose batch was given up at another lease's earlier deadline)."""
+    timing = KeeperTiming(30.0, clock_step=2.0)
+    state = held(timing, _handle(ident(0)), started=100.0, draw=0.5)
+    deadline = state.deadline  # 125.0
+    # The limit was its own deadline: lost, even if the clock read a hair earlier.
+    own = abandoned(state, timing, 110.0, deadline - 0.001, deadline, 0.5)
+    assert own.loss is not None and own.loss.cause is LossCause.DEADLINE
+    assert own.loss.reason is Reason.LEASE_EXPIRED
+    assert own.loss.error == "heartbeat still running at the deadline"
+    # Another lease's earlier deadline set the limit: retried, before its own deadline.
+    other = abandoned(state, timing, 110.0, 120.0, 120.0, 0.5)
+    assert other.loss is None and other.failures == 1
+    assert other.last_error is not None and "abandoned" in other.last_error
+    assert 120.0 < other.renew_at < deadline
+    # A loss is final.
+    assert abandoned(own, timing, 110.0, 130.0, 130.0, 0.5) is own
