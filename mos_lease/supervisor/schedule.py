@@ -163,8 +163,8 @@ class Schedule:
         slot = self.slots.get(identity)
         if slot is None:
             return False
-        state = slot.state
-        return state is None or state.loss is not None or epoch > state.lease.epoch
+        return newer(None if not slot.holding or slot.state is None else slot.state.lease,
+                     epoch)
 
     def look(self, identity: LeaseIdentity, now: float) -> bool | None:
         """A notice came for ``identity``: if it is a binding waiting for a lease held
@@ -478,9 +478,19 @@ class Schedule:
         return [GaveUp(identity, slot.reason, slot.observed, slot.error)]
 
 
+def newer(held: LeaseHandle | None, epoch: int) -> bool:
+    """Whether a notice that the lease is now at ``epoch`` is worth a confirming read for
+    whoever holds ``held`` (``None``: holds nothing): only an epoch newer than the one held
+    (the notice of one's own takeover is not). The one filter of :func:`~mos_lease.hold`'s
+    notices and the supervisor's; what a notice says is never believed, this only saves
+    reads."""
+    return held is None or epoch > held.epoch
+
+
 def superseded(held: LeaseHandle, view: HolderView | None, at: float) -> LeaseLoss | None:
     """The loss of ``held`` that the store's ``view`` read at ``at`` shows, or ``None``: a
-    newer epoch (another holder's takeover) or ``held``'s own epoch released."""
+    newer epoch (another holder's takeover) or ``held``'s own epoch released. The one rule
+    of a notice-confirmed loss, for :func:`~mos_lease.hold` and the supervisor."""
     if view is None or view.epoch < held.epoch:
         return None
     if view.epoch > held.epoch:
