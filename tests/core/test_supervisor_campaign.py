@@ -237,3 +237,34 @@ def test_an_abandoned_renewal_is_lost_at_its_own_deadline_and_retried_before_it(
     assert 120.0 < other.renew_at < deadline
     # A loss is final.
     assert abandoned(own, timing, 110.0, 130.0, 130.0, 0.5) is own
+
+
+# --- one grant rule, for the keeper and the supervisor ----------------------------------------
+
+
+def test_the_keeper_and_the_supervisor_mint_grants_by_one_rule(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both grant through mos_lease.held_grant.issue_grant (the local deadline judged before
+    and after the store call), each only saying what it holds; and the supervisor's flow
+    names no class like a machine command for it."""
+    from mos_lease import held_grant
+    from mos_lease.keeper import LeaseKeeper
+    from mos_lease.supervisor import flow
+
+    subjects: list[str] = []
+    real = held_grant.issue_grant
+
+    def spy(subject: Any, *args: Any) -> Any:
+        subjects.append(type(subject).__module__)
+        return real(subject, *args)
+
+    monkeypatch.setattr(held_grant, "issue_grant", spy)
+    rig = _rig()
+    _add(rig)
+    rig.settle()
+    assert rig.supervisor.issue_grant(ident(0), scopes=SCOPES, ttl=5).ok
+    keeper = LeaseKeeper(rig.coordinator, ttl=30, background=False, clock=rig.time)
+    assert keeper.acquire(ident(1), "gw-a", scopes=SCOPES).ok
+    assert keeper.issue_grant(scopes=SCOPES, ttl=5).ok
+    assert subjects == ["mos_lease.supervisor.flow", "mos_lease.keeper.steps"]
+    assert not hasattr(flow, "IssueGrant")
