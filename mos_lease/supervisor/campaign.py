@@ -2,7 +2,7 @@
 holder, which refusals are worth waiting out, and how long to pause before looking again.
 
 Pure: the supervisor's schedule (:meth:`~mos_lease.supervisor.schedule.Schedule.campaigned`)
-and :func:`~mos_lease.hold`'s wait (:func:`~mos_lease.holder.waiting.waiting`) both decide
+and :func:`~mos_lease.hold`'s wait (``mos_lease/holder/waiting.py``) both decide
 with these functions, so the two cannot disagree about when a lease may be taken.
 """
 
