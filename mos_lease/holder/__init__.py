@@ -51,7 +51,6 @@ from mos_lease.coordinator import (
 from mos_lease.errors import InvalidInput
 from mos_lease.holder.asyncio_shell import AsyncHolder
 from mos_lease.holder.options import (
-    MAX_WAIT,
     HoldCallbacks,
     HoldKeywords,
     HoldOptions,
@@ -60,7 +59,6 @@ from mos_lease.holder.options import (
     LeaseNotAcquired,
     NoticeCallback,
     NoticeSource,
-    TakeoverPolicy,
     check_options,
     latest_healthy_gap,
 )
@@ -75,6 +73,7 @@ from mos_lease.holder.waiting import (
 )
 from mos_lease.identity import LeaseIdentity
 from mos_lease.keeper import default_clock_step
+from mos_lease.supervisor.campaign import MAX_WAIT, TakeoverPolicy
 
 __all__ = [
     "MAX_WAIT", "RETRY_REASONS", "Acquired", "AsyncHolder", "HoldCallbacks", "HoldKeywords",

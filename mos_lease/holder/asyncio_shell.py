@@ -17,6 +17,7 @@ from mos_lease.holder.options import HoldOptions, LeaseLost
 from mos_lease.keeper import AsyncLeaseKeeper, LeaseLoss
 from mos_lease.keeper.calls import Sleep, drive_async
 from mos_lease.notice_confirmer import Done
+from mos_lease.records import LeaseHandle
 from mos_lease.results import GrantResult
 
 
@@ -114,13 +115,13 @@ class AsyncHolder(_HolderBase[AsyncLeaseKeeper]):
             done()
             return
 
-        async def confirm(held_epoch: int) -> None:
+        async def confirm(held: LeaseHandle) -> None:
             try:
-                await drive_async(self._confirmation(held_epoch), self._perform)
+                await drive_async(self._confirmation(held), self._perform)
             finally:
                 done()  # also when cancelled: the turn is over either way
 
-        task = asyncio.get_running_loop().create_task(confirm(lease.epoch))
+        task = asyncio.get_running_loop().create_task(confirm(lease))
         self._confirming.add(task)  # keep a reference until it is done
         task.add_done_callback(self._confirming.discard)
 

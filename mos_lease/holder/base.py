@@ -22,7 +22,7 @@ from mos_lease.keeper.calls import CurrentHolderCall, Step
 from mos_lease.notice_confirmer import Done, NoticeConfirmer, confirmer_of
 from mos_lease.records import LeaseHandle
 from mos_lease.results import GrantResult, HolderView, LeaseResult
-from mos_lease.vocabulary import Reason
+from mos_lease.supervisor.schedule import newer, superseded
 
 log = logging.getLogger("mos_lease.holder")  # the name docs/telemetry.md gives operators
 
@@ -221,32 +221,30 @@ class _HolderBase(Generic[K]):
         grants anything, and anyone who can log in may send one."""
         if identity != self.options.identity:
             return
-        lease = self._held_lease()
-        if lease is not None and epoch <= lease.epoch:
-            return  # nothing newer than what is held: not worth a read
-        self._confirmer.notice(identity)
+        if newer(self._held_lease(), epoch):  # else nothing newer than what is held
+            self._confirmer.notice(identity)
 
     def _held_lease(self) -> LeaseHandle | None:
         keeper = self._keeper
         return None if keeper is None else keeper.lease
 
-    def _confirmation(self, held_epoch: int) -> Generator[HolderStep, Any, None]:
-        """A confirming turn while holding, as steps: read the row and report loss if the
-        store's epoch supersedes ``held_epoch``. A read that fails confirms nothing: the
-        keeper's next renewal decides."""
+    def _confirmation(self, held: LeaseHandle) -> Generator[HolderStep, Any, None]:
+        """A confirming turn while holding, as steps: read the row and report loss if it
+        shows ``held`` superseded. A read that fails confirms nothing: the keeper's next
+        renewal decides."""
         try:
             view: HolderView | None = yield CurrentHolderCall(self.options.identity)
         except MosLeaseError:
             return
-        self._lose_to(held_epoch, view)
+        self._lose_to(held, view)
 
-    def _lose_to(self, held_epoch: int, view: HolderView | None) -> None:
-        """Report loss if the store's current epoch ``view`` supersedes ``held_epoch``."""
+    def _lose_to(self, held: LeaseHandle, view: HolderView | None) -> None:
+        """Report loss if the store's ``view`` shows ``held`` superseded (the supervisor's
+        rule, :func:`~mos_lease.supervisor.schedule.superseded`)."""
         keeper = self._keeper
-        if keeper is None or view is None or view.epoch <= held_epoch:
-            return
-        keeper.mark_lost(LeaseLoss(LossCause.DENIED, Reason.STALE_EPOCH, self._clock(),
-                                   f"notice of epoch {view.epoch}, confirmed by a read"))
+        loss = None if keeper is None else superseded(held, view, self._clock())
+        if keeper is not None and loss is not None:
+            keeper.mark_lost(loss)
 
     def _confirm(self, done: Done) -> None:
         """This holder's job in a confirming turn (called on the confirmer's thread): read

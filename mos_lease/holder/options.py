@@ -5,8 +5,6 @@ source of lease changes it may be given (:class:`NoticeSource`), and its two exc
 
 from __future__ import annotations
 
-import contextlib
-import enum
 import logging
 import math
 import random as _random
@@ -32,23 +30,12 @@ from mos_lease.keeper.calls import AcquireCall, TakeoverCall
 from mos_lease.metadata import EMPTY_METADATA, Metadata, check_metadata
 from mos_lease.records import LeaseHandle
 from mos_lease.results import HolderView
+from mos_lease.supervisor.campaign import TakeoverPolicy, check_takeover, check_wait
 from mos_lease.vocabulary import Reason
 
 log = logging.getLogger("mos_lease.holder")  # the name docs/telemetry.md gives operators
 
 _G = TypeVar("_G", "HoldTiming", "HoldCallbacks")
-
-MAX_WAIT: Final = 7 * 24 * 3600.0
-"""The longest finite ``wait`` (seconds); ``None`` waits without limit."""
-
-
-class TakeoverPolicy(enum.StrEnum):
-    """When a waiter may take the lease over (``takeover=`` of :func:`hold`)."""
-
-    NEVER = "never"  # only a first acquisition: an identity that never had a lease
-    EXPIRED = "expired"  # also take over an expired or released lease (the default)
-    PREEMPT = "preempt"  # also an active one, if the coordinator's policy allows it
-
 
 class LeaseNotAcquired(MosLeaseError):
     """:func:`hold` gave up: ``wait`` ran out, or the refusal cannot change by waiting.
@@ -187,27 +174,6 @@ class HoldOptions:
                             expected_epoch, metadata=self.metadata or None)
 
 
-def _check_wait(value: object) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise InvalidInput("wait", f"must be seconds or None, not {type(value).__name__}")
-    if not (math.isfinite(value) and 0 <= value <= MAX_WAIT):
-        raise InvalidInput("wait", f"must be between 0 and {MAX_WAIT:g} s, or None to wait "
-                           "without limit")
-    return float(value)
-
-
-def _check_takeover(value: object) -> TakeoverPolicy:
-    if isinstance(value, TakeoverPolicy):
-        return value
-    if isinstance(value, str):
-        with contextlib.suppress(ValueError):
-            return TakeoverPolicy(str.__str__(value))
-    choices = ", ".join(repr(p.value) for p in TakeoverPolicy)
-    raise InvalidInput("takeover", f"must be one of {choices}, not {value!r:.40}")
-
-
 def _check_callable(field: str, value: object) -> None:
     if value is not None and not callable(value):
         raise InvalidInput(field, f"must be callable or None, not {type(value).__name__}")
@@ -343,7 +309,7 @@ def check_options(identity: object, connector_id: object, *, scopes: object, ttl
     if not isinstance(cancel_on_loss, bool):
         raise InvalidInput("cancel_on_loss", "must be a bool")
     metadata = check_metadata("metadata", options.get("metadata"))
-    return HoldOptions(checked_identity, checked_connector, norm_scopes, _check_wait(wait),
-                       _check_takeover(takeover), keeper_timing, within, told,
+    return HoldOptions(checked_identity, checked_connector, norm_scopes, check_wait(wait),
+                       check_takeover(takeover), keeper_timing, within, told,
                        cancel_on_loss, _check_notices(options.get("notices")), clock,
                        random, metadata)

@@ -72,7 +72,7 @@ class Holder(_HolderBase[LeaseKeeper]):
             if lease is None:
                 self._wake()
                 return
-            drive(self._confirmation(lease.epoch), self._perform)
+            drive(self._confirmation(lease), self._perform)
         finally:
             done()
 

@@ -3,61 +3,35 @@
 :func:`waiting` is a generator of steps, as the keeper's are (:mod:`mos_lease.keeper.calls`):
 it decides what to try (an ``AcquireCall``, a ``TakeoverCall`` at the epoch just read, a
 ``CurrentHolderCall``), how long to pause (:class:`~mos_lease.sleep.Sleep`) and when to give
-up; the shells only perform the steps.
+up; the shells only perform the steps. What to try and how long to pause is the
+supervisor's campaign rule (:mod:`mos_lease.supervisor.campaign`), used here as it is there.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
-from typing import Final
 
 import attrs
 
-from mos_lease.holder.options import HoldOptions, LeaseNotAcquired, TakeoverPolicy
-from mos_lease.keeper import TRANSIENT_ERRORS, KeeperTiming
+from mos_lease.holder.options import HoldOptions, LeaseNotAcquired
+from mos_lease.keeper import TRANSIENT_ERRORS
 from mos_lease.keeper.calls import AcquireCall, CurrentHolderCall, Sleep, Steps, TakeoverCall
 from mos_lease.results import HolderView, LeaseResult
-from mos_lease.vocabulary import LeaseState, Reason
+from mos_lease.supervisor.campaign import ACQUIRE, RETRY_REASONS, next_try, pause_for
+from mos_lease.vocabulary import Reason
 
-# Refusals a later try may not meet: the lease may expire, be released or change hands, and
-# the store may come back. Any other refusal (the policy's, an exhausted epoch) is final.
-RETRY_REASONS: Final = frozenset({
-    Reason.LEASE_HELD, Reason.TAKEOVER_REQUIRED, Reason.EPOCH_MISMATCH, Reason.LEASE_MISSING,
-    Reason.PREEMPTION_DENIED, Reason.STORE_UNAVAILABLE,
-})
+__all__ = ["RETRY_REASONS", "Acquired", "expiring_check", "pause_for", "plan_attempt",
+           "waiting"]
 
 
 def plan_attempt(view: HolderView | None, options: HoldOptions,
                  preempt_refused: bool) -> AcquireCall | TakeoverCall | Reason:
-    """What to try after reading ``view``, or the reason to go on waiting instead. An
-    acquire wins exactly when the identity never had a lease; a takeover names the epoch
-    just read, so of several waiters exactly one wins."""
-    if view is None:
-        return options.acquire_call()
-    if view.state is LeaseState.ACTIVE:
-        if options.takeover is TakeoverPolicy.PREEMPT and not preempt_refused:
-            return options.takeover_call(view.epoch)
-        return Reason.LEASE_HELD
-    if options.takeover is TakeoverPolicy.NEVER:
-        return Reason.TAKEOVER_REQUIRED
-    return options.takeover_call(view.epoch)
-
-
-def pause_for(timing: KeeperTiming, failures: int, draw: float, remaining: float | None,
-              view: HolderView | None, *, until_expiry: bool = False) -> float:
-    """Backoff with jitter (the keeper's), never past the end of the wait, and waking no
-    later than the moment the observed lease would expire. ``until_expiry``: a notice will
-    tell of a release or takeover of the observed lease, so an active one is waited out
-    until it would expire (the store's time, counted from the read) instead of re-read at
-    every backoff; only its renewal can keep it, and that is seen by reading then."""
-    cap = math.inf if remaining is None else remaining
-    if view is not None and view.state is LeaseState.ACTIVE:
-        expiry = max((view.expires_at - view.now).total_seconds(), 0.0)
-        if until_expiry:
-            return max(min(expiry, cap), 0.0)
-        return max(min(timing.backoff(failures, draw, cap), expiry), 0.0)
-    return max(timing.backoff(failures, draw, cap), 0.0)
+    """The campaign rule's next try (:func:`~mos_lease.supervisor.campaign.next_try`) as the
+    call to make for ``options``, or the reason to go on waiting instead."""
+    planned = next_try(view, options.takeover, preempt_refused)
+    if isinstance(planned, Reason):
+        return planned
+    return options.acquire_call() if planned == ACQUIRE else options.takeover_call(planned)
 
 
 @attrs.frozen(slots=True)

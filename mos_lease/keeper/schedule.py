@@ -20,8 +20,8 @@ from mos_lease.vocabulary import Outcome, Reason
 __all__ = [  # re-exported by mos_lease.keeper
     "DEFAULT_CLOCK_STEP", "LEASE_GONE_REASONS", "TIMING_OPTIONS", "TRANSIENT_ERRORS", "Action",
     "HeartbeatDue", "KeeperState", "KeeperTiming", "LeaseLoss", "LossCause", "ReportLoss",
-    "Wait", "after_renewal", "default_clock_step", "grant_loss", "held", "local_refusal",
-    "lose", "next_action",
+    "Wait", "abandoned", "after_renewal", "default_clock_step", "grant_loss", "held",
+    "local_refusal", "lose", "next_action",
 ]
 
 DEFAULT_CLOCK_STEP: Final = 2.0
@@ -255,6 +255,22 @@ def after_renewal(state: KeeperState, timing: KeeperTiming, started: float, fini
     if isinstance(outcome, TRANSIENT_ERRORS):
         return _retry(state, timing, finished, draw, error)
     return lose(state, LeaseLoss(LossCause.ERROR, Reason.LEASE_EXPIRED, finished, error))
+
+
+def abandoned(state: KeeperState, timing: KeeperTiming, started: float, finished: float,
+              limit: float, draw: float) -> KeeperState:
+    """The state after a heartbeat that started at ``started`` was still running at its time
+    limit ``limit`` and was abandoned at ``finished`` (whatever it returns later cannot undo
+    what is decided here). The lease is lost if its own deadline was that limit or has
+    come; else an earlier deadline (another lease's, in a supervisor's batch) set the limit,
+    and this lease is retried as after a transient failure, until its own deadline."""
+    if state.loss is not None:
+        return state
+    if finished >= state.deadline or limit >= state.deadline:
+        return lose(state, LeaseLoss(LossCause.DEADLINE, Reason.LEASE_EXPIRED, finished,
+                                     "heartbeat still running at the deadline"))
+    return _retry(state, timing, finished, draw, f"{StoreUnavailable.__name__}: "
+                  "renewal still running when the earliest deadline came; abandoned")
 
 
 def _retry(state: KeeperState, timing: KeeperTiming, finished: float, draw: float,

@@ -13,20 +13,18 @@ from __future__ import annotations
 
 import logging
 import threading
-import uuid
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
+from mos_lease import held_grant
 from mos_lease.bounded import OVERDUE as _OVERDUE
 from mos_lease.errors import InvalidInput
 from mos_lease.events import Emitter, EventHook, RenewalRetry, Renewed, emitter
 from mos_lease.events import Lost as LostEvent
-from mos_lease.identity import check_correlation_id
 from mos_lease.keeper.calls import (
     AcquireCall,
     HeartbeatCall,
-    IssueGrantCall,
     ReleaseCall,
     Sleep,
     Steps,
@@ -41,10 +39,9 @@ from mos_lease.keeper.schedule import (
     LossCause,
     ReportLoss,
     Wait,
+    abandoned,
     after_renewal,
-    grant_loss,
     held,
-    local_refusal,
     lose,
     next_action,
 )
@@ -56,11 +53,6 @@ log = logging.getLogger("mos_lease.keeper")
 
 # The answer to a :class:`HeartbeatCall` that did not return before its timeout.
 OVERDUE: Any = _OVERDUE
-
-
-def correlation(correlation_id: str | None) -> str:
-    given = check_correlation_id("correlation_id", correlation_id)
-    return given if given is not None else uuid.uuid4().hex
 
 
 class KeeperCore:
@@ -238,13 +230,12 @@ def step(core: KeeperCore) -> Steps[Action]:
     started = core.clock()
     outcome = yield HeartbeatCall(core.require_state().lease, core.timing.ttl,
                                   action.deadline - started)
-    if outcome is OVERDUE:
-        # Abandoned: whatever the call returns later cannot undo a reported loss.
-        core.lose(LeaseLoss(LossCause.DEADLINE, Reason.LEASE_EXPIRED, core.clock(),
-                            "heartbeat still running at the deadline"))
-        return action
     finished = core.clock()
     draw = core.draw()
+    if outcome is OVERDUE:  # abandoned at this lease's own deadline: lost
+        core.update(lambda current: abandoned(current, core.timing, started, finished,
+                                              action.deadline, draw))
+        return action
     new = core.update(lambda current: after_renewal(current, core.timing, started, finished,
                                                     outcome, draw))
     core.renewed(new, finished, finished - started, outcome)
@@ -259,25 +250,29 @@ def run_failed(core: KeeperCore, error: Exception) -> None:
 
 def issue_grant(core: KeeperCore, scopes: object, ttl: float | timedelta,
                 correlation_id: str | None) -> Steps[GrantResult]:
-    """Mint a grant for the kept lease, or refuse locally once it is lost.
+    """Mint a grant for the kept lease, or refuse locally once it is lost: the one rule of
+    :mod:`mos_lease.held_grant` (the deadline checked before and after the store call)."""
+    return held_grant.issue_grant(_Granting(core), core.clock, scopes, ttl, correlation_id)
 
-    The deadline is checked before and after the store call, so no grant is handed out
-    once the deadline has passed, whatever the store says or however long it took.
-    """
-    correlation_id = correlation(correlation_id)
-    loss = core.enforce_deadline()
-    if loss is None:
-        result: GrantResult = yield IssueGrantCall(core.require_state().lease, scopes, ttl,
-                                                   correlation_id)
-        revealed = grant_loss(result, core.clock())
-        if revealed is not None:
-            core.lose(revealed)
-        loss = core.enforce_deadline()
-        if loss is None:
-            return result
-    log.info("mos_lease: grant refused locally: lease lost (%s, reason=%s)", loss.cause,
-             loss.reason)
-    return local_refusal(loss, correlation_id)
+
+class _Granting:
+    """The keeper as :class:`~mos_lease.held_grant.GrantSubject` sees it."""
+
+    __slots__ = ("core",)
+
+    def __init__(self, core: KeeperCore) -> None:
+        self.core = core
+
+    def held_now(self) -> LeaseHandle | None:
+        if self.core.enforce_deadline() is not None:
+            return None
+        return self.core.require_state().lease
+
+    def revealed(self, lease: LeaseHandle, loss: LeaseLoss) -> None:
+        self.core.lose(loss)
+
+    def last_loss(self) -> LeaseLoss | None:
+        return self.core.loss
 
 
 def stop(core: KeeperCore, release: bool) -> Steps[LeaseResult | None]:

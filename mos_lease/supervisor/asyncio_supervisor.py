@@ -29,7 +29,7 @@ from mos_lease.supervisor.flow import (
     Attempt,
     Call,
     Collect,
-    IssueGrant,
+    IssueGrantCall,
     Release,
     Sleep,
     issue_grant,
@@ -175,7 +175,7 @@ class AsyncSupervisor(_Supervisor[AsyncConnectorLeaseCoordinator]):
             drive.send(await outcome_of_async(self._grant, call))
         return drive.result
 
-    async def _grant(self, call: IssueGrant) -> GrantResult:
+    async def _grant(self, call: IssueGrantCall) -> GrantResult:
         return await self.coordinator.issue_grant(call.lease, scopes=call.scopes, ttl=call.ttl,
                                                   correlation_id=call.correlation_id)
 

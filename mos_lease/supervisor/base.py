@@ -22,6 +22,7 @@ from mos_lease.metadata import check_metadata
 from mos_lease.records import LeaseHandle
 from mos_lease.results import LeaseResult
 from mos_lease.stats import SupervisorCounts, SupervisorStats
+from mos_lease.supervisor.campaign import TakeoverPolicy, check_takeover, check_wait
 from mos_lease.supervisor.changes import Change
 from mos_lease.supervisor.flow import Core
 from mos_lease.supervisor.notices import NoticeFeed, SupervisorNotices, check_feed
@@ -37,14 +38,16 @@ _CLOSED: Any = None  # what a listener is sent when the supervisor closes
 
 def _binding(store: object, identity: LeaseIdentity, connector_id: str, scopes: object,
              ttl: float | timedelta, options: dict[str, float | None],
-             metadata: object = None) -> Binding:
+             metadata: object = None, takeover: object = TakeoverPolicy.EXPIRED,
+             wait: object = None) -> Binding:
     seconds = ttl.total_seconds() if isinstance(ttl, timedelta) else ttl
     if options.get("clock_step") is None:  # the store says whether its time can step
         options["clock_step"] = default_clock_step(store)
     timing = KeeperTiming(seconds, **{k: v for k, v in options.items() if v is not None})
     return Binding(check_identity("identity", identity), check_id("connector_id", connector_id),
                    normalize_scopes("scopes", scopes), timing,
-                   check_metadata("metadata", metadata))
+                   check_metadata("metadata", metadata), check_takeover(takeover),
+                   check_wait(wait))
 
 
 class _Supervisor(Generic[C]):
@@ -81,7 +84,9 @@ class _Supervisor(Generic[C]):
             clock_step: float | None = None, renew_fraction: float | None = None,
             jitter: float = 0.0, min_backoff: float | None = None,
             max_backoff: float | None = None,
-            metadata: Mapping[str, str] | None = None) -> None:
+            metadata: Mapping[str, str] | None = None,
+            takeover: TakeoverPolicy | str = TakeoverPolicy.EXPIRED,
+            wait: float | None = None) -> None:
         """Run ``identity`` as ``connector_id``: campaign for its lease, hold it, and
         campaign again after a loss, until ``remove()`` or ``close()``. The timing
         options are :class:`~mos_lease.keeper.KeeperTiming`'s (``docs/keeper.md``), except
@@ -91,11 +96,16 @@ class _Supervisor(Generic[C]):
         :class:`~mos_lease.errors.ConfigurationError` naming ``safety_margin`` and
         ``clock_step``. ``metadata`` is the holder metadata every acquire and takeover of
         this binding sets (where to route its requests, say); checked here, like every other
-        argument."""
+        argument. ``takeover`` is :func:`~mos_lease.hold`'s policy
+        (:class:`~mos_lease.supervisor.campaign.TakeoverPolicy`). ``wait``: seconds the first
+        campaign may take; when they run out, or at once on a refusal that waiting cannot
+        change (the policy's, an exhausted epoch), the binding gives up: it is reported as
+        :class:`~mos_lease.supervisor.changes.GaveUp` and no longer run. ``None`` (the
+        default): campaign until removed, whatever is refused."""
         binding = _binding(self.coordinator.store, identity, connector_id, scopes, ttl, {
             "safety_margin": safety_margin, "clock_step": clock_step,
             "renew_fraction": renew_fraction, "jitter": jitter,
-            "min_backoff": min_backoff, "max_backoff": max_backoff}, metadata)
+            "min_backoff": min_backoff, "max_backoff": max_backoff}, metadata, takeover, wait)
         with self._core.lock:
             if self._core.closing:
                 raise ConfigurationError("the supervisor is closed")

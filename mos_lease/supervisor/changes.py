@@ -1,5 +1,5 @@
 """The changes a supervisor reports for a binding (:data:`Change`): it started holding a
-lease, lost it, or saw another holder while campaigning. What a gateway reads from
+lease, lost it, saw another holder while campaigning, or gave up waiting. What a gateway reads from
 ``on_change`` or ``changes()``, apart from the schedule that finds them.
 """
 
@@ -11,6 +11,7 @@ from mos_lease.identity import LeaseIdentity
 from mos_lease.keeper import LeaseLoss
 from mos_lease.records import LeaseHandle
 from mos_lease.results import HolderView
+from mos_lease.vocabulary import Reason
 
 
 @attrs.frozen(slots=True)
@@ -39,4 +40,18 @@ class NewHolder:
     holder: HolderView
 
 
-Change = BindingStarted | BindingLost | NewHolder
+@attrs.frozen(slots=True)
+class GaveUp:
+    """The binding's wait ran out (``add(..., wait=...)``), or a refusal that waiting cannot
+    change ended it at once (the policy's, an exhausted epoch); the supervisor no longer runs
+    it. ``reason`` is the last reason the lease could not be had, ``holder`` the last view
+    of who holds it (``None`` if none was seen), ``error`` the last store error, if any:
+    what :class:`~mos_lease.holder.LeaseNotAcquired` carries."""
+
+    identity: LeaseIdentity
+    reason: Reason
+    holder: HolderView | None
+    error: str | None = None
+
+
+Change = BindingStarted | BindingLost | NewHolder | GaveUp

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import uuid
 from collections import deque
 from collections.abc import Callable, Generator
 from datetime import timedelta
@@ -26,10 +25,12 @@ from typing import Any, Final
 
 import attrs
 
+from mos_lease import held_grant
 from mos_lease.bounded import OVERDUE
 from mos_lease.errors import StoreUnavailable
-from mos_lease.identity import LeaseIdentity, check_correlation_id
-from mos_lease.keeper import LeaseLoss, LossCause, grant_loss, local_refusal
+from mos_lease.identity import LeaseIdentity
+from mos_lease.keeper import LeaseLoss
+from mos_lease.keeper.calls import IssueGrantCall
 from mos_lease.records import LeaseHandle
 from mos_lease.results import GrantResult
 from mos_lease.sleep import Sleep
@@ -45,9 +46,8 @@ from mos_lease.supervisor.slots import (
     Slot,
     Takeover,
 )
-from mos_lease.vocabulary import Reason
 
-__all__ = ["IN_FLIGHT", "OVERDUE", "Attempt", "Call", "Collect", "Core", "IssueGrant",
+__all__ = ["IN_FLIGHT", "OVERDUE", "Attempt", "Call", "Collect", "Core", "IssueGrantCall",
            "Release", "Sleep", "batches", "issue_grant", "turn", "turn_failed"]
 
 log = logging.getLogger("mos_lease.supervisor")
@@ -98,16 +98,6 @@ class Release:
     """Release a lease won for a binding removed while the call that won it was in flight."""
 
     lease: LeaseHandle
-
-
-@attrs.frozen(slots=True)
-class IssueGrant:
-    """Mint a grant for ``lease`` (``coordinator.issue_grant``)."""
-
-    lease: LeaseHandle
-    scopes: object
-    ttl: float | timedelta
-    correlation_id: str
 
 
 Call = Renew | Collect | Attempt | Release | Sleep
@@ -244,7 +234,7 @@ def _collect(core: Core, flight: _Flight, rest: float) -> Generator[Call, Any, f
     finished = core.clock()
     with core.lock:
         changes = core.schedule.renewed(flight.renew, None if outcome is OVERDUE else outcome,
-                                        flight.started, finished)
+                                        flight.started, finished, flight.limit)
         rest = min(rest, core.schedule.deadlines(flight.renew.slots))  # retries keep theirs
     core.report(changes)
     return rest
@@ -346,31 +336,35 @@ def _confirmed(core: Core, call: Confirm, outcome: Any, finished: float) -> None
 
 
 def issue_grant(core: Core, identity: LeaseIdentity, scopes: object, ttl: float | timedelta,
-                correlation_id: str | None) -> Generator[IssueGrant, Any, GrantResult]:
+                correlation_id: str | None) -> Generator[IssueGrantCall, Any, GrantResult]:
     """Mint a grant for the lease held for ``identity``, or refuse locally (no store call, no
-    audit row) when none is held: as a keeper's ``issue_grant``, the local deadline is
-    judged before and after the store call, and a refusal that shows the lease is gone is
-    recorded as the binding's loss at once."""
-    given = check_correlation_id("correlation_id", correlation_id)
-    correlation = given if given is not None else uuid.uuid4().hex
-    with core.lock:
-        lease, changes = core.schedule.lease(identity, core.clock())
-    core.report(changes)
-    if lease is not None:
-        result: GrantResult = yield IssueGrant(lease, scopes, ttl, correlation)
-        with core.lock:
-            now = core.clock()
-            revealed = grant_loss(result, now)
-            changes = ([] if revealed is None
-                       else core.schedule.reveal(identity, lease, revealed))
-            still, more = core.schedule.lease(identity, now)
-        core.report(changes + more)
-        if still is not None and still.lease_id == lease.lease_id:
-            return result
-    with core.lock:
-        loss = core.schedule.loss(identity)
-    if loss is None:  # never held, or held anew meanwhile: not this grant's lease
-        loss = LeaseLoss(LossCause.DENIED, Reason.LEASE_MISSING, core.clock())
-    log.info("mos_lease: grant for %s refused locally: no lease held (%s)", identity,
-             loss.reason)
-    return local_refusal(loss, correlation)
+    audit row) when none is held: the one rule of :mod:`mos_lease.held_grant`, the local
+    deadline judged before and after the store call, and a refusal that shows the lease
+    is gone recorded as the binding's loss at once."""
+    return held_grant.issue_grant(_Granting(core, identity), core.clock, scopes, ttl,
+                                  correlation_id)
+
+
+class _Granting:
+    """One binding of the supervisor as :class:`~mos_lease.held_grant.GrantSubject` sees
+    it: the schedule is read under the lock, and the changes found are reported after."""
+
+    __slots__ = ("core", "identity")
+
+    def __init__(self, core: Core, identity: LeaseIdentity) -> None:
+        self.core, self.identity = core, identity
+
+    def held_now(self) -> LeaseHandle | None:
+        with self.core.lock:
+            lease, changes = self.core.schedule.lease(self.identity, self.core.clock())
+        self.core.report(changes)
+        return lease
+
+    def revealed(self, lease: LeaseHandle, loss: LeaseLoss) -> None:
+        with self.core.lock:
+            changes = self.core.schedule.reveal(self.identity, lease, loss)
+        self.core.report(changes)
+
+    def last_loss(self) -> LeaseLoss | None:
+        with self.core.lock:
+            return self.core.schedule.loss(self.identity)

@@ -26,12 +26,12 @@ from typing import Final
 
 from mos_lease.checks import MAX_BATCH
 from mos_lease.errors import InvalidInput, StoreUnavailable
-from mos_lease.holder.waiting import RETRY_REASONS, pause_for
 from mos_lease.identity import LeaseIdentity
 from mos_lease.keeper import (
     KeeperState,
     LeaseLoss,
     LossCause,
+    abandoned,
     after_renewal,
     held,
     lose,
@@ -40,7 +40,14 @@ from mos_lease.keeper import (
 from mos_lease.keeper.schedule import ReportLoss
 from mos_lease.records import LeaseHandle
 from mos_lease.results import HolderView, LeaseResult
-from mos_lease.supervisor.changes import BindingLost, BindingStarted, Change, NewHolder
+from mos_lease.supervisor.campaign import ACQUIRE, RETRY_REASONS, next_try, pause_for
+from mos_lease.supervisor.changes import (
+    BindingLost,
+    BindingStarted,
+    Change,
+    GaveUp,
+    NewHolder,
+)
 from mos_lease.supervisor.slots import (
     Acquire,
     Binding,
@@ -64,8 +71,6 @@ COALESCE: Final = 0.5
 interval (``ttl * renew_fraction``) before its own renewal is due. Renewing early is safe (the
 deadline only moves later: it is counted from the start of the renewing call), and it is what
 gathers the leases of a process into one tick instead of one round trip per lease."""
-
-OVERDUE_RENEWAL: Final = "renewal still running when the earliest deadline came; abandoned"
 
 
 # --- the schedule ----------------------------------------------------------------------------
@@ -158,8 +163,8 @@ class Schedule:
         slot = self.slots.get(identity)
         if slot is None:
             return False
-        state = slot.state
-        return state is None or state.loss is not None or epoch > state.lease.epoch
+        return newer(None if not slot.holding or slot.state is None else slot.state.lease,
+                     epoch)
 
     def look(self, identity: LeaseIdentity, now: float) -> bool | None:
         """A notice came for ``identity``: if it is a binding waiting for a lease held
@@ -312,10 +317,12 @@ class Schedule:
     # -- outcomes -----------------------------------------------------------------------------
 
     def renewed(self, call: Renew, outcome: Sequence[LeaseResult] | BaseException | None,
-                started: float, finished: float) -> list[Change]:
+                started: float, finished: float, limit: float = -math.inf) -> list[Change]:
         """After a ``heartbeat_many`` that started at ``started`` and returned at
         ``finished``: its results (in order), the exception it raised, or ``None`` if it was
-        abandoned at ``call.timeout``. Each lease is judged on its own by the keeper's rule."""
+        abandoned at its time limit ``limit`` (the earliest deadline when it started). Each
+        lease is judged on its own by the keeper's rule (an abandoned one by
+        :func:`~mos_lease.keeper.schedule.abandoned`)."""
         if not isinstance(outcome, BaseException | None) and len(outcome) != len(call.slots):
             outcome = StoreUnavailable(f"heartbeat_many returned {len(outcome)} results for "
                                        f"{len(call.slots)} leases")
@@ -326,14 +333,9 @@ class Schedule:
             if slot.removed or state is None or state.loss is not None \
                     or state.lease is not call.leases[k]:
                 continue  # removed, or lost while the call was in flight: nothing to undo
-            if outcome is None:
-                if finished >= state.deadline:
-                    new = lose(state, LeaseLoss(LossCause.DEADLINE, Reason.LEASE_EXPIRED,
-                                                finished, "heartbeat still running at the "
-                                                "deadline"))
-                else:  # another lease's deadline came first: retry this one
-                    new = after_renewal(state, slot.binding.timing, started, finished,
-                                        StoreUnavailable(OVERDUE_RENEWAL), self._draw())
+            if outcome is None:  # abandoned at the batch's limit
+                new = abandoned(state, slot.binding.timing, started, finished, limit,
+                                self._draw())
             else:
                 single = outcome if isinstance(outcome, BaseException) else outcome[k]
                 # The deadline counts from this call's start, as it must; the next renewal
@@ -368,8 +370,9 @@ class Schedule:
         if isinstance(outcome, BaseException):
             # A store failure, or anything else: no lease is held, so nothing is unsafe;
             # back off and read the holder again.
-            self._pause(slot, finished, ReadHolder, None)
-            return [], None
+            slot.reason = Reason.STORE_UNAVAILABLE
+            slot.error = f"{type(outcome).__name__}: {outcome}"
+            return self._pause(slot, finished, ReadHolder, None), None
         if isinstance(call, ReadHolder):
             assert not isinstance(outcome, LeaseResult)
             return self._observe(slot, outcome, finished, pause=False), None
@@ -377,16 +380,21 @@ class Schedule:
         if won is not None:
             slot.state = held(slot.binding.timing, won, started, self._draw())
             slot.failures = 0
+            slot.gives_up_at = None  # the wait is over: after a loss, campaign until removed
             slot.seen = (won.connector_id, won.epoch)
             slot.observed = None
             return [BindingStarted(slot.binding.identity, won)], None
+        assert outcome.reason is not None
+        slot.reason, slot.error = outcome.reason, None
+        slot.preempt_refused |= outcome.reason is Reason.PREEMPTION_DENIED
         if outcome.reason not in RETRY_REASONS:
+            if slot.binding.wait is not None:  # waiting cannot change it: give up at once
+                return self._give_up(slot), None
             log.warning("mos_lease: campaign for %s refused: %s; trying again later",
                         slot.binding.identity, outcome.reason)
         if outcome.holder is not None:  # the refusal shows the lease: no read needed
             return self._observe(slot, outcome.holder, finished, pause=True), None
-        self._pause(slot, finished, ReadHolder, None)
-        return [], None
+        return self._pause(slot, finished, ReadHolder, None), None
 
     def confirmed(self, call: Confirm, outcome: HolderView | BaseException | None,
                   finished: float) -> list[Change]:
@@ -421,36 +429,68 @@ class Schedule:
         if view is not None and slot.seen != (view.connector_id, view.epoch):
             slot.seen = (view.connector_id, view.epoch)
             changes.append(NewHolder(slot.binding.identity, view))
-        # hold()'s rule with takeover=EXPIRED (holder/waiting.py): an identity that never
-        # had a lease is acquired, an active lease is waited out, an expired or released
-        # one is taken over at the epoch just read, so of several campaigners one wins.
+        # The campaign rule (campaign.next_try), as hold() waits by it: an identity that
+        # never had a lease is acquired, an active lease is waited out (or preempted, under
+        # PREEMPT), an expired or released one is taken over at the epoch just read, so of
+        # several campaigners one wins.
         slot.looked = now
-        if view is not None and view.state is LeaseState.ACTIVE:
-            self._pause(slot, now, ReadHolder, view)
+        planned = next_try(view, slot.binding.takeover, slot.preempt_refused)
+        if isinstance(planned, Reason):
+            slot.reason, slot.error, slot.observed = planned, None, view
+            changes += self._pause(slot, now, ReadHolder, view)
             if slot.hinted:  # a notice came while this view was read
                 slot.try_at = min(slot.try_at, now + slot.binding.timing.max_backoff)
             slot.hinted = False
             return changes
         slot.hinted = False
-        step: type[Acquire] | int = Acquire if view is None else view.epoch
+        step: type[Acquire] | int = Acquire if planned == ACQUIRE else planned
         if pause:
-            self._pause(slot, now, step, view)
+            changes += self._pause(slot, now, step, view)
         else:
             slot.step, slot.try_at = step, now
         slot.observed = view
         return changes
 
     def _pause(self, slot: Slot, now: float, step: type[Acquire] | type[ReadHolder] | int,
-               view: HolderView | None) -> None:
+               view: HolderView | None) -> list[Change]:
+        """Try ``step`` again after a backoff, never past the end of the binding's wait;
+        give up (the changes to report) if that end has come."""
+        ends = slot.gives_up_at
+        if ends is not None and now >= ends:
+            return self._give_up(slot)
         slot.failures += 1
         slot.step = step
-        slot.try_at = now + pause_for(slot.binding.timing, slot.failures, self._draw(), None,
-                                      view, until_expiry=self.noticed)
+        slot.try_at = now + pause_for(slot.binding.timing, slot.failures, self._draw(),
+                                      None if ends is None else ends - now, view,
+                                      until_expiry=self.noticed)
+        return []
+
+    def _give_up(self, slot: Slot) -> list[Change]:
+        """The binding stops campaigning and is no longer run: its wait ran out, or a refusal
+        waiting cannot change ended it. It never held a lease in this wait, so nothing is to
+        release, and no notice confirmation was ever asked for it (those are for held
+        bindings)."""
+        identity = slot.binding.identity
+        if self.slots.get(identity) is slot:
+            del self.slots[identity]
+        slot.removed = True
+        log.info("mos_lease: gave up campaigning for %s: %s", identity, slot.reason)
+        return [GaveUp(identity, slot.reason, slot.observed, slot.error)]
+
+
+def newer(held: LeaseHandle | None, epoch: int) -> bool:
+    """Whether a notice that the lease is now at ``epoch`` is worth a confirming read for
+    whoever holds ``held`` (``None``: holds nothing): only an epoch newer than the one held
+    (the notice of one's own takeover is not). The one filter of :func:`~mos_lease.hold`'s
+    notices and the supervisor's; what a notice says is never believed, this only saves
+    reads."""
+    return held is None or epoch > held.epoch
 
 
 def superseded(held: LeaseHandle, view: HolderView | None, at: float) -> LeaseLoss | None:
     """The loss of ``held`` that the store's ``view`` read at ``at`` shows, or ``None``: a
-    newer epoch (another holder's takeover) or ``held``'s own epoch released."""
+    newer epoch (another holder's takeover) or ``held``'s own epoch released. The one rule
+    of a notice-confirmed loss, for :func:`~mos_lease.hold` and the supervisor."""
     if view is None or view.epoch < held.epoch:
         return None
     if view.epoch > held.epoch:

@@ -16,7 +16,9 @@ from mos_lease.keeper import KeeperState, KeeperTiming
 from mos_lease.metadata import EMPTY_METADATA, Metadata
 from mos_lease.records import LeaseHandle
 from mos_lease.results import HolderView
+from mos_lease.supervisor.campaign import TakeoverPolicy
 from mos_lease.supervisor.changes import Change
+from mos_lease.vocabulary import Reason
 
 # --- what the gateway registered, and the state of each binding ----------------------------
 
@@ -25,13 +27,19 @@ from mos_lease.supervisor.changes import Change
 class Binding:
     """A binding the supervisor runs: who, as which connector, with which scopes and timing.
     The scopes are those :func:`~mos_lease.identity.normalize_scopes` returned; ``metadata``
-    is the holder metadata each of its acquires and takeovers sets."""
+    is the holder metadata each of its acquires and takeovers sets. ``takeover`` is the
+    campaign's :class:`~mos_lease.supervisor.campaign.TakeoverPolicy`; ``wait`` the seconds
+    the first campaign may take before the binding gives up (``inf``: no limit, but a refusal
+    that waiting cannot change still ends it; ``None``: campaign until removed, whatever is
+    refused)."""
 
     identity: LeaseIdentity
     connector_id: str
     scopes: tuple[str, ...]
     timing: KeeperTiming
     metadata: Metadata = EMPTY_METADATA
+    takeover: TakeoverPolicy = TakeoverPolicy.EXPIRED
+    wait: float | None = None
 
 
 class Slot:
@@ -40,8 +48,9 @@ class Slot:
     while a notice's confirming read waits for its turn. Compared by identity: a call whose
     slot was removed (or replaced by a new registration) is stale."""
 
-    __slots__ = ("binding", "busy", "confirm", "failures", "hinted", "looked", "observed",
-                 "removed", "seen", "state", "step", "try_at")
+    __slots__ = ("binding", "busy", "confirm", "error", "failures", "gives_up_at", "hinted",
+                 "looked", "observed", "preempt_refused", "reason", "removed", "seen", "state",
+                 "step", "try_at")
 
     def __init__(self, binding: Binding, now: float) -> None:
         self.binding = binding
@@ -59,6 +68,13 @@ class Slot:
         self.busy = False
         self.confirm = False  # a notice asked for a confirming read (mos_lease.notice_gate)
         self.removed = False
+        # The first campaign's end (Binding.wait), and what a give-up then reports: the last
+        # reason the lease could not be had, the last store error, whether a preemption
+        # was refused (PREEMPT then waits like EXPIRED).
+        self.gives_up_at = None if binding.wait is None else now + binding.wait
+        self.reason = Reason.LEASE_HELD
+        self.error: str | None = None
+        self.preempt_refused = False
 
     @property
     def holding(self) -> bool:

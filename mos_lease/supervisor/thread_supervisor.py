@@ -28,7 +28,7 @@ from mos_lease.supervisor.flow import (
     Attempt,
     Call,
     Collect,
-    IssueGrant,
+    IssueGrantCall,
     Release,
     Sleep,
     issue_grant,
@@ -169,7 +169,7 @@ class Supervisor(_Supervisor[ConnectorLeaseCoordinator]):
             drive.send(outcome_of(self._grant, call))
         return drive.result
 
-    def _grant(self, call: IssueGrant) -> GrantResult:
+    def _grant(self, call: IssueGrantCall) -> GrantResult:
         return self.coordinator.issue_grant(call.lease, scopes=call.scopes, ttl=call.ttl,
                                             correlation_id=call.correlation_id)
 

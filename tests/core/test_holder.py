@@ -714,6 +714,22 @@ def test_a_notice_wakes_a_waiter_and_ends_a_superseded_holder(live: Live) -> Non
     assert isinstance(loss, LeaseLoss) and loss.reason is Reason.STALE_EPOCH
 
 
+def test_a_notice_whose_read_shows_the_held_epoch_released_ends_the_holding(live: Live) -> None:
+    """The notice-confirmed loss is the supervisor's rule (schedule.superseded): a read
+    after a notice that finds the held epoch released (an operator released it) is a loss,
+    as a newer epoch is."""
+    with hold(live.coordinator, IDENT, "conn-b", scopes=SCOPES, ttl=30,
+              timing=HoldTiming(clock_step=0)) as held:
+        assert live.rival.release(held.lease).ok  # released behind the holder's back
+        held._notice(IDENT, held.lease.epoch)  # its own epoch: not worth a read
+        time.sleep(0.05)
+        assert held.lost is None
+        held._notice(IDENT, held.lease.epoch + 1)  # a read is made: it shows the release
+        loss = held.wait_lost(2.0)
+        assert loss is not None and (loss.cause, loss.reason) == (LossCause.DENIED,
+                                                                  Reason.LEASE_RELEASED)
+
+
 # --- asyncio ----------------------------------------------------------------------------------
 
 
@@ -756,7 +772,7 @@ def test_async_loss_in_a_block_that_never_awaits_leaves_no_stray_cancellation() 
             async with hold(coordinator, IDENT, "conn-b", scopes=SCOPES, ttl=TTL,
                             cancel_on_loss=True, timing=HoldTiming(clock_step=0)) as held:
                 # A newer epoch confirmed by a read: loss, and the cancel, now.
-                held._lose_to(held.lease.epoch,
+                held._lose_to(held.lease,
                               view(LeaseState.ACTIVE, epoch=held.lease.epoch + 1))
         await asyncio.sleep(0.01)  # would raise CancelledError if the cancel were left
 
