@@ -3,7 +3,7 @@ what is due without looking at the others.
 
 A :class:`Timeline` is a binary heap of ``(time, slot)`` entries with *lazy deletion*: a slot
 whose time changes is pushed again, and its old entry stays where it is until it comes to
-the top, where :meth:`Timeline.valid` (given by the schedule) tells it is stale by the
+the top, where the validity test the schedule gives :class:`Timeline` tells it is stale by the
 slot's ``version``. Pushing is O(log n), and so is popping each due entry; an entry is
 dropped once, so the stale ones cost no more than the pushes that made them. When they
 outnumber the live ones the heap is rebuilt from the live ones (O(n), once per as many
