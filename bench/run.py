@@ -571,7 +571,7 @@ def _many_bindings(srv: PgServer, tenant: str, mode: Mode, args: argparse.Namesp
         progress("peers: redis-py Lock, PostgreSQL advisory locks and validate, "
                  f"{' and '.join(map(str, peers.CALLERS))} callers")
         beside = peers.run(dsn, f"{tenant}-peers", mode.peers, held.leases_per_s, args.redis,
-                           progress)
+                           progress, size.bindings)
     return held, beside
 
 
@@ -601,8 +601,10 @@ def _many_figures(report: Report, held: supervisor.Summary, beside: peers.PeerRe
 
     for key in beside.rates:
         side, op, callers, kind = key.split(":")
-        report.rows.append(Row("peers", f"{peers.SHORT[side, op]}, {callers} {kind}",
-                               beside.median(key), "ops/s"))
+        count = f"{int(callers):,} leases," if op == "renew" else callers
+        report.rows.append(Row("peers", f"{peers.SHORT[side, op]}, {count} {kind}",
+                               beside.median(key),
+                               "leases/s" if op == "renew" else "ops/s"))
     report.rows.append(Row("peers", "supervisor renewals", beside.supervisor_leases_per_s,
                            "leases/s"))
     if beside.redis_skipped is not None:
@@ -615,8 +617,10 @@ def _many_figures(report: Report, held: supervisor.Summary, beside: peers.PeerRe
         figures["validate_vs_redis_check"] = beside.validate_vs_redis_check
         by_kind = ", ".join(f"{k} {v:.2f}" for k, v in beside.validate_by_kind.items())
         report.notes.append(
-            "peers: renewal_vs_redis_extend = the supervisor's leases/s over the fastest "
-            "redis-py Lock.extend rate (1 or 32 callers, threads or tasks); "
+            "peers: renewal_vs_redis_extend = the slower supervisor's renewal ticks (leases/s, "
+            f"{held.bindings:,} leases, in the peers' rounds) over the fastest redis-py "
+            "Lock.extend of the same round (1 or 32 callers, threads or tasks), median of "
+            "per-round ratios; "
             f"validate_vs_redis_check = validate over Lock.owned at {max(peers.CALLERS)} "
             f"callers, the faster kind of each side (same kind: {by_kind})")
     report.notes.append("peers: what each side guarantees")
