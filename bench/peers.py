@@ -17,11 +17,15 @@ second over all callers:
   ``AsyncConnectorLeaseCoordinator`` over one ``AsyncPostgresLeaseStore``, and with threads on
   one ``ConnectorLeaseCoordinator`` over one ``PostgresLeaseStore`` (every validation rereads
   the lease row: one round trip each on the store's one connection, or fewer where the store
-  shares reads between callers); and the supervisor's leases renewed per second
+  shares reads between callers); the supervisors' whole renewal ticks (:func:`tick_cases`);
+  and, reported beside them, the supervisor's leases renewed per second in real time
   (``bench/supervisor.py``, measured by the caller of :func:`run`).
 
-Two ratios come out: ``renewal_vs_redis_extend``, the supervisor's leases renewed per second
-over the fastest ``Lock.extend`` rate measured (whichever caller count and client kind), and
+Two ratios come out: ``renewal_vs_redis_extend``, the leases renewed per second by whole
+renewal ticks of a ``Supervisor`` and an ``AsyncSupervisor`` (each holding the run's
+bindings, driven turn by turn as cases of the same rounds: the slower of the two) over the
+fastest ``Lock.extend`` rate of the same round (whichever caller count and client kind), the
+median of the per-round ratios, and
 ``validate_vs_redis_check``, validations per second at 32 callers over token checks per
 second at 32 callers (the faster client kind of each side, round by round; the median over
 rounds). Beside them, what each side guarantees: a faster answer that promises less is not
