@@ -133,6 +133,7 @@ class Schedule:
         if closing:
             self.closed.add(identity)
         slot.removed = True
+        slot.version += 1  # off every timeline
         state = slot.state
         if state is None or state.loss is not None:
             return None, []
@@ -226,6 +227,9 @@ class Schedule:
         come (when one renewal is due, the others of its window go with it), the
         campaigning slots whose try has come, and those with a confirming read asked for.
         The answer is the one a look at every slot would give, in registration order."""
+        live = len(self.slots)
+        for timeline in (self._deadlines, self._renewals, self._windows, self._tries):
+            timeline.compact(live)  # once a turn: the stale entries of the last one's changes
         changes: list[Change] = []
         for slot in sorted(self._deadlines.pop_until(now, keep=_busy), key=_order):
             changes += self._judge(slot, now)
@@ -330,9 +334,6 @@ class Schedule:
             self._tries.push(slot.try_at, slot)
         if slot.confirm:
             self._confirms.add(slot)
-        live = len(self.slots)
-        for timeline in (self._deadlines, self._renewals, self._windows, self._tries):
-            timeline.compact(live)
 
     def _judge(self, slot: Slot, now: float) -> list[Change]:
         state = slot.state
@@ -550,17 +551,20 @@ def _busy(slot: Slot) -> bool:
 
 # Whether a timeline's entry pushed at ``version`` still places ``slot`` there: the same
 # version (no change since), not removed, and in the state the timeline holds.
+# (A removed slot's version moves on as it is removed: its entries are all stale.)
 def _holding(slot: Slot, version: int) -> bool:
-    return version == slot.version and not slot.removed and slot.holding
+    return version == slot.version and (state := slot.state) is not None \
+        and state.loss is None
 
 
 def _free_holding(slot: Slot, version: int) -> bool:
-    return version == slot.version and not slot.removed and not slot.busy and slot.holding
+    return version == slot.version and not slot.busy and (state := slot.state) is not None \
+        and state.loss is None
 
 
 def _free_campaigning(slot: Slot, version: int) -> bool:
-    return version == slot.version and not slot.removed and not slot.busy \
-        and not slot.holding
+    return version == slot.version and not slot.busy \
+        and ((state := slot.state) is None or state.loss is not None)
 
 
 def _held(slot: Slot) -> KeeperState:

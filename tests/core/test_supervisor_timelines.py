@@ -267,6 +267,17 @@ class TimelineMachine(RuleBasedStateMachine):
         loss = LeaseLoss(LossCause.DENIED, Reason.LEASE_REPLACED, self.now)
         self.both(lambda s: s.reveal(ident(n), lease, loss))
 
+    @precondition(lambda self: any(isinstance(a, Renew) for a, _, _ in self.flying))
+    @rule(data=st.data())
+    def loss_revealed_in_flight(self, data: st.DataObject) -> None:
+        """A grant refused while the lease's renewal is in flight: the loss comes first."""
+        renewals = [a for a, _, _ in self.flying if isinstance(a, Renew)]
+        renew = data.draw(st.sampled_from(renewals))
+        k = data.draw(st.integers(0, len(renew.slots) - 1))
+        identity, lease = renew.slots[k].binding.identity, renew.leases[k]
+        loss = LeaseLoss(LossCause.DENIED, Reason.LEASE_REPLACED, self.now)
+        self.both(lambda s: s.reveal(identity, lease, loss))
+
     @invariant()
     def the_same_times(self) -> None:
         self.both(lambda s: s.earliest_deadline())
