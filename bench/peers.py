@@ -17,11 +17,15 @@ second over all callers:
   ``AsyncConnectorLeaseCoordinator`` over one ``AsyncPostgresLeaseStore``, and with threads on
   one ``ConnectorLeaseCoordinator`` over one ``PostgresLeaseStore`` (every validation rereads
   the lease row: one round trip each on the store's one connection, or fewer where the store
-  shares reads between callers); and the supervisor's leases renewed per second
+  shares reads between callers); the supervisors' whole renewal ticks (:func:`tick_cases`);
+  and, reported beside them, the supervisor's leases renewed per second in real time
   (``bench/supervisor.py``, measured by the caller of :func:`run`).
 
-Two ratios come out: ``renewal_vs_redis_extend``, the supervisor's leases renewed per second
-over the fastest ``Lock.extend`` rate measured (whichever caller count and client kind), and
+Two ratios come out: ``renewal_vs_redis_extend``, the leases renewed per second by whole
+renewal ticks of a ``Supervisor`` and an ``AsyncSupervisor`` (each holding the run's
+bindings, driven turn by turn as cases of the same rounds: the slower of the two) over the
+fastest ``Lock.extend`` rate of the same round (whichever caller count and client kind), the
+median of the per-round ratios, and
 ``validate_vs_redis_check``, validations per second at 32 callers over token checks per
 second at 32 callers (the faster client kind of each side, round by round; the median over
 rounds). Beside them, what each side guarantees: a faster answer that promises less is not
@@ -71,6 +75,7 @@ from mos_lease import (
     LeaseHandle,
     LeaseIdentity,
 )
+from mos_lease.supervisor import AsyncSupervisor, BindingLost, Change, Supervisor
 from mos_lease_pg import AsyncPostgresLeaseStore, PostgresLeaseStore
 
 if TYPE_CHECKING:  # imported where used: without redis-py, the rest of the run still runs
@@ -83,7 +88,7 @@ CALLERS = (1, 32)
 # Each case's name in bench/run.py's table, by (side, op).
 SHORT = {("redis", "extend"): "redis Lock.extend", ("redis", "check"): "redis Lock.owned",
          ("postgres", "check"): "advisory held?", ("postgres", "try_lock"): "advisory try+unlock",
-         ("ours", "validate"): "validate()"}
+         ("ours", "validate"): "validate()", ("ours", "renew"): "supervisor ticks"}
 DEFAULT_REDIS = "redis://127.0.0.1:6379/0"
 GRANT_TTL = 30  # the cap; grants are minted again before every round
 CONNECTOR = "bench-peer"
@@ -449,6 +454,90 @@ def our_cases(dsn: str, tenant: str, stack: ExitStack,
     return cases, refresh
 
 
+# --- the supervisor's renewal ticks, in the same rounds ---------------------------------
+
+
+class _TickClock:
+    """The supervisor's clock in the tick cases: moved a renewal interval on before each
+    turn, so that every turn is one whole renewal tick (every lease due). Renewing sooner
+    in real time than the ttl asks is safe (a deadline only moves later)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def _no_sleep(_seconds: float) -> None:
+    """A turn with nothing due returns at once: the cases move the clock themselves."""
+
+
+def tick_cases(dsn: str, tenant: str, bindings: int, stack: ExitStack,
+               runner: asyncio.Runner) -> list[Case]:
+    """A :class:`~mos_lease.supervisor.Supervisor` and an :class:`~mos_lease.supervisor.
+    AsyncSupervisor`, each holding ``bindings`` leases on a store of its own (one dedicated
+    connection), driven turn by turn: a case runs whole renewal ticks for its seconds and
+    counts the leases renewed, so the supervisor is measured in the same rounds as
+    ``Lock.extend`` (and under the same load), not minutes apart."""
+    interval = LEASE_TTL / 3  # the default renew_fraction, no jitter (the supervisor's)
+    lost: list[Change] = []
+
+    def tally(change: Change) -> None:
+        if isinstance(change, BindingLost):
+            lost.append(change)
+
+    names = [LeaseIdentity(tenant, f"tick-{i}", "main") for i in range(bindings)]
+    sync_clock, async_clock = _TickClock(), _TickClock()
+    store = stack.enter_context(PostgresLeaseStore(dsn))
+    sync = Supervisor(ConnectorLeaseCoordinator(store, AllowAllPolicy()), clock=sync_clock,
+                      sleep=lambda _s: None, background=False, on_change=tally)
+    stack.callback(sync.close)
+    for identity in names:
+        sync.add(identity, CONNECTOR, scopes=SCOPES, ttl=LEASE_TTL)
+    while sync.stats().bindings_held < bindings:
+        sync.turn()
+
+    async def open_async() -> AsyncSupervisor:
+        astore = AsyncPostgresLeaseStore(dsn)
+        supervisor = AsyncSupervisor(AsyncConnectorLeaseCoordinator(astore, AllowAllPolicy()),
+                                     clock=async_clock, sleep=_no_sleep,
+                                     background=False, on_change=tally)
+        stack.callback(lambda: runner.run(astore.aclose()))
+        stack.callback(lambda: runner.run(supervisor.close()))
+        for identity in [LeaseIdentity(tenant, f"atick-{i}", "main") for i in range(bindings)]:
+            supervisor.add(identity, CONNECTOR, scopes=SCOPES, ttl=LEASE_TTL)
+        while supervisor.stats().bindings_held < bindings:
+            await supervisor.turn()
+        return supervisor
+
+    tasks = runner.run(open_async())
+
+    def ticks(turn: Callable[[], object], clock: _TickClock,
+              renewed: Callable[[], int], seconds: float) -> tuple[int, float]:
+        before = renewed()
+        start = time.perf_counter()
+        while True:
+            clock.now += interval + 0.001
+            turn()
+            elapsed = time.perf_counter() - start
+            if elapsed >= seconds:
+                break
+        require(not lost, f"a binding was lost during the renewal ticks: {lost[:1]}")
+        return renewed() - before, elapsed
+
+    def async_turn() -> object:
+        return runner.run(tasks.turn())
+
+    return [
+        Case("ours", "renew", bindings, "threads", "supervisor renewal ticks",
+             functools.partial(ticks, sync.turn, sync_clock, lambda: sync.stats().leases_renewed)),
+        Case("ours", "renew", bindings, "tasks", "supervisor renewal ticks",
+             functools.partial(ticks, async_turn, async_clock,
+                               lambda: tasks.stats().leases_renewed)),
+    ]
+
+
 # --- the run -----------------------------------------------------------------------------
 
 
@@ -477,9 +566,12 @@ def guarantees(redis_line: str | None, pg_line: str) -> list[tuple[str, str, str
 
 
 def run(dsn: str, tenant: str, size: PeerSize, supervisor_leases_per_s: float,
-        redis_url: str, progress: Callable[[str], None]) -> PeerResult:
-    """Every case of every side present, ``size.rounds`` interleaved rounds; the
-    supervisor's rate is measured by the caller (``bench/supervisor.py``) in the same run."""
+        redis_url: str, progress: Callable[[str], None], bindings: int = 10_000
+        ) -> PeerResult:
+    """Every case of every side present, ``size.rounds`` interleaved rounds, the
+    supervisor's renewal ticks at ``bindings`` leases among them; the supervisor's rate of
+    ``bench/supervisor.py`` (real time) is measured by the caller in the same run and
+    reported beside them."""
     skipped = redis_absent(redis_url)
     if skipped is not None:
         progress(skipped)
@@ -497,6 +589,7 @@ def run(dsn: str, tenant: str, size: PeerSize, supervisor_leases_per_s: float,
         cases += advisory_cases(dsn, stack)
         ours, refresh = our_cases(dsn, tenant, stack, runner)
         cases += ours
+        cases += tick_cases(dsn, f"{tenant}-ticks", bindings, stack, runner)
         rates: dict[str, list[float]] = {case.key: [] for case in cases}
         refresh()
         for case in cases:  # warm-up: connections opened, statements prepared, scripts loaded
@@ -513,9 +606,15 @@ def run(dsn: str, tenant: str, size: PeerSize, supervisor_leases_per_s: float,
     result = PeerResult(rates, labels, skipped, guarantees(redis_line, postgres_durability(dsn)),
                         supervisor_leases_per_s, None, None, {})
     if skipped is None:
-        best_extend = max(result.median(f"redis:extend:{c}:{kind}")
-                          for c in CALLERS for kind in ("threads", "tasks"))
-        result.renewal_vs_redis_extend = supervisor_leases_per_s / best_extend
+        # Round by round: the slower supervisor's renewal ticks over the fastest
+        # Lock.extend (of 1 and 32 callers, threads and tasks) of the same round.
+        extends = [rates[f"redis:extend:{c}:{kind}"] for c in CALLERS
+                   for kind in ("threads", "tasks")]
+        ticks = [rates[f"ours:renew:{bindings}:{kind}"] for kind in ("threads", "tasks")]
+        result.renewal_vs_redis_extend = statistics.median(
+            min(ours) / max(theirs) for ours, theirs in zip(zip(*ticks, strict=True),
+                                                            zip(*extends, strict=True),
+                                                            strict=True))
         n = max(CALLERS)
         ours_best = [max(a, b) for a, b in zip(rates[f"ours:validate:{n}:threads"],
                                                rates[f"ours:validate:{n}:tasks"], strict=True)]
@@ -546,7 +645,8 @@ def report(result: PeerResult) -> list[str]:
     n = max(CALLERS)
     if result.renewal_vs_redis_extend is not None:
         lines.append(f"renewal_vs_redis_extend: {result.renewal_vs_redis_extend:.2f} (the "
-                     "supervisor's leases/s over the fastest Lock.extend rate above; target >= "
+                     "slower supervisor's renewal ticks over the fastest Lock.extend of the "
+                     "same round, median of per-round ratios; target >= "
                      f"{TARGETS['renewal_vs_redis_extend']:g})")
     if result.validate_vs_redis_check is not None:
         by_kind = ", ".join(f"{kind} {value:.2f}" for kind, value in
@@ -590,7 +690,7 @@ def main(argv: list[str] | None = None) -> int:
                 held = supervisor.run(dsn, attrs.evolve(size, asynchronous=False))
                 result = run(dsn, f"bench-peers-{secrets.token_hex(4)}",
                              QUICK if args.quick else FULL, held.leases_per_s, args.redis,
-                             progress)
+                             progress, size.bindings)
         finally:
             srv.stop()
     except (BenchError, CorrectnessError) as error:

@@ -1,7 +1,7 @@
 """mos-lease benchmark: the library against floors measured in the same run.
 
     python bench/run.py [--quick] [--json PATH] [--check] [--cpu N] [--no-pin]
-                        [--only stamps|single|peers|coalesce] [--redis URL]
+                        [--only stamps|single|peers|coalesce|requests|standby|turn] [--redis URL]
 
 Finds PostgreSQL exactly as the tests do (``MOS_LEASE_TEST_DSN``, then a trust-auth server on
 127.0.0.1:5432, testcontainers, a throwaway initdb cluster), works in throwaway databases it
@@ -46,6 +46,7 @@ import stamps
 import standby
 import supervisor
 import telemetry
+import turn_cost
 from common import BenchError, CorrectnessError, server, store_connection, throwaway_database
 from measure import Series, throughput_ratio
 from pinning import Pinning, pin
@@ -80,6 +81,7 @@ class Mode:
     coalesce_per_block: int = 960
     requests: gateway_requests.Size = attrs.field(factory=gateway_requests.Size)
     standby: tuple[int, float] = (10_000, 15.0)  # bindings, ttl (s)
+    turn_notices: int = 200  # notice-triggered turns sampled at each size (bench/turn_cost.py)
 
 
 FULL = Mode("full", single.FULL, contention_rounds=800, contention_blocks=8,
@@ -93,7 +95,7 @@ QUICK = Mode("quick", single.QUICK, contention_rounds=40, contention_blocks=4,
              notice_trials=5, audit_rows=20_000, audit_rounds=4, audit_per_round=100,
              supervisor=supervisor.QUICK_SIZE, peers=peers.QUICK, coalesce_rounds=2,
              coalesce_per_block=320, requests=gateway_requests.QUICK,
-             standby=(1_000, 6.0))
+             standby=(1_000, 6.0), turn_notices=50)
 
 
 @attrs.frozen
@@ -153,7 +155,7 @@ def measure_all(srv: PgServer, mode: Mode, args: argparse.Namespace,
     tenant = f"bench-{secrets.token_hex(4)}"
     if args.only == "peers":
         return _peers_only(report, srv, tenant, args, progress)
-    if args.only in ("coalesce", "requests", "standby"):
+    if args.only in ("coalesce", "requests", "standby", "turn"):
         return _only_section(srv, report, tenant, args.only, progress)
     with throwaway_database(srv, "mos_lease_bench") as dsn:
         with PostgresLeaseStore(dsn) as store:
@@ -389,6 +391,26 @@ def _other_figures(report: Report, raced: contention.ContentionResult,
         f"(growth {memory.growth_mib:+.2f} MiB); live grants left: {memory.live_after}")
 
 
+def _turn_cost(mode: Mode, progress: Callable[[str], None]) -> turn_cost.TurnCostResult:
+    progress("supervisor turn: CPU of a notice-triggered turn at 1,000 and 10,000 bindings "
+             "(in-memory store)")
+    return turn_cost.run(notices=mode.turn_notices)
+
+
+def _turn_figures(report: Report, turned: turn_cost.TurnCostResult) -> None:
+    report.figures["turn_cpu_10k_vs_1k"] = turned.ratio
+    report.rows.append(Row("turn", f"notice-triggered, {turned.small:,} bindings",
+                           1e3 / turned.small_ms, "turns/CPU-s"))
+    report.rows.append(Row("turn", f"notice-triggered, {turned.large:,} bindings",
+                           1e3 / turned.large_ms, "turns/CPU-s",
+                           ratios=f"{turned.ratio:.2f}x the CPU at {turned.small:,}"))
+    report.notes.append(
+        f"supervisor turn: median CPU of a notice-triggered turn (one binding's read, then "
+        f"the turn that sleeps), {turned.notices} notices at each size: "
+        f"{turned.small_ms:.3f} ms at {turned.small:,} bindings, {turned.large_ms:.3f} ms at "
+        f"{turned.large:,}")
+
+
 def _telemetry_figures(report: Report, hooked: telemetry.TelemetryResult) -> None:
     report.figures["telemetry_overhead_validate"] = hooked.ratio
     s = hooked.series
@@ -475,12 +497,14 @@ def _coalesce(dsn: str, tenant: str, mode: Mode,
 
 def _only_section(srv: PgServer, report: Report, tenant: str, only: str,
                   progress: Callable[[str], None]) -> Report:
-    """``--only coalesce``, ``requests`` or ``standby``: that section alone."""
+    """``--only coalesce``, ``requests``, ``standby`` or ``turn``: that section alone."""
     if only == "coalesce":
         with throwaway_database(srv, "mos_lease_bench_coalesce") as dsn:
             _coalesce_figures(report, _coalesce(dsn, tenant, report.mode, progress))
     elif only == "requests":
         _requests_figures(report, _requests(report.mode, progress))
+    elif only == "turn":
+        _turn_figures(report, _turn_cost(report.mode, progress))
     else:
         _standby_figures(report, srv, report.mode, progress)
     report.partial = True
@@ -489,8 +513,10 @@ def _only_section(srv: PgServer, report: Report, tenant: str, only: str,
 
 def _last_sections(report: Report, srv: PgServer, tenant: str, mode: Mode,
                    args: argparse.Namespace, progress: Callable[[str], None]) -> None:
-    """Coalesced validation, a gateway's requests end to end, then the supervisor and its
-    peers, each in a database of its own, and the load average at the end of the run."""
+    """A supervisor turn's CPU (no database), coalesced validation, a gateway's requests end
+    to end, then the supervisor and its peers, each in a database of its own, and the load
+    average at the end of the run."""
+    _turn_figures(report, _turn_cost(mode, progress))
     with throwaway_database(srv, "mos_lease_bench_coalesce") as dsn:
         _coalesce_figures(report, _coalesce(dsn, f"{tenant}-c", mode, progress))
     _requests_figures(report, _requests(mode, progress))
@@ -545,7 +571,7 @@ def _many_bindings(srv: PgServer, tenant: str, mode: Mode, args: argparse.Namesp
         progress("peers: redis-py Lock, PostgreSQL advisory locks and validate, "
                  f"{' and '.join(map(str, peers.CALLERS))} callers")
         beside = peers.run(dsn, f"{tenant}-peers", mode.peers, held.leases_per_s, args.redis,
-                           progress)
+                           progress, size.bindings)
     return held, beside
 
 
@@ -575,8 +601,10 @@ def _many_figures(report: Report, held: supervisor.Summary, beside: peers.PeerRe
 
     for key in beside.rates:
         side, op, callers, kind = key.split(":")
-        report.rows.append(Row("peers", f"{peers.SHORT[side, op]}, {callers} {kind}",
-                               beside.median(key), "ops/s"))
+        count = f"{int(callers):,} leases," if op == "renew" else callers
+        report.rows.append(Row("peers", f"{peers.SHORT[side, op]}, {count} {kind}",
+                               beside.median(key),
+                               "leases/s" if op == "renew" else "ops/s"))
     report.rows.append(Row("peers", "supervisor renewals", beside.supervisor_leases_per_s,
                            "leases/s"))
     if beside.redis_skipped is not None:
@@ -589,8 +617,10 @@ def _many_figures(report: Report, held: supervisor.Summary, beside: peers.PeerRe
         figures["validate_vs_redis_check"] = beside.validate_vs_redis_check
         by_kind = ", ".join(f"{k} {v:.2f}" for k, v in beside.validate_by_kind.items())
         report.notes.append(
-            "peers: renewal_vs_redis_extend = the supervisor's leases/s over the fastest "
-            "redis-py Lock.extend rate (1 or 32 callers, threads or tasks); "
+            "peers: renewal_vs_redis_extend = the slower supervisor's renewal ticks (leases/s, "
+            f"{held.bindings:,} leases, in the peers' rounds) over the fastest redis-py "
+            "Lock.extend of the same round (1 or 32 callers, threads or tasks), median of "
+            "per-round ratios; "
             f"validate_vs_redis_check = validate over Lock.owned at {max(peers.CALLERS)} "
             f"callers, the faster kind of each side (same kind: {by_kind})")
     report.notes.append("peers: what each side guarantees")
@@ -665,13 +695,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--no-pin", action="store_true",
                         help="do not pin the single-connection comparisons to one core")
     parser.add_argument("--only", choices=["stamps", "single", "peers", "coalesce", "requests",
-                                           "standby"],
+                                           "standby", "turn"],
                         default=None,
                         help="run one comparison only (stamps: what the stamp checks cost "
                         "per write; single: validate and the writes, pinned and "
                         "cross-core; peers: the supervisor holding many bindings, then "
                         "redis-py's Lock and PostgreSQL advisory locks beside it; coalesce: "
-                        "validations at 1, 8 and 32 concurrent callers), at the mode's counts")
+                        "validations at 1, 8 and 32 concurrent callers; turn: the CPU of a "
+                        "notice-triggered supervisor turn at 1,000 and 10,000 bindings), at "
+                        "the mode's counts")
     parser.add_argument("--redis", default=os.environ.get("MOS_LEASE_BENCH_REDIS",
                                                           peers.DEFAULT_REDIS),
                         help="the Redis the peers section measures (skipped when none "

@@ -143,21 +143,21 @@ def turn_failed(core: Core, error: Exception) -> None:
     the next turn judges their deadlines and calls for them again."""
     log.error("mos_lease: supervisor turn failed: %r", error)
     with core.lock:
-        _unclaim(list(core.schedule.slots.values()))
-        _unclaim_confirms(list(core.confirming))
+        _unclaim(core, list(core.schedule.slots.values()))
+        _unclaim_confirms(core, list(core.confirming))
 
 
-def _unclaim(slots: list[Slot]) -> None:
+def _unclaim(core: Core, slots: list[Slot]) -> None:
     """Calls planned but not made: their slots are free for the next turn."""
     for slot in slots:
-        slot.busy = False
+        core.schedule.free(slot)
 
 
-def _unclaim_confirms(slots: list[Slot]) -> None:
+def _unclaim_confirms(core: Core, slots: list[Slot]) -> None:
     """Confirming reads planned but not made: the next turn plans them again (their
     confirmer turns are still running, so nothing else would)."""
     for slot in slots:
-        slot.busy, slot.confirm = False, True
+        core.schedule.free(slot, confirm=True)
 
 
 def turn(core: Core, in_flight: int = 1) -> Flow:
@@ -221,9 +221,9 @@ def _renewals(core: Core, due: Due, in_flight: int) -> Generator[Call, Any, bool
     if closed_at is None:
         return True
     with core.lock:
-        _unclaim([s for later in due.renewals[closed_at:] for s in later.slots])
-        _unclaim([call.slot for call in due.campaigns])
-        _unclaim_confirms([call.slot for call in due.confirms])
+        _unclaim(core, [s for later in due.renewals[closed_at:] for s in later.slots])
+        _unclaim(core, [call.slot for call in due.campaigns])
+        _unclaim_confirms(core, [call.slot for call in due.confirms])
     return False
 
 
@@ -277,8 +277,8 @@ def _campaign(core: Core, calls: list[Campaign | Confirm]) -> Flow:
             if core.closing or started >= urgent_at:
                 # Renewals first: the rest waits for the next turn.
                 rest = [c for later in planned[k:] for c in later]
-                _unclaim_confirms([c.slot for c in rest if isinstance(c, Confirm)])
-                _unclaim([c.slot for c in rest if not isinstance(c, Confirm)])
+                _unclaim_confirms(core, [c.slot for c in rest if isinstance(c, Confirm)])
+                _unclaim(core, [c.slot for c in rest if not isinstance(c, Confirm)])
                 return
         timeout = min(earliest - started, MAX_CALL)
         answer = yield Attempt(batch, max(timeout, 0.0))

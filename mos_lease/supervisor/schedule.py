@@ -19,6 +19,7 @@ are in :mod:`~mos_lease.supervisor.slots` (the bindings, their slots and the cal
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 from collections.abc import Callable, Sequence
@@ -59,6 +60,7 @@ from mos_lease.supervisor.slots import (
     Slot,
     Takeover,
 )
+from mos_lease.supervisor.timeline import Timeline
 from mos_lease.vocabulary import LeaseState, Reason
 
 log = logging.getLogger("mos_lease.supervisor")
@@ -92,6 +94,18 @@ class Schedule:
         # The bindings dropped while the supervisor closed: asked about, they hold nothing
         # (a status request during shutdown sees None), unlike an identity never added.
         self.closed: set[LeaseIdentity] = set()
+        self._order = itertools.count()
+        # The timelines a turn finds what is due on (mos_lease.supervisor.timeline), so that
+        # it costs what is due in it, not the number of bindings: the held leases by local
+        # deadline (busy ones too: a call in flight is bounded by them), the free held ones
+        # by renewal and by the start of their coalescing window, the free campaigning ones
+        # by their next try; and the slots a confirming read was asked for. Every change to
+        # a slot's times goes through _index (its old entries go stale).
+        self._deadlines = Timeline(_holding)
+        self._renewals = Timeline(_free_holding)
+        self._windows = Timeline(_free_holding)
+        self._tries = Timeline(_free_campaigning)
+        self._confirms: set[Slot] = set()
 
     def __len__(self) -> int:
         return len(self.slots)
@@ -101,8 +115,16 @@ class Schedule:
     def add(self, binding: Binding, now: float) -> Slot:
         if binding.identity in self.slots:
             raise InvalidInput("identity", "is already supervised; remove it first")
-        slot = self.slots[binding.identity] = Slot(binding, now)
+        slot = self.slots[binding.identity] = Slot(binding, now, next(self._order))
+        self._index(slot)
         return slot
+
+    def free(self, slot: Slot, *, confirm: bool = False) -> None:
+        """A call planned for ``slot`` was not made: the slot is free for the next turn (and
+        its confirming read, if ``confirm``, is planned again)."""
+        slot.busy = False
+        slot.confirm |= confirm
+        self._index(slot)
 
     def remove(self, identity: LeaseIdentity, now: float, *, closing: bool = False
                ) -> tuple[LeaseHandle | None, list[Change]]:
@@ -116,6 +138,7 @@ class Schedule:
         if closing:
             self.closed.add(identity)
         slot.removed = True
+        slot.version += 1  # off every timeline
         state = slot.state
         if state is None or state.loss is not None:
             return None, []
@@ -145,7 +168,9 @@ class Schedule:
                 or state.lease.lease_id != lease.lease_id:
             return []
         slot.state = lose(state, loss)
-        return [self._lost(slot)]
+        changes = [self._lost(slot)]
+        self._index(slot)
+        return changes
 
     def loss(self, identity: LeaseIdentity) -> LeaseLoss | None:
         """The binding's last loss, if it holds no lease now (``None`` otherwise, or if it
@@ -185,6 +210,7 @@ class Schedule:
         if at >= slot.try_at:
             return False
         slot.try_at = at
+        self._index(slot)
         return True
 
     def notice(self, identity: LeaseIdentity) -> Slot | None:
@@ -193,33 +219,43 @@ class Schedule:
         slot = self.slots.get(identity)
         if slot is not None:
             slot.confirm = True
+            self._confirms.add(slot)
         return slot
 
     # -- deciding -----------------------------------------------------------------------------
 
     def due(self, now: float) -> Due:
-        """The calls due at ``now`` (their slots are marked busy) and the losses found."""
+        """The calls due at ``now`` (their slots are marked busy) and the losses found.
+
+        Only the slots with something due are looked at, found on the timelines: the free
+        held leases whose deadline has passed (lost), whose renewal or coalescing window has
+        come (when one renewal is due, the others of its window go with it), the
+        campaigning slots whose try has come, and those with a confirming read asked for.
+        The answer is the one a look at every slot would give, in registration order."""
+        live = len(self.slots)
+        for timeline in (self._deadlines, self._renewals, self._windows, self._tries):
+            timeline.compact(live)  # once a turn: the stale entries of the last one's changes
         changes: list[Change] = []
+        for slot in sorted(self._deadlines.pop_until(now, keep=_busy), key=_order):
+            changes += self._judge(slot, now)
+            if slot.holding:  # not expected (its deadline has passed): keep it indexed
+                self._index(slot)
+        # Whether a renewal is strictly due: only then do the early ones go too.
+        renewing = self._renewals.first() <= now
+        looked = set(self._tries.pop_until(now))  # the slots lost above among them
+        if renewing:
+            looked.update(self._windows.pop_until(now))
+        confirming = [slot for slot in self._confirms if slot.confirm and not slot.removed]
+        looked.update(slot for slot in confirming if not slot.busy)
         campaigns: list[Campaign] = []
         confirms: list[Confirm] = []
         noticed: list[Slot] = []  # held, with a confirming read asked for
         groups: dict[float, list[Slot]] = {}
-        wake_at = math.inf
-        renewing = False
-        for slot in self.slots.values():
-            if slot.busy:
-                continue
-            changes += self._judge(slot, now)
+        for slot in sorted(looked, key=_order):
             state = slot.state
             if state is not None and state.loss is None:
-                timing = slot.binding.timing
-                early = self._coalesce * timing.ttl * timing.renew_fraction
-                if now >= state.renew_at or (state.failures == 0
-                                             and now >= state.renew_at - early):
-                    groups.setdefault(timing.ttl, []).append(slot)
-                    renewing |= now >= state.renew_at
-                else:
-                    wake_at = min(wake_at, state.renew_at)
+                if renewing and now >= self._window(slot, state):
+                    groups.setdefault(slot.binding.timing.ttl, []).append(slot)
                 if slot.confirm:
                     noticed.append(slot)
             elif slot.confirm:
@@ -228,21 +264,18 @@ class Schedule:
                 confirms.append(Confirm(slot, None))
             elif now >= slot.try_at:
                 campaigns.append(self._campaign(slot))
-            else:
-                wake_at = min(wake_at, slot.try_at)
         renewals: list[Renew] = []
-        if renewing:
-            for ttl, members in groups.items():
-                for first in range(0, len(members), BATCH):
-                    batch = tuple(members[first:first + BATCH])
-                    for slot in batch:
-                        slot.busy = True
-                    renewals.append(Renew(batch, tuple(_held(s).lease for s in batch), ttl,
-                                          math.inf, now))
-        else:  # nothing strictly due: the early ones wait for the first that is
-            for members in groups.values():
-                for slot in members:
-                    wake_at = min(wake_at, _held(slot).renew_at)
+        for ttl, members in groups.items():
+            for first in range(0, len(members), BATCH):
+                batch = tuple(members[first:first + BATCH])
+                for slot in batch:
+                    slot.busy = True
+                renewals.append(Renew(batch, tuple(_held(s).lease for s in batch), ttl,
+                                      math.inf, now))
+        # The next renewal of the held leases left free (the early ones wait for the first
+        # that is strictly due); a held one with a confirming read counts, as it is only
+        # made busy below.
+        wake_at = self._renewals.first()
         # A lease renewed in this tick is confirmed on the next one (the slot is busy now):
         # the renewal comes first, and its answer may already settle the question.
         confirms += [Confirm(slot, _held(slot).lease) for slot in noticed if not slot.busy]
@@ -250,23 +283,24 @@ class Schedule:
             call.slot.busy = True
         for confirm in confirms:
             confirm.slot.busy, confirm.slot.confirm = True, False
+        self._confirms = {slot for slot in confirming if slot.confirm}
+        # The next try of the campaigning slots left free.
+        wake_at = min(wake_at, self._tries.first())
         return Due(changes, renewals, campaigns, wake_at, confirms)
 
     def earliest_deadline(self) -> float:
         """The earliest local deadline of the held leases (``inf`` if none is held): how
         long any call may keep the driver waiting."""
-        return min((s.state.deadline for s in self.slots.values()
-                    if s.state is not None and s.state.loss is None), default=math.inf)
+        return self._deadlines.first()
 
     def limits(self, renewals: Sequence[Renew]) -> tuple[float, list[float]]:
         """For a tick sending ``renewals``: the earliest deadline of the held leases outside
         them, and of each batch's. The time limit of batch ``k`` is the least of the first,
         of the batches from ``k`` on, and of the leases of earlier batches that are still
-        held (see :meth:`deadlines`): one pass for the tick, not one per batch."""
-        claimed = {id(slot) for renew in renewals for slot in renew.slots}
-        rest = min((s.state.deadline for s in self.slots.values()
-                    if id(s) not in claimed and s.state is not None and s.state.loss is None),
-                   default=math.inf)
+        held (see :meth:`deadlines`): one pass over the tick's leases, not one per batch,
+        and none over the others."""
+        claimed = {slot for renew in renewals for slot in renew.slots}
+        rest = self._deadlines.first_except(claimed.__contains__)
         return rest, [self.deadlines(renew.slots) for renew in renewals]
 
     @staticmethod
@@ -278,9 +312,33 @@ class Schedule:
 
     def urgent_at(self) -> float:
         """When the next renewal or deadline of a held lease comes (``inf`` if none)."""
-        return min((min(s.state.renew_at, s.state.deadline) for s in self.slots.values()
-                    if not s.busy and s.state is not None and s.state.loss is None),
-                   default=math.inf)
+        return min(self._renewals.first(), self._deadlines.first_except(_busy))
+
+    def _window(self, slot: Slot, state: KeeperState) -> float:
+        """When ``state``'s renewal may join a batch: up to :data:`COALESCE` of its renewal
+        interval early, unless it is a retry (due at its own time)."""
+        if state.failures:
+            return state.renew_at
+        timing = slot.binding.timing
+        return state.renew_at - self._coalesce * timing.ttl * timing.renew_fraction
+
+    def _index(self, slot: Slot) -> None:
+        """Put ``slot`` on the timelines its state belongs on, after any change to it: its
+        old entries go stale (a new version). A busy slot is only on the deadlines (if
+        held); it is indexed again when its call is judged or given back (:meth:`free`)."""
+        slot.version += 1
+        if slot.removed:
+            return
+        state = slot.state
+        if state is not None and state.loss is None:
+            self._deadlines.push(state.deadline, slot)
+            if not slot.busy:
+                self._renewals.push(state.renew_at, slot)
+                self._windows.push(self._window(slot, state), slot)
+        elif not slot.busy:
+            self._tries.push(slot.try_at, slot)
+        if slot.confirm:
+            self._confirms.add(slot)
 
     def _judge(self, slot: Slot, now: float) -> list[Change]:
         state = slot.state
@@ -290,7 +348,9 @@ class Schedule:
         if not isinstance(action, ReportLoss):
             return []
         slot.state = lose(state, action.loss)
-        return [self._lost(slot)]
+        changes = [self._lost(slot)]
+        self._index(slot)
+        return changes
 
     def _lost(self, slot: Slot) -> Change:
         """Report the recorded loss; campaign again at once (unless removed): reading the
@@ -332,7 +392,9 @@ class Schedule:
             state = slot.state
             if slot.removed or state is None or state.loss is not None \
                     or state.lease is not call.leases[k]:
-                continue  # removed, or lost while the call was in flight: nothing to undo
+                # Removed, or lost while the call was in flight: nothing to undo (free again).
+                self._index(slot)
+                continue
             if outcome is None:  # abandoned at the batch's limit
                 new = abandoned(state, slot.binding.timing, started, finished, limit,
                                 self._draw())
@@ -353,6 +415,7 @@ class Schedule:
             slot.state = new
             if new.loss is not None:
                 changes.append(self._lost(slot))
+            self._index(slot)
         return changes
 
     def campaigned(self, call: Campaign, outcome: LeaseResult | HolderView | BaseException
@@ -362,6 +425,14 @@ class Schedule:
         its result (a :class:`LeaseResult`, a :class:`HolderView` or ``None`` for a read),
         or the exception it raised. Returns the changes and a lease won for a binding
         removed meanwhile, which the driver must release."""
+        try:
+            return self._campaigned(call, outcome, started, finished)
+        finally:
+            self._index(call.slot)
+
+    def _campaigned(self, call: Campaign, outcome: LeaseResult | HolderView | BaseException
+                    | None, started: float, finished: float
+                    ) -> tuple[list[Change], LeaseHandle | None]:
         slot = call.slot
         slot.busy = False
         won = (outcome.lease if isinstance(outcome, LeaseResult) and outcome.ok else None)
@@ -404,6 +475,13 @@ class Schedule:
         view: a released or expired lease is taken over at once, an active one waited for).
         While campaigning the view is the campaign's next look. A read that failed confirms
         nothing: the renewals, or the campaign, go on as they were."""
+        try:
+            return self._confirmed(call, outcome, finished)
+        finally:
+            self._index(call.slot)
+
+    def _confirmed(self, call: Confirm, outcome: HolderView | BaseException | None,
+                   finished: float) -> list[Change]:
         slot = call.slot
         slot.busy = False
         if slot.removed or isinstance(outcome, BaseException):
@@ -501,6 +579,32 @@ def superseded(held: LeaseHandle, view: HolderView | None, at: float) -> LeaseLo
         return LeaseLoss(LossCause.DENIED, Reason.LEASE_RELEASED, at,
                          "read after a notice: released")
     return None
+
+
+def _order(slot: Slot) -> int:
+    return slot.order
+
+
+def _busy(slot: Slot) -> bool:
+    return slot.busy
+
+
+# Whether a timeline's entry pushed at ``version`` still places ``slot`` there: the same
+# version (no change since), not removed, and in the state the timeline holds.
+# (A removed slot's version moves on as it is removed: its entries are all stale.)
+def _holding(slot: Slot, version: int) -> bool:
+    return version == slot.version and (state := slot.state) is not None \
+        and state.loss is None
+
+
+def _free_holding(slot: Slot, version: int) -> bool:
+    return version == slot.version and not slot.busy and (state := slot.state) is not None \
+        and state.loss is None
+
+
+def _free_campaigning(slot: Slot, version: int) -> bool:
+    return version == slot.version and not slot.busy \
+        and ((state := slot.state) is None or state.loss is not None)
 
 
 def _held(slot: Slot) -> KeeperState:

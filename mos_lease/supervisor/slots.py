@@ -46,14 +46,19 @@ class Slot:
     """One registered binding: either holding (``state`` without a loss) or campaigning
     (``step`` is tried at ``try_at``). ``busy`` while a call for it is in flight; ``confirm``
     while a notice's confirming read waits for its turn. Compared by identity: a call whose
-    slot was removed (or replaced by a new registration) is stale."""
+    slot was removed (or replaced by a new registration) is stale. ``order`` is its place
+    among the registrations (the schedule answers in that order), ``version`` counts the
+    changes the schedule's timelines have seen (:mod:`~mos_lease.supervisor.timeline`: an
+    entry of an older version is stale)."""
 
     __slots__ = ("binding", "busy", "confirm", "error", "failures", "gives_up_at", "hinted",
-                 "looked", "observed", "preempt_refused", "reason", "removed", "seen", "state",
-                 "step", "try_at")
+                 "looked", "observed", "order", "preempt_refused", "reason", "removed", "seen",
+                 "state", "step", "try_at", "version")
 
-    def __init__(self, binding: Binding, now: float) -> None:
+    def __init__(self, binding: Binding, now: float, order: int = 0) -> None:
         self.binding = binding
+        self.order = order
+        self.version = 0
         self.state: KeeperState | None = None  # the held lease (until lost)
         # A new binding reads its holder first, as after a loss: a binding held elsewhere
         # costs no write and no audit row, and the ones never held are then acquired
