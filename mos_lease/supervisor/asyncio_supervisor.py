@@ -18,6 +18,7 @@ from typing import Any
 
 from mos_lease.bounded import abandon, bounded_async, bounded_wait
 from mos_lease.coordinator import AsyncConnectorLeaseCoordinator
+from mos_lease.fleet.membership import Fleet
 from mos_lease.flowdrive import Drive, outcome_of_async
 from mos_lease.identity import LeaseIdentity
 from mos_lease.records import LeaseHandle
@@ -29,6 +30,7 @@ from mos_lease.supervisor.flow import (
     Attempt,
     Call,
     Collect,
+    FleetCall,
     IssueGrantCall,
     Release,
     Sleep,
@@ -58,11 +60,12 @@ class AsyncSupervisor(_Supervisor[AsyncConnectorLeaseCoordinator]):
                  clock: Callable[[], float] | None = None,
                  sleep: Callable[[float], Awaitable[object]] | None = None,
                  random: Callable[[], float] = _random.random,
-                 background: bool = True, notices: NoticeFeed | None = None) -> None:
+                 background: bool = True, notices: NoticeFeed | None = None,
+                 fleet: Fleet | None = None) -> None:
         self._wakeup = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop of the first add()
         super().__init__(coordinator, on_change=on_change, clock=clock, random=random,
-                         background=background, notices=notices)
+                         background=background, notices=notices, fleet=fleet)
         self._sleep = sleep if sleep is not None else self._wait_for_wakeup
         self._task: asyncio.Task[None] | None = None
         self._abandoned: set[asyncio.Future[Any]] = set()
@@ -133,6 +136,8 @@ class AsyncSupervisor(_Supervisor[AsyncConnectorLeaseCoordinator]):
             return await bounded_wait(call.ticket, call.timeout, self._abandoned)
         if isinstance(call, Attempt):
             return await self._bounded(self._campaign(call), call.timeout)
+        if isinstance(call, FleetCall):
+            return await self._bounded(call.run(self.coordinator), call.timeout)
         assert isinstance(call, Release)
         return await self._release(call.lease)
 

@@ -16,6 +16,7 @@ from typing import Any, Generic, TypeVar
 
 from mos_lease.coordinator import AsyncConnectorLeaseCoordinator, ConnectorLeaseCoordinator
 from mos_lease.errors import ConfigurationError
+from mos_lease.fleet.membership import Fleet, FleetStatus, Membership
 from mos_lease.identity import LeaseIdentity, check_id, check_identity, normalize_scopes
 from mos_lease.keeper import KeeperTiming, default_clock_step
 from mos_lease.metadata import check_metadata
@@ -59,7 +60,8 @@ class _Supervisor(Generic[C]):
                  on_change: Callable[[Change], object] | None = None,
                  clock: Callable[[], float] | None = None,
                  random: Callable[[], float] = _random.random,
-                 background: bool = True, notices: NoticeFeed | None = None) -> None:
+                 background: bool = True, notices: NoticeFeed | None = None,
+                 fleet: Fleet | None = None) -> None:
         if not isinstance(coordinator, self._kind):
             raise ConfigurationError(f"{type(self).__name__} needs a {self._kind.__name__}, "
                                      f"not {type(coordinator).__name__}")
@@ -72,12 +74,38 @@ class _Supervisor(Generic[C]):
         self._core = Core(clock if clock is not None else coordinator.monotonic, random,
                           on_change)
         self._background = background
+        if fleet is not None:
+            self._join(fleet)
         feed = check_feed(notices)
         self._core.schedule.noticed = feed is not None
         # One subscription for every binding, made last: a notice may come at once.
         self._notices = (None if feed is None
                          else SupervisorNotices(feed, self._core, self._wake_from_thread,
                                                 self._counts))
+
+    def _join(self, fleet: Fleet) -> None:
+        """Run ``fleet``'s member lease as one more binding, renewed in the batches of the
+        others, and gate every other binding's campaign by the fleet (:mod:`mos_lease.
+        supervisor.fleet`). The lease is campaigned for once the supervisor runs (its first
+        ``add()``, or ``turn()`` by hand)."""
+        if not isinstance(fleet, Fleet):
+            raise ConfigurationError(f"fleet must be a Fleet, not {type(fleet).__name__}")
+        member = _binding(self.coordinator.store, fleet.identity, fleet.member, (), fleet.ttl,
+                          {"jitter": 0.0}, fleet.metadata)
+        schedule = self._core.schedule
+        schedule.fleet = Membership(fleet)
+        schedule.add(member, self._core.clock())
+
+    def fleet_status(self) -> FleetStatus | None:
+        """What this member sees of its fleet (``None`` without ``fleet=``): the live
+        members, the bindings it holds and is preferred for, those without a holder, and
+        its hand-offs (:class:`~mos_lease.fleet.membership.FleetStatus`)."""
+        with self._core.lock:
+            schedule = self._core.schedule
+            if schedule.fleet is None:
+                return None
+            held = [slot.binding.identity for slot in schedule.slots.values() if slot.holding]
+            return schedule.fleet.status(held)
 
     def add(self, identity: LeaseIdentity, connector_id: str, *, scopes: object,
             ttl: float | timedelta, safety_margin: float | None = None,

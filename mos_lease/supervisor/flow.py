@@ -34,6 +34,7 @@ from mos_lease.keeper.calls import IssueGrantCall
 from mos_lease.records import LeaseHandle
 from mos_lease.results import GrantResult
 from mos_lease.sleep import Sleep
+from mos_lease.supervisor import fleet
 from mos_lease.supervisor.changes import Change
 from mos_lease.supervisor.schedule import BATCH, Schedule
 from mos_lease.supervisor.slots import (
@@ -47,8 +48,8 @@ from mos_lease.supervisor.slots import (
     Takeover,
 )
 
-__all__ = ["IN_FLIGHT", "OVERDUE", "Attempt", "Call", "Collect", "Core", "IssueGrantCall",
-           "Release", "Sleep", "batches", "issue_grant", "turn", "turn_failed"]
+__all__ = ["IN_FLIGHT", "OVERDUE", "Attempt", "Call", "Collect", "Core", "FleetCall",
+           "IssueGrantCall", "Release", "Sleep", "batches", "issue_grant", "turn", "turn_failed"]
 
 log = logging.getLogger("mos_lease.supervisor")
 
@@ -100,8 +101,9 @@ class Release:
     lease: LeaseHandle
 
 
-Call = Renew | Collect | Attempt | Release | Sleep
+Call = Renew | Collect | Attempt | Release | Sleep | fleet.FleetCall
 Flow = Generator[Call, Any, None]
+FleetCall = fleet.FleetCall
 
 
 class Core:
@@ -167,13 +169,16 @@ def turn(core: Core, in_flight: int = 1) -> Flow:
     with core.lock:
         now = core.clock()
         due = core.schedule.due(now)
+        members = fleet.reading(core)  # a fleet member's read of the member set is due
     core.report(due.changes)
-    if not due.renewals and not due.campaigns and not due.confirms:
+    if not due.renewals and not due.campaigns and not due.confirms and not members:
         # Nothing is due until then; the driver wakes earlier when a binding is added or on
         # close.
         yield Sleep(max(due.wake_at - now, 0.0))
         return
     if (yield from _renewals(core, due, max(in_flight, 1))):
+        if members:
+            yield from fleet.members(core, MAX_CALL)
         yield from _campaign(core, [*due.confirms, *due.campaigns])
 
 

@@ -18,6 +18,7 @@ from datetime import timedelta
 
 from mos_lease.bounded import Running, bounded, start
 from mos_lease.coordinator import ConnectorLeaseCoordinator
+from mos_lease.fleet.membership import Fleet
 from mos_lease.flowdrive import Drive, outcome_of
 from mos_lease.identity import LeaseIdentity
 from mos_lease.results import GrantResult, LeaseResult
@@ -28,6 +29,7 @@ from mos_lease.supervisor.flow import (
     Attempt,
     Call,
     Collect,
+    FleetCall,
     IssueGrantCall,
     Release,
     Sleep,
@@ -81,10 +83,11 @@ class Supervisor(_Supervisor[ConnectorLeaseCoordinator]):
                  clock: Callable[[], float] | None = None,
                  sleep: Callable[[float], object] | None = None,
                  random: Callable[[], float] = _random.random,
-                 background: bool = True, notices: NoticeFeed | None = None) -> None:
+                 background: bool = True, notices: NoticeFeed | None = None,
+                 fleet: Fleet | None = None) -> None:
         self._wakeup = threading.Event()
         super().__init__(coordinator, on_change=on_change, clock=clock, random=random,
-                         background=background, notices=notices)
+                         background=background, notices=notices, fleet=fleet)
         self._sleep = sleep if sleep is not None else self._wakeup.wait
         self._thread: threading.Thread | None = None
         self._renewals = _Renewals()
@@ -132,6 +135,9 @@ class Supervisor(_Supervisor[ConnectorLeaseCoordinator]):
         if isinstance(call, Attempt):
             return bounded(lambda: self._campaign(call), call.timeout,
                            name="mos-lease-supervisor-campaign")
+        if isinstance(call, FleetCall):
+            return bounded(lambda: call.run(self.coordinator), call.timeout,
+                           name="mos-lease-supervisor-fleet")
         assert isinstance(call, Release)
         self._counts.releases += 1
         try:
