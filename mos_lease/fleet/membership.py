@@ -42,7 +42,7 @@ from mos_lease.fleet.members import (
     member_metadata,
 )
 from mos_lease.fleet.placement import Placement, check_members, check_weight, place
-from mos_lease.identity import MAX_ID_LENGTH, LeaseIdentity, check_id
+from mos_lease.identity import LEASE_TTL_CAP, MAX_ID_LENGTH, LeaseIdentity, check_id
 from mos_lease.metadata import Metadata
 from mos_lease.results import HolderView
 from mos_lease.vocabulary import LeaseState
@@ -104,6 +104,9 @@ class Fleet:
         self.metadata: Metadata = member_metadata(endpoint, self.weight)
         self.grace: timedelta = check_grace("grace", grace)
         self.ttl: float = _seconds("ttl", ttl)
+        if self.ttl > LEASE_TTL_CAP.total_seconds():
+            raise InvalidInput("ttl", f"must be at most {LEASE_TTL_CAP.total_seconds():g} s, "
+                               "the lease cap")
         self.look: float = _seconds("look", look)
 
     @property
