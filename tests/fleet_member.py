@@ -1,8 +1,9 @@
 """One fleet member as an OS process, for the fleet tests and benchmark with real processes:
 a thread :class:`~mos_lease.supervisor.Supervisor` over PostgreSQL with notices, joined to a
-fleet, running ``count`` bindings of ``tenant``. The policy allows everything but preemption.
-SIGTERM closes it (its leases released, the others take them over) and it exits 0; SIGKILL is a crash. Every log record of WARNING
-or above goes to stderr, so a caller can show that none was logged.
+fleet, running ``count`` bindings of ``tenant``. The policy allows everything but
+preemption. SIGTERM closes it (its leases released, the others take them over) and it exits
+0; SIGKILL is a crash. Every log record of WARNING or above goes to stderr, so a caller can
+show that none was logged.
 
     python -m tests.fleet_member DSN FLEET NAME MEMBERS(comma-separated) TENANT COUNT \
         [TTL LOOK GRACE]
@@ -14,7 +15,6 @@ import logging
 import signal
 import sys
 import threading
-
 from datetime import timedelta
 
 from mos_lease import ConnectorLeaseCoordinator, LeaseIdentity
