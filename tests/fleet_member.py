@@ -26,7 +26,7 @@ from mos_lease_pg import LeaseNotices, PostgresLeaseStore
 # Everything allowed but taking over an active lease: a preemption the fleet asked for would
 # be refused and audited with the reason ``preemption_denied``, for the tests to find.
 NO_PREEMPTION = StaticConnectorPolicy([ConnectorRule(
-    "*", "*", "*", "*", frozenset({"tool:run"}), timedelta(minutes=5), timedelta(seconds=30),
+    "*", "*", "*", "*", ("tool:run",), timedelta(minutes=5), timedelta(seconds=30),
     preempt_active=False)])
 
 

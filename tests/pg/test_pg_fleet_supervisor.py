@@ -18,8 +18,9 @@ import pytest
 
 from mos_lease import ConnectorLeaseCoordinator, LeaseIdentity
 from mos_lease.fleet.membership import HANDOFF_PREFIX, Fleet
+from mos_lease.machine import ALLOW, PolicyVerdict
 from mos_lease.notice_confirmer import NoticeConfirmer
-from mos_lease.policy import ALLOW, PolicyRequest, PolicyVerdict
+from mos_lease.policy import PolicyRequest
 from mos_lease.supervisor import Change, Moved, Supervisor
 from mos_lease.vocabulary import LeaseState, LifecycleEvent, Outcome
 from mos_lease_pg import LeaseNotices
