@@ -487,6 +487,37 @@ def test_a_closing_asyncio_supervisor_answers_none_for_its_bindings() -> None:
     asyncio.run(main())
 
 
+def test_asyncio_close_waits_at_most_its_timeout_for_the_task_then_releases() -> None:
+    """A task that does not end when cancelled (its sleep swallows the cancellation) holds
+    ``close()`` up at most ``timeout`` seconds, as the thread supervisor's join does; the
+    leases are released all the same."""
+    async def main() -> None:
+        rig = AsyncRig(AsyncInMemoryLeaseStore)
+        stubborn: list[float] = []
+
+        async def sleep(seconds: float) -> None:
+            try:
+                await asyncio.sleep(min(seconds, 0.01))
+            except asyncio.CancelledError:
+                stubborn.append(seconds)
+                await asyncio.sleep(5.0)  # ends long after close() has given up on it
+                raise
+
+        supervisor = AsyncSupervisor(rig.coordinator, clock=rig.time, sleep=sleep,
+                                     random=lambda: 0.5)
+        supervisor.add(ident(0), "gw-a", scopes=SCOPES, ttl=TTL)
+        while supervisor.lease(ident(0)) is None:
+            await asyncio.sleep(0.01)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        await supervisor.close(timeout=0.2)
+        assert stubborn and 0.2 <= loop.time() - started < 4.0
+        row = (await rig.store.load(ident(0))).row
+        assert row is not None and row.released_at is not None
+
+    asyncio.run(main())
+
+
 def test_the_asyncio_supervisor_holds_renews_and_loses_one_binding() -> None:
     async def main() -> None:
         rig = AsyncRig(AsyncInMemoryLeaseStore)
