@@ -19,6 +19,9 @@ ALLOWED: dict[str, str] = {
     "mos_lease/coordinator.py": "the two facades and nothing else: the asyncio class, and the "
     "synchronous class tools/async_to_sync.py generates from it, kept in one file so that "
     "--check compares them",
+    "mos_lease/supervisor/runner.py": "the two supervisors and nothing else: the asyncio "
+    "class, and the thread class tools/async_to_sync.py generates from it, kept in one file "
+    "so that --check compares them (as the coordinator's facades)",
     "mos_lease/machine.py": "the protocol's state machine: the commands, the writes they plan "
     "and every decision on them, the functions specs/transitions.md tabulates and its table "
     "test reads from this one module",

@@ -103,8 +103,7 @@ def crash(supervisor: Supervisor) -> None:
     with supervisor._core.lock:
         supervisor._core.closing = True
     supervisor._wakeup.set()
-    assert supervisor._thread is not None
-    supervisor._thread.join(10)
+    supervisor._worker.stop(10)
 
 
 @pytest.fixture
