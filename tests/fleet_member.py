@@ -2,7 +2,8 @@
 a thread :class:`~mos_lease.supervisor.Supervisor` over PostgreSQL with notices, joined to a
 fleet, running ``count`` bindings of ``tenant``. The policy allows everything but
 preemption. SIGTERM closes it (its leases released, the others take them over) and it exits
-0; SIGKILL is a crash. Every log record of WARNING or above goes to stderr, so a caller can
+0; SIGKILL is a crash; SIGUSR1 prints the member's round trips, renewal ticks and held
+leases as a JSON line. Every log record of WARNING or above goes to stderr, so a caller can
 show that none was logged.
 
     python -m tests.fleet_member DSN FLEET NAME MEMBERS(comma-separated) TENANT COUNT \
@@ -11,6 +12,7 @@ show that none was logged.
 
 from __future__ import annotations
 
+import json
 import logging
 import signal
 import sys
@@ -36,7 +38,9 @@ def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                         format=f"{name} %(levelname)s %(name)s %(message)s")
     stop = threading.Event()
+    asked = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGUSR1, lambda *_: asked.set())
     with LeaseNotices(dsn) as notices:
         notices.listening.wait(10)
         store = PostgresLeaseStore(dsn)
@@ -48,7 +52,13 @@ def main(argv: list[str]) -> int:
             supervisor.add(LeaseIdentity(tenant, f"agent-{n}", "main"), name,
                            scopes=["tool:run"], ttl=ttl)
         print("started", flush=True)
-        stop.wait()
+        while not stop.wait(0.05):
+            if asked.is_set():  # SIGUSR1: what this member sent so far, as one JSON line
+                asked.clear()
+                stats = supervisor.stats()
+                print(json.dumps({"round_trips": sum(store.stats().round_trips.values()),
+                                  "renewal_ticks": stats.renewal_ticks,
+                                  "held": stats.bindings_held}), flush=True)
         supervisor.close()
         store.close()
     print("closed", flush=True)

@@ -158,7 +158,7 @@ class Membership:
         self._last_read = -math.inf
         self._anchor: tuple[datetime, float] | None = None  # (store time, monotonic) of a read
         self._connectors: dict[str, str] = {}  # live members' connector ids -> names
-        self._unheld: dict[LeaseIdentity, datetime] = {}
+        self._unheld: dict[LeaseIdentity, tuple[int, datetime]] = {}  # (epoch, since)
         self.handed = 0
 
     # -- the bindings placed --------------------------------------------------------------------
@@ -246,10 +246,7 @@ class Membership:
             self._unheld.pop(identity, None)
             seen = Held(self._connectors.get(view.connector_id), view.expires_at)
         else:
-            since = self._unheld.setdefault(identity, store_now)
-            if view is not None and view.state is LeaseState.EXPIRED:
-                since = min(since, view.expires_at)
-            seen = Unheld(since)
+            seen = Unheld(self._since(identity, view, store_now))
         decided = gate(self.placement, self.fleet.member, identity, seen, store_now,
                        self.fleet.grace)
         if decided.campaign:
@@ -262,6 +259,25 @@ class Membership:
         assert decided.next_look is not None  # in_grace: look again as it ends
         return max((decided.next_look - store_now).total_seconds(), 0.0)
 
+    def _since(self, identity: LeaseIdentity, view: HolderView | None, store_now: datetime
+               ) -> datetime:
+        """Since when ``identity`` has had no active lease: an expired lease's expiry; for
+        a released lease, or one never held, whose view does not say when, the first read
+        that found it so in this unheld stretch. The epoch names the stretch: a lease
+        released at epoch ``e`` is never active at ``e`` again (a takeover, at ``e + 1``,
+        is all that can follow), so a stretch remembered at another epoch is an older one
+        and starts again now. (Keyed by the identity alone, a binding this member held,
+        handed over and read again would look unheld since its first read long ago, and be
+        taken back at once.)"""
+        epoch = 0 if view is None else view.epoch
+        if view is not None and view.state is LeaseState.EXPIRED:
+            self._unheld[identity] = (epoch, view.expires_at)
+            return view.expires_at
+        known = self._unheld.get(identity)
+        if known is None or known[0] != epoch:
+            known = self._unheld[identity] = (epoch, store_now)
+        return known[1]
+
     def hand_offs(self, held: Iterable[LeaseIdentity]) -> dict[LeaseIdentity, str]:
         """The bindings of ``held`` the placement prefers to another live member, with that
         member (:func:`~mos_lease.fleet.gate.hand_offs`). None while this member is not
@@ -273,7 +289,8 @@ class Membership:
     def status(self, held: Iterable[LeaseIdentity]) -> FleetStatus:
         mine = self.placement.share(self.fleet.member)
         holding = set(held) - {self.identity}
-        unheld = [since for identity, since in self._unheld.items() if identity not in holding]
+        unheld = [since for identity, (_, since) in self._unheld.items()
+                  if identity not in holding]
         return FleetStatus(self.view, len(holding), len(mine), len(mine - holding),
                            len(unheld), min(unheld, default=None), self.handed)
 

@@ -27,9 +27,10 @@ from mos_lease import (
 )
 from mos_lease.clock import ManualClock
 from mos_lease.fleet.members import member_identity
-from mos_lease.fleet.membership import HANDOFF_PREFIX, Fleet
+from mos_lease.fleet.membership import HANDOFF_PREFIX, Fleet, Membership
+from mos_lease.results import HolderView
 from mos_lease.supervisor import AsyncSupervisor, BindingLost, Change, Moved, Supervisor
-from mos_lease.vocabulary import Outcome
+from mos_lease.vocabulary import LeaseState, Outcome
 from mos_lease_memory import AsyncInMemoryLeaseStore
 from tests.fleet_check import Watching, active_holder, epochs_step_by_one
 
@@ -146,6 +147,49 @@ def test_join_balances_and_hands_over_by_release_and_takeover() -> None:
     assert status.view.member("m2") is not None
     assert status.view.member("m2").endpoint == "m2:8443"  # type: ignore[union-attr]
     assert status.held == shares["m3"] and status.preferred_not_held == 0
+
+
+def test_a_join_moves_each_binding_once_after_members_that_started_together() -> None:
+    """Two members start together (each first campaigns with only itself in view, then
+    they hand over to each other); a third joins: every binding it moves is taken over once,
+    by its successor, and never taken back by the member that handed it over earlier and
+    remembers it unheld since its first read."""
+    run = Fleetrun()
+    run.start("m1")
+    run.start("m2")
+    run.run(TTL)
+    before = Counter(run.store.takeovers)
+    run.start("m3")
+    run.run(5)
+    shares = run.shares()
+    assert set(shares) == set(NAMES) and max(shares.values()) <= cap(90, 3), shares
+    moved = run.store.takeovers - before
+    assert moved and set(moved.values()) == {1}, moved
+    run.check_safety()
+
+
+def test_the_grace_period_counts_from_the_start_of_this_unheld_stretch() -> None:
+    """A binding first seen never held, then (unseen) held and released at epoch 2 a minute
+    later: its grace period starts at the read that found it released, not at the first
+    read (as it did when the start was remembered per identity: members took bindings handed
+    to another member at once, and the successor took them over a second time)."""
+    membership = Membership(Fleet("edge", "m1", members=["m1", "m2"], grace=GRACE))
+    for identity in BINDINGS:
+        membership.add(identity)
+    membership.read([HolderView(name, 1, LeaseState.ACTIVE, START + timedelta(seconds=10),
+                                START) for name in ("m1", "m2")], 0.0)
+    other = next(b for b in BINDINGS if membership.placement.preferred(b) == "m2")
+    assert membership.judge(other, None, 0.0) == GRACE  # never held: wait out the grace
+    later = START + timedelta(seconds=60)
+
+    def released(at: datetime) -> HolderView:
+        return HolderView("m2", 2, LeaseState.RELEASED, later - timedelta(seconds=5), at)
+
+    assert membership.judge(other, released(later), 60.0) == GRACE
+    assert membership.judge(other, released(later + timedelta(seconds=GRACE)),
+                            60.0 + GRACE) is None  # then campaign
+    expired = HolderView("m2", 3, LeaseState.EXPIRED, later, later + timedelta(seconds=1))
+    assert membership.judge(other, expired, 61.0) == GRACE - 1  # from the expiry itself
 
 
 def test_a_handed_over_binding_gives_no_new_grant_while_its_release_is_in_flight() -> None:
