@@ -205,9 +205,11 @@ class Membership:
         self._last_read = now
         self.read_at = now + self.fleet.look
 
-    def read(self, views: Sequence[HolderView | None], now: float) -> bool:
+    def read(self, views: Sequence[HolderView | None], now: float
+             ) -> frozenset[LeaseIdentity]:
         """Judge the member read's ``views`` (one per configured member, in the order of
-        :attr:`identities`), made at monotonic ``now``: whether the placement changed."""
+        :attr:`identities`), made at monotonic ``now``: the bindings the placement now
+        prefers to this member and did not before (those worth reading again at once)."""
         view = live_members(self.fleet.name, self.fleet.members, views)
         self.view = view
         if view.now is not None:
@@ -215,12 +217,13 @@ class Membership:
         self._connectors = {m.connector_id: m.name for m in view.members}
         weights = view.weights()
         if weights == self.placement.weights and not self._changed:
-            return False
+            return frozenset()
         self._changed = False
         placement = place(weights, self._bindings)
-        moved = placement.assignment() != self.placement.assignment()
+        me = self.fleet.member
+        gained = placement.share(me) - self.placement.share(me)
         self.placement = placement
-        return moved
+        return gained
 
     # -- deciding -------------------------------------------------------------------------------
 
@@ -254,7 +257,15 @@ class Membership:
         if isinstance(seen, Held):  # the gate's held or mine: look again at its expiry
             wait = max((seen.expires_at - store_now).total_seconds(), 0.0)
             if self.placement.is_preferred(identity, self.fleet.member):
-                wait = min(wait, self.fleet.look)
+                return min(wait, self.fleet.look)
+            if seen.holder is not None and seen.holder != self.fleet.member:
+                # Another live member renews it: its expiry will have moved on. The looks
+                # of all such bindings go out together, on the grid of ``look`` seconds,
+                # as a few batched reads instead of one per expiry. If that member dies,
+                # the member read that shows it gone brings the bindings it gives this
+                # member forward (read); the others are their new members' to take.
+                look = self.fleet.look
+                wait = math.ceil((now + wait) / look) * look - now
             return wait
         assert decided.next_look is not None  # in_grace: look again as it ends
         return max((decided.next_look - store_now).total_seconds(), 0.0)

@@ -197,7 +197,9 @@ class Schedule:
         is newer than the lease held (the notice of the supervisor's own takeover is not).
         What a notice says is never believed; this only saves reads."""
         slot = self.slots.get(identity)
-        if slot is None:
+        if slot is None or slot.handing:
+            # Being handed to another fleet member: its successor's takeover may come
+            # before this release's answer, and is no loss to confirm.
             return False
         return newer(None if not slot.holding or slot.state is None else slot.state.lease,
                      epoch)
@@ -239,9 +241,9 @@ class Schedule:
 
     def members_read(self, views: Sequence[HolderView | None] | BaseException, now: float
                      ) -> list[tuple[Slot, str]]:
-        """After the member read of the fleet: its views, or what it raised. If the placement
-        changed, the campaigning bindings read their holder again at once (one may be
-        preferred to this member now). Returns the held bindings to hand over, each with its
+        """After the member read of the fleet: its views, or what it raised. The campaigning
+        bindings the placement now prefers to this member read their holder again at once.
+        Returns the held bindings to hand over, each with its
         successor, marked busy and ``handing`` (:meth:`lease` answers ``None`` for them)."""
         fleet = self.fleet
         assert fleet is not None
@@ -249,12 +251,12 @@ class Schedule:
             log.warning("mos_lease: fleet member read failed: %r; trying again in %.3f s",
                         views, fleet.fleet.look)
             return []
-        if fleet.read(views, now):
-            for slot in self.slots.values():
-                if not slot.busy and not slot.holding and slot.step is ReadHolder \
-                        and slot.try_at > now:
-                    slot.try_at = now
-                    self._index(slot)
+        for identity in fleet.read(views, now):
+            slot = self.slots.get(identity)
+            if slot is not None and not slot.busy and not slot.holding \
+                    and slot.step is ReadHolder and slot.try_at > now:
+                slot.try_at = now
+                self._index(slot)
         held = [slot.binding.identity for slot in self.slots.values()
                 if slot.holding and not slot.busy]
         moves = []
