@@ -23,7 +23,7 @@ one per acquire and takeover, no takeover asked of an active lease (``preemption
 which the policy would write), and exactly one takeover per moved binding in each phase.
 ``handover_ms_p50`` is not measured: the public hand-off to a named member is not built.
 
-    python bench/fleet.py [--bindings N] [--json PATH]
+    python bench/fleet.py [--bindings N] [--json PATH]    (or bench/run.py --only fleet)
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ from mos_lease.fleet.members import FLEET_TENANT
 from mos_lease.keeper import KeeperTiming
 
 ROOT = Path(__file__).resolve().parents[1]
+BINDINGS = 10_000
 TTL, LOOK, GRACE = 10.0, 1.0, 5.0
 TENANT = "bench-fleet"
 FLEET = "edge"
@@ -260,7 +261,7 @@ def fleet_rows(fleet: Fleet, query: str) -> int:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--bindings", type=int, default=10_000)
+    parser.add_argument("--bindings", type=int, default=BINDINGS)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     os.environ.setdefault("PYTHONPATH", str(ROOT))
