@@ -52,6 +52,10 @@ MAX_MEMBERS: Final = 1_000
 RECOMPUTE_PAUSE: Final = 0.25
 """Seconds between placements while bindings are being added or removed: a gateway adding
 10,000 bindings one by one places them a few times, not 10,000 times."""
+EXPIRY_MARGIN: Final = 0.05
+"""Seconds after another member's lease would expire (as last read) that the member set is
+read again: a member that stopped renewing is seen gone at once, not up to a ``look``
+later. A live member's renewal has moved that expiry on by then, so this costs no read."""
 NOTICED_PAUSE: Final = 0.1
 """The least seconds between two member reads asked for by notices: a flood of notices about
 member leases costs at most ten reads a second."""
@@ -156,6 +160,7 @@ class Membership:
         self._changed = False  # bindings added or removed since the last placement
         self.read_at = -math.inf  # when the member set is read next
         self._last_read = -math.inf
+        self._expiry_read = math.inf  # when another member's lease would expire (+ margin)
         self._anchor: tuple[datetime, float] | None = None  # (store time, monotonic) of a read
         self._connectors: dict[str, str] = {}  # live members' connector ids -> names
         self._unheld: dict[LeaseIdentity, tuple[int, datetime]] = {}  # (epoch, since)
@@ -177,11 +182,13 @@ class Membership:
     # -- reading the member set -----------------------------------------------------------------
 
     def next_read(self) -> float:
-        """When the member set is read next: every ``look``, sooner (not more often than
+        """When the member set is read next: every ``look``; as another member's lease
+        would expire (:data:`EXPIRY_MARGIN`), if sooner; sooner (not more often than
         :data:`RECOMPUTE_PAUSE`) while bindings were added or removed."""
+        due = min(self.read_at, self._expiry_read)
         if self._changed:
-            return min(self.read_at, self._last_read + RECOMPUTE_PAUSE)
-        return self.read_at
+            return min(due, self._last_read + RECOMPUTE_PAUSE)
+        return due
 
     def noticed(self, identity: LeaseIdentity, now: float) -> bool:
         """A notice came for ``identity``: if it is a member lease of the fleet (a member
@@ -204,6 +211,7 @@ class Membership:
         """A member read starts at ``now``: the next is a ``look`` later."""
         self._last_read = now
         self.read_at = now + self.fleet.look
+        self._expiry_read = math.inf  # set again by what this read finds
 
     def read(self, views: Sequence[HolderView | None], now: float
              ) -> frozenset[LeaseIdentity]:
@@ -214,6 +222,10 @@ class Membership:
         self.view = view
         if view.now is not None:
             self._anchor = (view.now, now)
+            others = [m.expires_at for m in view.members if m.name != self.fleet.member]
+            if others:
+                self._expiry_read = now + EXPIRY_MARGIN + max(
+                    (min(others) - view.now).total_seconds(), 0.0)
         self._connectors = {m.connector_id: m.name for m in view.members}
         weights = view.weights()
         if weights == self.placement.weights and not self._changed:
