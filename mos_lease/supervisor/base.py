@@ -205,6 +205,14 @@ class _Supervisor(Generic[C]):
             self._notices.close()
         with self._core.lock:
             identities = list(self._core.schedule.slots)
+            fleet = self._core.schedule.fleet
+        if fleet is not None and fleet.identity in identities:
+            # A fleet member leaves last: while its bindings are released it is still a
+            # member, so the others wait (the grace period) rather than race for them; its
+            # own lease's release then moves the placement, and each other member takes
+            # the bindings it gains at once.
+            identities.remove(fleet.identity)
+            identities.append(fleet.identity)
         held: list[tuple[LeaseHandle, list[Change]]] = []
         for identity in identities:
             lease, changes = self._drop(identity)

@@ -221,7 +221,10 @@ class Schedule:
             return False
         if slot.step is not ReadHolder:
             return False  # an acquire or a takeover is due already
-        at = max(now, slot.looked + slot.binding.timing.max_backoff)
+        pause = slot.binding.timing.max_backoff
+        if self.fleet is not None:  # a hand-off to this member is awaited: read it sooner
+            pause = self.fleet.notice_pause(identity, pause)
+        at = max(now, slot.looked + pause)
         if at >= slot.try_at:
             return False
         slot.try_at = at
