@@ -207,12 +207,12 @@ class _Supervisor(Generic[C]):
             identities = list(self._core.schedule.slots)
             fleet = self._core.schedule.fleet
         if fleet is not None and fleet.identity in identities:
-            # A fleet member leaves last: while its bindings are released it is still a
-            # member, so the others wait (the grace period) rather than race for them; its
-            # own lease's release then moves the placement, and each other member takes
-            # the bindings it gains at once.
+            # A fleet member's own lease goes first: its release moves the others'
+            # placement at once, and each then takes the bindings it gains as their
+            # releases follow (a release notice of a binding preferred to a member is
+            # acted on at once), instead of waiting for the whole close.
             identities.remove(fleet.identity)
-            identities.append(fleet.identity)
+            identities.insert(0, fleet.identity)
         held: list[tuple[LeaseHandle, list[Change]]] = []
         for identity in identities:
             lease, changes = self._drop(identity)
