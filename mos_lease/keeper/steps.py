@@ -17,11 +17,10 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-from mos_lease import held_grant
+from mos_lease import events, held_grant
 from mos_lease.bounded import OVERDUE as _OVERDUE
 from mos_lease.errors import InvalidInput
-from mos_lease.events import Emitter, EventHook, RenewalRetry, Renewed, emitter
-from mos_lease.events import Lost as LostEvent
+from mos_lease.events import Emitter, EventHook, emitter
 from mos_lease.keeper.calls import (
     AcquireCall,
     HeartbeatCall,
@@ -162,13 +161,11 @@ class KeeperCore:
         if new.loss is not None:
             return  # reported by ``report``
         lease = new.lease
-        who = (lease.identity.tenant_id, lease.identity.logical_agent_id,
-               lease.identity.binding_id, lease.connector_id, lease.epoch)
         if isinstance(outcome, LeaseResult):
             log.debug("mos_lease: renewed %s connector=%s epoch=%d in %.3f s", lease.identity,
                       lease.connector_id, lease.epoch, duration)
             if self.emit is not None:
-                self.emit(Renewed(*who, duration))
+                self.emit(events.renewal(lease, duration))
             return
         delay = max(0.0, new.renew_at - finished)
         log.warning("mos_lease: renewal of %s connector=%s epoch=%d failed (attempt %d): "
@@ -176,7 +173,8 @@ class KeeperCore:
                     lease.identity, lease.connector_id, lease.epoch, new.failures,
                     new.last_error, delay, new.deadline - finished)
         if self.emit is not None:
-            self.emit(RenewalRetry(*who, type(outcome).__name__, new.failures, delay))
+            self.emit(events.renewal(lease, duration, type(outcome).__name__, new.failures,
+                                     delay))
 
     def report(self, loss: LeaseLoss) -> None:
         level = logging.INFO if loss.cause is LossCause.STOPPED else logging.WARNING
@@ -185,10 +183,7 @@ class KeeperCore:
                 None if state is None else state.lease.identity, loss.cause, loss.reason,
                 f" last error: {loss.error}" if loss.error else "")
         if self.emit is not None and state is not None:
-            lease = state.lease
-            self.emit(LostEvent(lease.identity.tenant_id, lease.identity.logical_agent_id,
-                                lease.identity.binding_id, lease.connector_id, lease.epoch,
-                                str(loss.cause), loss.reason))
+            self.emit(events.loss(state.lease, str(loss.cause), loss.reason))
         if self.on_lost is not None:
             try:
                 self.on_lost(loss)

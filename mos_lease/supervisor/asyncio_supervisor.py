@@ -18,6 +18,7 @@ from typing import Any
 
 from mos_lease.bounded import abandon, bounded_async, bounded_wait
 from mos_lease.coordinator import AsyncConnectorLeaseCoordinator
+from mos_lease.events import EventHook
 from mos_lease.flowdrive import Drive, outcome_of_async
 from mos_lease.identity import LeaseIdentity
 from mos_lease.records import LeaseHandle
@@ -58,11 +59,14 @@ class AsyncSupervisor(_Supervisor[AsyncConnectorLeaseCoordinator]):
                  clock: Callable[[], float] | None = None,
                  sleep: Callable[[float], Awaitable[object]] | None = None,
                  random: Callable[[], float] = _random.random,
-                 background: bool = True, notices: NoticeFeed | None = None) -> None:
+                 background: bool = True, notices: NoticeFeed | None = None,
+                 heartbeat_coordinator: AsyncConnectorLeaseCoordinator | None = None,
+                 on_event: EventHook | None = None) -> None:
         self._wakeup = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop of the first add()
         super().__init__(coordinator, on_change=on_change, clock=clock, random=random,
-                         background=background, notices=notices)
+                         background=background, notices=notices,
+                         heartbeat_coordinator=heartbeat_coordinator, on_event=on_event)
         self._sleep = sleep if sleep is not None else self._wait_for_wakeup
         self._task: asyncio.Task[None] | None = None
         self._abandoned: set[asyncio.Future[Any]] = set()
@@ -124,7 +128,7 @@ class AsyncSupervisor(_Supervisor[AsyncConnectorLeaseCoordinator]):
         if isinstance(call, Renew):  # started now, waited for by its Collect
             self._counts.renewal(len(call.leases))
             running = asyncio.ensure_future(
-                self.coordinator.heartbeat_many(call.leases, ttl=call.ttl))
+                self.renewer.heartbeat_many(call.leases, ttl=call.ttl))
             started.add(running)
             return running
         if isinstance(call, Collect):

@@ -28,6 +28,7 @@ import attrs
 from mos_lease import held_grant
 from mos_lease.bounded import OVERDUE
 from mos_lease.errors import StoreUnavailable
+from mos_lease.events import Emitter
 from mos_lease.identity import LeaseIdentity
 from mos_lease.keeper import LeaseLoss
 from mos_lease.keeper.calls import IssueGrantCall
@@ -116,9 +117,13 @@ class Core:
     """
 
     def __init__(self, clock: Callable[[], float], draw: Callable[[], float],
-                 on_change: Callable[[Change], object] | None) -> None:
+                 on_change: Callable[[Change], object] | None,
+                 emit: Emitter | None = None) -> None:
         self.clock = clock
         self.schedule = Schedule(draw)
+        self.emit = emit
+        if emit is not None:
+            self.schedule.telemetry = []
         self.lock = threading.RLock()
         self.on_change = on_change
         self.listeners: list[Callable[[Change | None], object]] = []
@@ -126,6 +131,13 @@ class Core:
         self.closing = False
 
     def report(self, changes: list[Change]) -> None:
+        """Report ``changes`` (and emit the telemetry the schedule kept since the last
+        report); called after every decision, outside the lock."""
+        if self.emit is not None:
+            with self.lock:
+                telemetry, self.schedule.telemetry = self.schedule.telemetry, []
+            for event in telemetry or ():
+                self.emit(event)
         for change in changes:
             if self.on_change is not None:
                 try:

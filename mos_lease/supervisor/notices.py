@@ -3,19 +3,20 @@ one callback, and a notice for a registered binding becomes a read that the supe
 turn makes.
 
 A notice is a hint, never believed (anyone who can log in may send one by the thousand).
-For a binding waiting for a lease held elsewhere it only moves the binding's next read of
-the holder into the next turn's batched read, at most once per ``max_backoff`` per binding
-(:meth:`~mos_lease.supervisor.schedule.Schedule.look`): a flood costs no more reads than
-waiting without notices, and a peer releasing thousands of leases at shutdown is read in
-a few round trips, not held back as a flood. For a held binding, all it may cause is a
-*confirming turn* of the process's
+For a binding waiting for a lease held elsewhere it moves the binding's next read of the
+holder into the next turn's batched read, if that read is ``max_backoff`` old
+(:meth:`~mos_lease.supervisor.schedule.Schedule.look`): a peer releasing thousands of
+leases at shutdown is read in a few round trips, not held back as a flood; a notice that
+comes sooner is a confirming turn, as for a held binding. For a held binding, all it may
+cause is a *confirming turn* of the process's
 :class:`~mos_lease.notice_confirmer.NoticeConfirmer` (the source's ``confirmer``, else the
 process's one), the same bound the holders of :func:`~mos_lease.hold` share: coalesced per
 identity (at most one turn in flight), ``burst + rate * T`` turns in any ``T`` seconds::
 
     source --notice(identity, epoch)--> _on_notice      (the source's thread: a look-up)
-        waiting for a lease held elsewhere?  --> Schedule.look: read in the next turn
-        held, and newer than the lease held?  --> confirmer.notice(identity)
+        waiting, last read max_backoff ago?  --> Schedule.look: read in the next turn
+        waiting and read since, or held and
+        newer than the lease held?           --> confirmer.notice(identity)
     confirmer --job(done)--> _confirm                   (the confirmer's thread: no I/O)
         mark the slot (Schedule.notice), keep done, wake the supervisor
     supervisor turn --Confirm--> current_holder          (the supervisor's thread or task)
@@ -89,10 +90,13 @@ class SupervisorNotices:
             if core.closing:
                 return
             # A binding waiting for a lease held elsewhere: the notice moves its next look
-            # into the next turn's batched read (Schedule.look bounds how often) and takes
-            # no confirming turn, so a peer's shutdown releasing thousands is no flood.
-            moved = core.schedule.look(identity, core.clock())
-            confirm = moved is None and core.schedule.worth_confirming(identity, epoch)
+            # into the next turn's batched read and takes no confirming turn, so a peer's
+            # shutdown releasing thousands is no flood; one read less than max_backoff ago
+            # looks again now as a confirming turn, within the confirmer's bound.
+            looked = core.schedule.look(identity, core.clock())
+            moved = looked == "moved"
+            confirm = looked in {"soon", "held"} \
+                and core.schedule.worth_confirming(identity, epoch)
             if moved or confirm:
                 self.counts.notices += 1  # acted on: a look moved or a confirming read asked
             if confirm:

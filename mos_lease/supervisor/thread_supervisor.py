@@ -18,6 +18,7 @@ from datetime import timedelta
 
 from mos_lease.bounded import Running, bounded, start
 from mos_lease.coordinator import ConnectorLeaseCoordinator
+from mos_lease.events import EventHook
 from mos_lease.flowdrive import Drive, outcome_of
 from mos_lease.identity import LeaseIdentity
 from mos_lease.results import GrantResult, LeaseResult
@@ -69,6 +70,11 @@ class Supervisor(_Supervisor[ConnectorLeaseCoordinator]):
     (coalesced per identity, rate-bounded for the process) in which the supervisor reads the
     holder; a takeover it confirms is reported as the binding's loss at once, and the
     campaign goes on from what was read (``docs/supervisor.md``).
+
+    ``heartbeat_coordinator``: renew through this coordinator (a connection of its own),
+    as a keeper does. ``on_event``: the telemetry hook (:mod:`mos_lease.events`), sent a
+    :class:`~mos_lease.events.Renewed` or :class:`~mos_lease.events.RenewalRetry` per lease
+    of each renewal and a :class:`~mos_lease.events.Lost` per loss, as a keeper's is.
     """
 
     _kind = ConnectorLeaseCoordinator
@@ -81,10 +87,13 @@ class Supervisor(_Supervisor[ConnectorLeaseCoordinator]):
                  clock: Callable[[], float] | None = None,
                  sleep: Callable[[float], object] | None = None,
                  random: Callable[[], float] = _random.random,
-                 background: bool = True, notices: NoticeFeed | None = None) -> None:
+                 background: bool = True, notices: NoticeFeed | None = None,
+                 heartbeat_coordinator: ConnectorLeaseCoordinator | None = None,
+                 on_event: EventHook | None = None) -> None:
         self._wakeup = threading.Event()
         super().__init__(coordinator, on_change=on_change, clock=clock, random=random,
-                         background=background, notices=notices)
+                         background=background, notices=notices,
+                         heartbeat_coordinator=heartbeat_coordinator, on_event=on_event)
         self._sleep = sleep if sleep is not None else self._wakeup.wait
         self._thread: threading.Thread | None = None
         self._renewals = _Renewals()
@@ -125,7 +134,7 @@ class Supervisor(_Supervisor[ConnectorLeaseCoordinator]):
             return self._sleep(min(call.seconds, threading.TIMEOUT_MAX))
         if isinstance(call, Renew):
             self._counts.renewal(len(call.leases))
-            return self._renewals.prime(self.coordinator, call)
+            return self._renewals.prime(self.renewer, call)
         if isinstance(call, Collect):
             assert isinstance(call.ticket, _Batch)
             return self._renewals.collect(call.ticket, call.timeout)
