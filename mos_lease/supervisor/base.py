@@ -9,6 +9,7 @@ task; each only performs the calls a turn yields, which is where threads and asy
 from __future__ import annotations
 
 import logging
+import math
 import random as _random
 from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
@@ -49,6 +50,23 @@ def _binding(store: object, identity: LeaseIdentity, connector_id: str, scopes: 
                    normalize_scopes("scopes", scopes), timing,
                    check_metadata("metadata", metadata), check_takeover(takeover),
                    check_wait(wait), _flag("once", once))
+
+
+def _held(lease: object, obtained_at: object, identity: LeaseIdentity,
+          connector_id: str) -> tuple[LeaseHandle, float] | None:
+    """``add()``'s ``held`` and ``obtained_at``, checked: both or neither, a handle of the
+    binding's own identity and connector, a finite clock reading."""
+    if lease is None and obtained_at is None:
+        return None
+    if not isinstance(lease, LeaseHandle):
+        raise InvalidInput("held", f"must be a LeaseHandle, not {type(lease).__name__}")
+    if lease.identity != identity or lease.connector_id != connector_id:
+        raise InvalidInput("held", "must be a lease of the binding's identity and connector")
+    if isinstance(obtained_at, bool) or not isinstance(obtained_at, int | float) \
+            or not math.isfinite(obtained_at):
+        raise InvalidInput("obtained_at", "must be the clock's reading before the call "
+                           "that won the lease")
+    return lease, float(obtained_at)
 
 
 def _flag(name: str, value: object) -> bool:
@@ -102,7 +120,8 @@ class _Supervisor(Generic[C]):
             max_backoff: float | None = None,
             metadata: Mapping[str, str] | None = None,
             takeover: TakeoverPolicy | str = TakeoverPolicy.EXPIRED,
-            wait: float | None = None, once: bool = False) -> None:
+            wait: float | None = None, once: bool = False,
+            held: LeaseHandle | None = None, obtained_at: float | None = None) -> None:
         """Run ``identity`` as ``connector_id``: campaign for its lease, hold it, and
         campaign again after a loss, until ``remove()`` or ``close()``. The timing
         options are :class:`~mos_lease.keeper.KeeperTiming`'s (``docs/keeper.md``), except
@@ -120,7 +139,13 @@ class _Supervisor(Generic[C]):
         default): campaign until removed, whatever is refused. ``once``: hold the lease
         once, as :func:`~mos_lease.hold` does: its loss (reported as
         :class:`~mos_lease.supervisor.changes.BindingLost`) ends the binding, which is then
-        no longer run, instead of starting a new campaign."""
+        no longer run, instead of starting a new campaign. ``held``: the binding holds this
+        lease already, won by a call the caller made (an acquire or a takeover, as a keeper
+        makes them), which started at ``obtained_at`` on the supervisor's clock: it is
+        renewed from there as if the supervisor had won it (its deadline counts from
+        ``obtained_at``), reported as :class:`~mos_lease.supervisor.changes.BindingStarted`,
+        and no campaign comes first."""
+        start = _held(held, obtained_at, identity, connector_id)
         binding = _binding(self.coordinator.store, identity, connector_id, scopes, ttl, {
             "safety_margin": safety_margin, "clock_step": clock_step,
             "renew_fraction": renew_fraction, "jitter": jitter,
@@ -129,7 +154,8 @@ class _Supervisor(Generic[C]):
         with self._core.lock:
             if self._core.closing:
                 raise ConfigurationError("the supervisor is closed")
-            self._core.schedule.add(binding, self._core.clock())
+            changes = self._core.schedule.add(binding, self._core.clock(), start)
+        self._core.report(changes)
         self._started()
 
     def lease(self, identity: LeaseIdentity) -> LeaseHandle | None:

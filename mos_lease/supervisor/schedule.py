@@ -120,12 +120,22 @@ class Schedule:
 
     # -- registering --------------------------------------------------------------------------
 
-    def add(self, binding: Binding, now: float) -> Slot:
+    def add(self, binding: Binding, now: float,
+            start: tuple[LeaseHandle, float] | None = None) -> list[Change]:
+        """Register ``binding``: it campaigns from ``now``, or, given ``start`` (a lease won
+        by a call made elsewhere, and that call's start), holds that lease from then on:
+        the change to report."""
         if binding.identity in self.slots:
             raise InvalidInput("identity", "is already supervised; remove it first")
         slot = self.slots[binding.identity] = Slot(binding, now, next(self._order))
+        if start is None:
+            self._index(slot)
+            return []
+        lease, started = start
+        slot.state = held(binding.timing, lease, started, self._draw())
+        slot.gives_up_at, slot.seen = None, (lease.connector_id, lease.epoch)
         self._index(slot)
-        return slot
+        return [BindingStarted(binding.identity, lease)]
 
     def free(self, slot: Slot, *, confirm: bool = False) -> None:
         """A call planned for ``slot`` was not made: the slot is free for the next turn (and

@@ -195,3 +195,34 @@ def test_the_memory_store_supervisor_is_untouched_without_the_options() -> None:
                             background=False)
     assert supervisor._core.schedule.telemetry is None
     supervisor.close()
+
+
+def test_a_lease_won_by_hand_is_kept_from_the_start_of_the_call_that_won_it() -> None:
+    rig = Rig()
+    obtained_at = rig.time.mono
+    won = rig.coordinator.acquire(ident(0), "gw-a", scopes=SCOPES, ttl=TTL)
+    assert won.lease is not None
+    rig.time.advance(2)  # the call took a while: the deadline still counts from its start
+    rig.store.reset()
+    rig.supervisor.add(ident(0), "gw-a", scopes=SCOPES, ttl=TTL, once=True, held=won.lease,
+                       obtained_at=obtained_at)
+    assert [c.lease for c in rig.of(BindingStarted)] == [won.lease]
+    assert rig.supervisor.lease(ident(0)) == won.lease
+    assert rig.supervisor.deadline(ident(0)) == pytest.approx(obtained_at + 27)
+    rig.run(30)  # renewed, without a campaign first (no read, no acquire)
+    assert set(rig.store.calls) == {"renew_many"}
+    assert len(rig.of(BindingStarted)) == 1 and not rig.of(BindingLost)
+
+
+def test_a_lease_won_by_hand_is_checked_before_anything_is_kept() -> None:
+    rig = Rig()
+    won = rig.coordinator.acquire(ident(0), "gw-a", scopes=SCOPES, ttl=TTL).lease
+    assert won is not None
+    for held, obtained_at, connector, field in (
+            (won, None, "gw-a", "obtained_at"), (None, 1.0, "gw-a", "held"),
+            (won, 1.0, "gw-b", "held"), ("lease", 1.0, "gw-a", "held"),
+            (won, float("nan"), "gw-a", "obtained_at")):
+        with pytest.raises(InvalidInput, match=field):
+            rig.supervisor.add(ident(0), connector, scopes=SCOPES, ttl=TTL,
+                               held=held, obtained_at=obtained_at)  # type: ignore[arg-type]
+    assert not rig.supervisor.bindings and not rig.changes
