@@ -75,10 +75,13 @@ class AsyncSupervisor(_Supervisor[AsyncConnectorLeaseCoordinator]):
         self._wakeup.set()
         if self._background and self._task is None:
             self._task = asyncio.get_running_loop().create_task(
-                self._run(), name="mos-lease-supervisor")
+                self._run(), name=self._name)
         if self._loop is None:
             with contextlib.suppress(RuntimeError):  # driven by hand, outside a loop
                 self._loop = asyncio.get_running_loop()
+
+    def _real_sleep(self) -> Callable[[float], Awaitable[object]]:
+        return self._wait_for_wakeup
 
     def _wake_from_thread(self) -> bool:
         # Called on the notice confirmer's thread: the event belongs to the loop.

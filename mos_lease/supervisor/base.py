@@ -79,6 +79,7 @@ class _Supervisor(Generic[C]):
     """What both supervisors share: registering, reading, and the core."""
 
     _kind: type[C]
+    _sleep: Any  # the driver's pause: injected, or its own (_real_sleep)
 
     def __init__(self, coordinator: C, *,
                  on_change: Callable[[Change], object] | None = None,
@@ -106,6 +107,7 @@ class _Supervisor(Generic[C]):
         self._core = Core(clock if clock is not None else coordinator.monotonic, random,
                           on_change, emitter(on_event))
         self._background = background
+        self._name = "mos-lease-supervisor"  # of its thread or task (start() may rename it)
         feed = check_feed(notices)
         self._core.schedule.noticed = feed is not None
         # One subscription for every binding, made last: a notice may come at once.
@@ -195,6 +197,25 @@ class _Supervisor(Generic[C]):
         with self._core.lock:
             return list(self._core.schedule.slots)
 
+    def start(self, name: str | None = None) -> None:
+        """Run in the background from now on (a thread, or a task on the running loop,
+        named ``name`` if given), pausing on real waits that a notice or an ``add()`` ends
+        early: for a supervisor turned by hand until now (``background=False``, its
+        injected ``sleep``), as :func:`~mos_lease.hold` waits for its lease in the caller's
+        thread and then keeps it in the background. Nothing if it runs already."""
+        with self._core.lock:
+            if self._core.closing:
+                raise ConfigurationError("the supervisor is closed")
+            self._background = True
+            self._sleep = self._real_sleep()
+            if name is not None:
+                self._name = name
+        self._started()
+
+    def _real_sleep(self) -> Any:
+        """The driver's own pause, which a wake-up ends early."""
+        raise NotImplementedError
+
     def _started(self) -> None:
         """A binding was added: wake the loop (and start it, if it does not run yet)."""
         raise NotImplementedError
@@ -215,6 +236,9 @@ class _Supervisor(Generic[C]):
             slot = self._core.schedule.slots.get(identity)
             lease, changes = self._core.schedule.remove(identity, self._core.clock(),
                                                         closing=self._core.closing)
+            if slot is None:  # ended (held once) or gone: its confirming turn, if any
+                slot = next((s for s in self._core.confirming
+                             if s.binding.identity == identity), None)
             done = None if slot is None else self._core.confirming.pop(slot, None)
             if self._notices is not None:
                 self._notices.forget(identity)

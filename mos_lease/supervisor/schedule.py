@@ -102,6 +102,9 @@ class Schedule:
         # The bindings dropped while the supervisor closed: asked about, they hold nothing
         # (a status request during shutdown sees None), unlike an identity never added.
         self.closed: set[LeaseIdentity] = set()
+        # The bindings held once whose loss ended them, with that loss: asked about, they
+        # hold nothing (and a grant is refused with that loss) until added again or removed.
+        self.ended: dict[LeaseIdentity, LeaseLoss] = {}
         self._order = itertools.count()
         # The timelines a turn finds what is due on (mos_lease.supervisor.timeline), so that
         # it costs what is due in it, not the number of bindings: the held leases by local
@@ -128,6 +131,7 @@ class Schedule:
         if binding.identity in self.slots:
             raise InvalidInput("identity", "is already supervised; remove it first")
         slot = self.slots[binding.identity] = Slot(binding, now, next(self._order))
+        self.ended.pop(binding.identity, None)
         if start is None:
             self._index(slot)
             return []
@@ -152,6 +156,8 @@ class Schedule:
         identity from now on instead of refusing it as never added."""
         slot = self.slots.pop(identity, None)
         if slot is None:
+            if self.ended.pop(identity, None) is not None:
+                return None, []  # held once and lost: nothing left to release
             raise InvalidInput("identity", "is not supervised")
         if closing:
             self.closed.add(identity)
@@ -170,7 +176,7 @@ class Schedule:
         ``None`` for a binding dropped while the supervisor closed (:meth:`remove`)."""
         slot = self.slots.get(identity)
         if slot is None:
-            if identity in self.closed:
+            if identity in self.closed or identity in self.ended:
                 return None, []
             raise InvalidInput("identity", "is not supervised")
         changes = self._judge(slot, now)
@@ -201,7 +207,9 @@ class Schedule:
         """The binding's last loss, if it holds no lease now (``None`` otherwise, or if it
         never held one)."""
         slot = self.slots.get(identity)
-        return None if slot is None or slot.state is None else slot.state.loss
+        if slot is None:
+            return self.ended.get(identity)
+        return None if slot.state is None else slot.state.loss
 
     # -- notices ------------------------------------------------------------------------------
 
@@ -398,8 +406,9 @@ class Schedule:
         slot.hinted = False
         if slot.binding.once and not slot.removed:
             # Held once (hold()'s binding): the loss ends it, no campaign follows; it is no
-            # longer run, as after a give-up.
+            # longer run, as after a give-up; asked about, it holds nothing.
             self._drop(slot)
+            self.ended[slot.binding.identity] = state.loss
         return BindingLost(slot.binding.identity, state.lease, state.loss)
 
     def _campaign(self, slot: Slot) -> Campaign:

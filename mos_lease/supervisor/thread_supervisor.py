@@ -104,8 +104,11 @@ class Supervisor(_Supervisor[ConnectorLeaseCoordinator]):
             with self._core.lock:
                 if self._thread is None:
                     self._thread = threading.Thread(target=self._run, daemon=True,
-                                                    name="mos-lease-supervisor")
+                                                    name=self._name)
                     self._thread.start()
+
+    def _real_sleep(self) -> Callable[[float], object]:
+        return self._wakeup.wait
 
     def _wake_from_thread(self) -> bool:
         self._wakeup.set()

@@ -6,6 +6,8 @@ with fake time, both drivers turned by hand."""
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -61,12 +63,15 @@ def test_a_binding_held_once_is_not_campaigned_for_after_its_loss() -> None:
     # Ended: no read, no takeover of the expired lease, and no longer run.
     assert not rig.of(BindingStarted, ident(0))[1:]
     assert ident(0) not in rig.supervisor.bindings
-    with pytest.raises(InvalidInput, match="is not supervised"):
-        rig.supervisor.lease(ident(0))
+    assert rig.supervisor.lease(ident(0)) is None  # asked about, it holds nothing
+    assert rig.supervisor._core.schedule.loss(ident(0)) == lost.loss  # a grant's refusal
     row = rig.store.load(ident(0)).row
     assert row is not None and row.connector_id == "gw-b"
     # The other binding campaigned again and took its expired lease back.
     assert [c.lease.epoch for c in rig.of(BindingStarted, ident(1))] == [1, 3]
+    assert rig.supervisor.remove(ident(0)) is None  # nothing left to release
+    with pytest.raises(InvalidInput, match="is not supervised"):
+        rig.supervisor.lease(ident(0))
 
 
 def test_a_binding_held_once_ends_at_its_deadline_and_once_must_be_a_bool() -> None:
@@ -226,3 +231,59 @@ def test_a_lease_won_by_hand_is_checked_before_anything_is_kept() -> None:
             rig.supervisor.add(ident(0), connector, scopes=SCOPES, ttl=TTL,
                                held=held, obtained_at=obtained_at)  # type: ignore[arg-type]
     assert not rig.supervisor.bindings and not rig.changes
+
+
+def test_turned_by_hand_then_started_it_keeps_the_lease_on_real_waits() -> None:
+    coordinator = ConnectorLeaseCoordinator(InMemoryLeaseStore(), AllowAllPolicy())
+    injected: list[float] = []
+    supervisor = Supervisor(coordinator, sleep=injected.append, background=False)
+    supervisor.add(ident(0), "gw-a", scopes=SCOPES, ttl=1.2, once=True)
+    while supervisor.lease(ident(0)) is None:  # the wait, in the caller's thread
+        supervisor.turn()
+    first = supervisor.lease(ident(0))
+    assert first is not None
+    slept = len(injected)
+    supervisor.start(name="mos-lease-holder acme/agent-0/b")
+    supervisor.start()  # running already: no second thread
+    try:
+        time.sleep(1.5)  # renewed every 0.4 s; the deadline is about 1.1 s
+        lease = supervisor.lease(ident(0))
+        assert lease is not None and lease.epoch == 1 and lease.expires_at > first.expires_at
+        assert len(injected) == slept  # the real waits took over
+        names = [t.name for t in threading.enumerate()]
+        assert names.count("mos-lease-holder acme/agent-0/b") == 1
+        assert "mos-lease-supervisor" not in names
+    finally:
+        supervisor.close()
+    with pytest.raises(ConfigurationError, match="closed"):
+        supervisor.start()
+
+
+def test_an_asyncio_supervisor_turned_by_hand_then_started_runs_as_a_named_task() -> None:
+    async def main() -> None:
+        coordinator = AsyncConnectorLeaseCoordinator(AsyncInMemoryLeaseStore(),
+                                                     AllowAllPolicy())
+        injected: list[float] = []
+
+        async def sleep(seconds: float) -> None:
+            injected.append(seconds)
+
+        supervisor = AsyncSupervisor(coordinator, sleep=sleep, background=False)
+        supervisor.add(ident(0), "gw-a", scopes=SCOPES, ttl=1.2, once=True)
+        while supervisor.lease(ident(0)) is None:
+            await supervisor.turn()
+        first = supervisor.lease(ident(0))
+        assert first is not None
+        slept = len(injected)
+        supervisor.start(name="mos-lease-holder acme/agent-0/b")
+        try:
+            await asyncio.sleep(1.5)
+            lease = supervisor.lease(ident(0))
+            assert lease is not None and lease.expires_at > first.expires_at
+            assert len(injected) == slept
+            assert "mos-lease-holder acme/agent-0/b" in {
+                t.get_name() for t in asyncio.all_tasks()}
+        finally:
+            await supervisor.close()
+
+    asyncio.run(main())
