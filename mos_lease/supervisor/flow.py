@@ -128,6 +128,10 @@ class Core:
         self.on_change = on_change
         self.listeners: list[Callable[[Change | None], object]] = []
         self.confirming: dict[Slot, Callable[[], None]] = {}
+        # The ``done`` of the confirmer's turn that moved waiting bindings' reads to now
+        # (Schedule.look_now): called once the next turn made those reads, so that the
+        # notices coming meanwhile are coalesced into it.
+        self.looking: list[Callable[[], None]] = []
         self.closing = False
 
     def report(self, changes: list[Change]) -> None:
@@ -179,14 +183,24 @@ def turn(core: Core, in_flight: int = 1) -> Flow:
     with core.lock:
         now = core.clock()
         due = core.schedule.due(now)
+        looked, core.looking = core.looking, []  # the reads these turns asked for are due
     core.report(due.changes)
     if not due.renewals and not due.campaigns and not due.confirms:
+        _done(looked)
         # Nothing is due until then; the driver wakes earlier when a binding is added or on
         # close.
         yield Sleep(max(due.wake_at - now, 0.0))
         return
-    if (yield from _renewals(core, due, max(in_flight, 1))):
-        yield from _campaign(core, [*due.confirms, *due.campaigns])
+    try:
+        if (yield from _renewals(core, due, max(in_flight, 1))):
+            yield from _campaign(core, [*due.confirms, *due.campaigns])
+    finally:
+        _done(looked)
+
+
+def _done(turns: list[Callable[[], None]]) -> None:
+    for done in turns:
+        done()
 
 
 @attrs.frozen(slots=True, eq=False)

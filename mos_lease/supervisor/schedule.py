@@ -117,6 +117,9 @@ class Schedule:
         self._windows = Timeline(_free_holding)
         self._tries = Timeline(_free_campaigning)
         self._confirms: set[Slot] = set()
+        # The waiting slots a notice came for less than max_backoff after their last read:
+        # read at once by look_now(), in a confirming turn of the notice confirmer.
+        self._soon: set[Slot] = set()
 
     def __len__(self) -> int:
         return len(self.slots)
@@ -249,7 +252,26 @@ class Schedule:
             return "no"
         slot.try_at = at
         self._index(slot)
-        return "moved" if at <= now else "soon"
+        if at <= now:
+            return "moved"
+        self._soon.add(slot)
+        return "soon"
+
+    def look_now(self, now: float) -> bool:
+        """The confirming turn of the notices :meth:`look` answered ``"soon"`` for: every
+        such binding still waiting reads its holder at ``now`` (in the next turn's batched
+        read). Whether any read moved."""
+        soon, self._soon = self._soon, set()
+        moved = False
+        for slot in soon:
+            if slot.removed or slot.holding or slot.step is not ReadHolder:
+                continue
+            if slot.busy:
+                slot.hinted = True
+            elif slot.try_at > now:
+                slot.try_at, moved = now, True
+                self._index(slot)
+        return moved
 
     def notice(self, identity: LeaseIdentity) -> Slot | None:
         """A confirming turn for ``identity`` begins: its read is made by the next turn that

@@ -154,11 +154,14 @@ def test_a_notice_soon_after_a_read_is_a_reason_to_look_now() -> None:
     rig.time.advance(1)  # less than max_backoff after that read
     assert rival.release(theirs).ok
     rig.feed.send(ident(0), 1, "release")
-    eventually(lambda: rig.confirming(ident(0)))  # a confirming turn: within its bound
+    # A confirming turn (within the confirmer's bound) moves the read to now.
+    slot = rig.supervisor._core.schedule.slots[ident(0)]
+    eventually(lambda: slot.try_at == rig.time.mono)
     rig.settle()
     [started] = rig.of(BindingStarted, ident(0))
     assert started.lease.epoch == 2 and rig.loads() == 2
     assert rig.confirmer.stats().confirmations == 1
+    eventually(lambda: not rig.supervisor._core.looking)  # the turn is over
 
 
 def test_notices_for_a_waiting_binding_read_it_within_the_confirmers_bound() -> None:
