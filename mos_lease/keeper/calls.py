@@ -101,7 +101,7 @@ class TakeoverCall(_Claim):
 @attrs.frozen(slots=True)
 class HeartbeatCall:
     """``coordinator.heartbeat``. The driver gives up waiting after ``timeout`` seconds and
-    then answers :data:`~mos_lease.keeper.steps.OVERDUE` (the call itself is abandoned,
+    then answers :data:`~mos_lease.bounded.OVERDUE` (the call itself is abandoned,
     never trusted later)."""
 
     lease: LeaseHandle

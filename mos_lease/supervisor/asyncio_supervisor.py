@@ -186,10 +186,11 @@ class AsyncSupervisor(_Supervisor[AsyncConnectorLeaseCoordinator]):
         return await self.coordinator.issue_grant(call.lease, scopes=call.scopes, ttl=call.ttl,
                                                   correlation_id=call.correlation_id)
 
-    async def remove(self, identity: LeaseIdentity) -> LeaseResult | None:
+    async def remove(self, identity: LeaseIdentity, *, release: bool = True
+                     ) -> LeaseResult | None:
         """As :meth:`Supervisor.remove`."""
         lease = self._take(identity)
-        if lease is None:
+        if lease is None or not release:
             return None
         self._counts.releases += 1
         return await self.coordinator.release(lease)

@@ -19,7 +19,7 @@ from mos_lease.coordinator import AsyncConnectorLeaseCoordinator, ConnectorLease
 from mos_lease.errors import ConfigurationError, InvalidInput
 from mos_lease.events import EventHook, emitter
 from mos_lease.identity import LeaseIdentity, check_id, check_identity, normalize_scopes
-from mos_lease.keeper import KeeperTiming, default_clock_step
+from mos_lease.keeper.schedule import KeeperTiming, default_clock_step
 from mos_lease.metadata import check_metadata
 from mos_lease.records import LeaseHandle
 from mos_lease.results import LeaseResult

@@ -30,8 +30,8 @@ from mos_lease.bounded import OVERDUE
 from mos_lease.errors import StoreUnavailable
 from mos_lease.events import Emitter
 from mos_lease.identity import LeaseIdentity
-from mos_lease.keeper import LeaseLoss
 from mos_lease.keeper.calls import IssueGrantCall
+from mos_lease.keeper.schedule import LeaseLoss
 from mos_lease.records import LeaseHandle
 from mos_lease.results import GrantResult
 from mos_lease.sleep import Sleep

@@ -29,17 +29,17 @@ from mos_lease import events
 from mos_lease.checks import MAX_BATCH
 from mos_lease.errors import InvalidInput, StoreUnavailable
 from mos_lease.identity import LeaseIdentity
-from mos_lease.keeper import (
+from mos_lease.keeper.schedule import (
     KeeperState,
     LeaseLoss,
     LossCause,
+    ReportLoss,
     abandoned,
     after_renewal,
     held,
     lose,
     next_action,
 )
-from mos_lease.keeper.schedule import ReportLoss
 from mos_lease.records import LeaseHandle
 from mos_lease.results import HolderView, LeaseResult
 from mos_lease.supervisor.campaign import ACQUIRE, RETRY_REASONS, next_try, pause_for
@@ -455,6 +455,7 @@ class Schedule:
             outcome = StoreUnavailable(f"heartbeat_many returned {len(outcome)} results for "
                                        f"{len(call.slots)} leases")
         changes: list[Change] = []
+        debug = log.isEnabledFor(logging.DEBUG)  # asked once a batch: 1,000 leases each
         for k, slot in enumerate(call.slots):
             slot.busy = False
             state = slot.state
@@ -481,6 +482,10 @@ class Schedule:
                                 state.lease.identity, new.failures, new.last_error,
                                 max(0.0, new.renew_at - finished), new.deadline - finished)
             slot.state = new
+            if debug and new.loss is None and new.failures == 0:
+                log.debug("mos_lease: renewed %s connector=%s epoch=%d in %.3f s",
+                          new.lease.identity, new.lease.connector_id, new.lease.epoch,
+                          finished - started)
             if new.loss is not None:
                 changes.append(self._lost(slot))
             elif self.telemetry is not None:

@@ -12,7 +12,7 @@ import math
 import attrs
 
 from mos_lease.identity import LeaseIdentity
-from mos_lease.keeper import KeeperState, KeeperTiming
+from mos_lease.keeper.schedule import KeeperState, KeeperTiming
 from mos_lease.metadata import EMPTY_METADATA, Metadata
 from mos_lease.records import LeaseHandle
 from mos_lease.results import HolderView

@@ -185,11 +185,12 @@ class Supervisor(_Supervisor[ConnectorLeaseCoordinator]):
         return self.coordinator.issue_grant(call.lease, scopes=call.scopes, ttl=call.ttl,
                                             correlation_id=call.correlation_id)
 
-    def remove(self, identity: LeaseIdentity) -> LeaseResult | None:
-        """Stop running ``identity`` and release its lease if held (the release result,
-        or ``None``); reports the loss with cause ``STOPPED``."""
+    def remove(self, identity: LeaseIdentity, *, release: bool = True
+               ) -> LeaseResult | None:
+        """Stop running ``identity`` and release its lease if held and ``release`` (the
+        release result, or ``None``); reports the loss with cause ``STOPPED``."""
         lease = self._take(identity)
-        if lease is None:
+        if lease is None or not release:
             return None
         self._counts.releases += 1
         return self.coordinator.release(lease)
