@@ -58,15 +58,18 @@ def _renewer(coordinator: C, heartbeat_coordinator: C | None, kind: type[C]) -> 
 
 
 def _refuse_other_kind(keeper: str, coordinator: object, kind: type[object]) -> None:
-    # Refused here, not at the first heartbeat (a coroutine never awaited, or an awaited
-    # result that is no awaitable). Only the other kind is refused: a stand-in with the
-    # coordinator's methods (a test's recording double) is taken.
+    # Refused here, not at the first heartbeat: the engine a keeper runs on takes a
+    # coordinator of its own kind only.
+    if isinstance(coordinator, kind):
+        return
     other: type[object] = (AsyncConnectorLeaseCoordinator if kind is ConnectorLeaseCoordinator
                            else ConnectorLeaseCoordinator)
+    hint = ""
     if isinstance(coordinator, other):
         right = "AsyncLeaseKeeper" if other is AsyncConnectorLeaseCoordinator else "LeaseKeeper"
-        raise ConfigurationError(f"{keeper} needs a {kind.__name__}, not "
-                                 f"{type(coordinator).__name__}: use {right} with it")
+        hint = f": use {right} with it"
+    raise ConfigurationError(f"{keeper} needs a {kind.__name__}, not "
+                             f"{type(coordinator).__name__}{hint}")
 
 
 def _timing(store: object, ttl: float | timedelta, **options: float | None) -> KeeperTiming:
