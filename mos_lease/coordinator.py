@@ -5,8 +5,8 @@ yields store operations; a facade method only checks that it runs in its own pro
 starts the flow and drives it against its store. :class:`AsyncConnectorLeaseCoordinator`
 is the source. :class:`ConnectorLeaseCoordinator` below it is generated from it by
 ``tools/async_to_sync.py`` (drop ``async`` and ``await``, name the synchronous port), and
-``tests/core/test_coordinator_generated.py`` fails when the generated text is not current: a
-change made to the one is made to the other.
+``tests/core/test_async_to_sync.py`` fails when the generated text is not current: a change
+made to the one is made to the other.
 """
 
 from __future__ import annotations

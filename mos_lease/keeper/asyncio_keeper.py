@@ -48,7 +48,7 @@ class AsyncLeaseKeeper(_Keeper[AsyncConnectorLeaseCoordinator,
 
     @property
     def _task(self) -> asyncio.Task[None] | None:
-        return self._engine._task
+        return self._engine._worker._task
 
     async def acquire(self, identity: LeaseIdentity, connector_id: str, *, scopes: object,
                       correlation_id: str | None = None,

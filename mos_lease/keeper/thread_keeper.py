@@ -69,7 +69,7 @@ class LeaseKeeper(_Keeper[ConnectorLeaseCoordinator, Callable[[float], object]])
 
     @property
     def _thread(self) -> threading.Thread | None:
-        return self._engine._thread
+        return self._engine._worker._thread
 
     # -- getting a lease -----------------------------------------------------------------
 

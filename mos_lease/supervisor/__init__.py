@@ -5,18 +5,18 @@ the leases of every binding a gateway process runs.
 the pure decisions for all bindings, made with the values of ``slots``
 (the bindings, their state and the calls to make) and reporting those of ``changes``;
 ``flow`` the turn written once; ``notices`` the one notice subscription (``notices=``);
-``thread_supervisor`` and ``asyncio_supervisor`` the two supervisors that perform it, over
-what they share in ``base``. ``docs/supervisor.md``
-explains the campaign, the batched renewal and the changes reported.
+``runner`` the two supervisors that perform it (the asyncio one, and the thread one generated
+from it by ``tools/async_to_sync.py``), written over the thread and asyncio ``primitives``
+and what they share in ``base``. ``docs/supervisor.md`` explains the campaign, the batched
+renewal and the changes reported.
 """
 
-from mos_lease.supervisor.asyncio_supervisor import AsyncSupervisor
 from mos_lease.supervisor.campaign import TakeoverPolicy
 from mos_lease.supervisor.changes import BindingLost, BindingStarted, Change, GaveUp, NewHolder
 from mos_lease.supervisor.notices import NoticeFeed
+from mos_lease.supervisor.runner import AsyncSupervisor, Supervisor
 from mos_lease.supervisor.schedule import BATCH, COALESCE
 from mos_lease.supervisor.slots import Binding
-from mos_lease.supervisor.thread_supervisor import Supervisor
 
 __all__ = ["BATCH", "COALESCE", "AsyncSupervisor", "Binding", "BindingLost", "BindingStarted",
            "Change", "GaveUp", "NewHolder", "NoticeFeed", "Supervisor", "TakeoverPolicy"]

@@ -1,9 +1,9 @@
 """What the two supervisors share: checking the coordinator they are given, registering and
 removing bindings, reading the lease held for one, the core their turns run on, and the one
 notice listener (``notices=``, :mod:`~mos_lease.supervisor.notices`).
-:class:`~mos_lease.supervisor.thread_supervisor.Supervisor` runs the turns of ``flow.py`` on
-one thread, :class:`~mos_lease.supervisor.asyncio_supervisor.AsyncSupervisor` as one asyncio
-task; each only performs the calls a turn yields, which is where threads and asyncio differ.
+:class:`~mos_lease.supervisor.runner.Supervisor` runs the turns of ``flow.py`` on one thread,
+:class:`~mos_lease.supervisor.runner.AsyncSupervisor` as one asyncio task; each only performs
+the calls a turn yields, which is where threads and asyncio differ.
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 :func:`turn` is a generator that yields the calls it needs (:class:`~.slots.Renew`,
 :class:`Collect`, :class:`Attempt`, :class:`Release`, :class:`Sleep`) and is sent their
-outcomes, as the keeper's flows are; ``thread_supervisor.py`` and ``asyncio_supervisor.py``
-perform them on one thread or one task. An outcome is the call's result, the exception it
+outcomes, as the keeper's flows are; the supervisors of ``runner.py`` perform them on one
+thread or one task. An outcome is the call's result, the exception it
 raised (as a value: store failures are judged by the schedule, not raised), or
 :data:`OVERDUE` for a call still running at its time limit.
 

@@ -19,12 +19,18 @@ ALLOWED: dict[str, str] = {
     "mos_lease/coordinator.py": "the two facades and nothing else: the asyncio class, and the "
     "synchronous class tools/async_to_sync.py generates from it, kept in one file so that "
     "--check compares them",
+    "mos_lease/supervisor/runner.py": "the two supervisors and nothing else: the asyncio "
+    "class, and the thread class tools/async_to_sync.py generates from it, kept in one file "
+    "so that --check compares them (as the coordinator's facades)",
     "mos_lease/machine.py": "the protocol's state machine: the commands, the writes they plan "
     "and every decision on them, the functions specs/transitions.md tabulates and its table "
     "test reads from this one module",
     "mos_lease_pg/store.py": "the PostgreSQL stores' call path: the synchronous and the "
     "asyncio store operation by operation, differing only in await, read side by side as the "
     "coordinator's two facades are (everything they share is in store_core)",
+    "mos_lease_pg/coalesce.py": "coalesced calls of one store: the two queues (reads and "
+    "audit appends) and the pump that sends each batch, written once for the thread and the "
+    "asyncio store, with the rules that keep each caller's answer its own",
     "mos_lease/supervisor/schedule.py": "the supervisor's pure schedule: one object deciding, "
     "for every binding, what is due and what each call's outcome means (renewal, campaign, "
     "confirming read); its values live apart in slots and changes",

@@ -487,6 +487,37 @@ def test_a_closing_asyncio_supervisor_answers_none_for_its_bindings() -> None:
     asyncio.run(main())
 
 
+def test_asyncio_close_waits_at_most_its_timeout_for_the_task_then_releases() -> None:
+    """A task that does not end when cancelled (its sleep swallows the cancellation) holds
+    ``close()`` up at most ``timeout`` seconds, as the thread supervisor's join does; the
+    leases are released all the same."""
+    async def main() -> None:
+        rig = AsyncRig(AsyncInMemoryLeaseStore)
+        stubborn: list[float] = []
+
+        async def sleep(seconds: float) -> None:
+            try:
+                await asyncio.sleep(min(seconds, 0.01))
+            except asyncio.CancelledError:
+                stubborn.append(seconds)
+                await asyncio.sleep(5.0)  # ends long after close() has given up on it
+                raise
+
+        supervisor = AsyncSupervisor(rig.coordinator, clock=rig.time, sleep=sleep,
+                                     random=lambda: 0.5)
+        supervisor.add(ident(0), "gw-a", scopes=SCOPES, ttl=TTL)
+        while supervisor.lease(ident(0)) is None:
+            await asyncio.sleep(0.01)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        await supervisor.close(timeout=0.2)
+        assert stubborn and 0.2 <= loop.time() - started < 4.0
+        row = (await rig.store.load(ident(0))).row
+        assert row is not None and row.released_at is not None
+
+    asyncio.run(main())
+
+
 def test_the_asyncio_supervisor_holds_renews_and_loses_one_binding() -> None:
     async def main() -> None:
         rig = AsyncRig(AsyncInMemoryLeaseStore)
@@ -927,7 +958,8 @@ def test_the_thread_supervisor_primes_the_next_batch_while_one_store_call_runs()
     running = [0, 0]  # now, most
     renewal_threads: list[int] = []
     primed_while_running: list[int] = []
-    second_primed = threading.Event()
+    primed = threading.Condition(lock)
+    calls = [0]
     inner = rig.store.renew_many
     real_prime = rig.coordinator.prime_heartbeat_many
 
@@ -935,12 +967,17 @@ def test_the_thread_supervisor_primes_the_next_batch_while_one_store_call_runs()
         with lock:
             running[0] += 1
             running[1] = max(running)
+            calls[0] += 1
+            call = calls[0]
         renewal_threads.append(sum(t.name == "mos-lease-supervisor-renewal"
                                    for t in threading.enumerate()))
         try:
-            # The first call waits (a while at most) for the next batch to be primed: the
-            # overlap is then certain, however fast the in-memory store answers.
-            second_primed.wait(5)
+            # Each call but the last waits (a while at most) for the next batch to be primed:
+            # the overlap is then certain, however fast the in-memory store answers and
+            # however the two threads are scheduled.
+            if call < 3:
+                with primed:
+                    primed.wait_for(lambda: len(primed_while_running) > call, 5)
             return inner(items)
         finally:
             with lock:
@@ -948,10 +985,9 @@ def test_the_thread_supervisor_primes_the_next_batch_while_one_store_call_runs()
 
     def prime(leases: Sequence[LeaseHandle], *, ttl: float | timedelta,
               correlation_id: str | None = None) -> Callable[[], list[LeaseResult]]:
-        with lock:
+        with primed:
             primed_while_running.append(running[0])
-        if len(primed_while_running) == 2:
-            second_primed.set()
+            primed.notify_all()
         return real_prime(leases, ttl=ttl, correlation_id=correlation_id)
 
     rig.store.renew_many = renew_many  # type: ignore[method-assign]

@@ -1,0 +1,260 @@
+"""Where the thread and the asyncio supervisor differ, each difference behind one small pair
+with the same call shape, so that the supervisor itself is written once
+(:mod:`mos_lease.supervisor.runner`):
+
+* :class:`Wakeup` / :class:`AsyncWakeup`: the loop's sleep, ended early by an ``add()``, a
+  ``close()`` or the notice confirmer's thread (``set_from_thread``);
+* :class:`Calls` / :class:`AsyncCalls`: a campaign call given a time limit (on a thread, or
+  as a task, of its own) and the renewal batches a turn keeps in flight;
+* :class:`Worker` / :class:`AsyncWorker`: the one thread, or task, the loop runs on.
+
+The asyncio runner is the source and uses the ``Async`` names; ``tools/async_to_sync.py``
+generates the thread supervisor from it by dropping ``async`` and ``await`` and naming the
+synchronous twin of each pair.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import math
+import threading
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
+
+from mos_lease.bounded import Running, abandon, bounded, bounded_async, bounded_wait, start
+from mos_lease.coordinator import AsyncConnectorLeaseCoordinator, ConnectorLeaseCoordinator
+from mos_lease.results import LeaseResult
+from mos_lease.supervisor.slots import Renew
+
+A = TypeVar("A")
+T = TypeVar("T")
+
+NAME = "mos-lease-supervisor"
+"""The name of the supervisor's thread or task; its call threads are named after it."""
+
+
+class Wakeup:
+    """The thread supervisor's sleep: :meth:`wait` ends early once :meth:`set` is called,
+    from any thread."""
+
+    __slots__ = ("_event",)
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+
+    def set(self) -> None:
+        self._event.set()
+
+    def set_from_thread(self) -> bool:
+        """:meth:`set`, from another thread; whether the loop could be woken."""
+        self._event.set()
+        return True
+
+    def clear(self) -> None:
+        self._event.clear()
+
+    def wait(self, seconds: float) -> None:
+        self._event.wait(min(seconds, threading.TIMEOUT_MAX))  # math.inf is too long for it
+
+
+class AsyncWakeup:
+    """The asyncio supervisor's sleep: :meth:`wait` ends early once :meth:`set` is called on
+    the loop, or :meth:`set_from_thread` from another thread. The event belongs to the loop
+    of the first :meth:`set` made on one (the first ``add()``): another thread wakes it
+    through that loop."""
+
+    __slots__ = ("_event", "_loop")
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def set(self) -> None:
+        self._event.set()
+        if self._loop is None:
+            with contextlib.suppress(RuntimeError):  # driven by hand, outside a loop
+                self._loop = asyncio.get_running_loop()
+
+    def set_from_thread(self) -> bool:
+        loop = self._loop
+        if loop is None:
+            return False
+        try:
+            loop.call_soon_threadsafe(self._event.set)
+        except RuntimeError:  # the loop has closed: nobody will make the read
+            return False
+        return True
+
+    def clear(self) -> None:
+        self._event.clear()
+
+    async def wait(self, seconds: float) -> None:
+        if math.isinf(seconds):
+            await self._event.wait()
+            return
+        try:
+            async with asyncio.timeout(seconds):
+                await self._event.wait()
+        except TimeoutError:
+            pass
+
+
+class Calls:
+    """The thread supervisor's store calls. A campaign call runs on a short-lived daemon
+    thread of its own, abandoned past its limit (:func:`mos_lease.bounded.bounded`).
+
+    A renewal batch is primed when the turn asks for it (its leases checked and its
+    statement built, on the supervisor's thread), and its store call starts only when the
+    one before it was collected, so one renewal thread runs at a time however many batches
+    the turn keeps in flight. With two in flight, the next batch is primed (and the last one
+    judged) on the supervisor's thread while a statement runs: the client's work overlaps the
+    database's, and the library still runs three threads (the supervisor's, one renewal, the
+    PostgreSQL store's watchdog)."""
+
+    __slots__ = ("_queued", "_started")
+
+    def __init__(self) -> None:
+        self._queued: collections.deque[_Batch] = collections.deque()
+        self._started: _Batch | None = None  # the batch whose thread may still run
+
+    def bounded(self, call: Callable[[A], T], argument: A, timeout: float
+                ) -> T | BaseException:
+        """``call(argument)``'s result, the exception it raised, or
+        :data:`~mos_lease.bounded.OVERDUE` after ``timeout`` seconds."""
+        return bounded(lambda: call(argument), timeout, name=f"{NAME}-campaign")
+
+    def renew(self, coordinator: ConnectorLeaseCoordinator, renew: Renew) -> object:
+        """Prime the batch ``renew`` and start it if no other runs: its ticket."""
+        try:
+            batch = _Batch(coordinator.prime_heartbeat_many(renew.leases, ttl=renew.ttl))
+        except Exception as error:  # bad input: the batch's outcome, as its call's would be
+            return _Batch(None, error)
+        if self._started is None:
+            self._start(batch)
+        else:
+            self._queued.append(batch)
+        return batch
+
+    def collect(self, ticket: object, timeout: float) -> object:
+        """The batch's results, the exception its call raised, or ``OVERDUE`` (abandoned)
+        after ``timeout`` seconds; the next batch's call starts as soon as this one ends."""
+        assert isinstance(ticket, _Batch)
+        if ticket.rest is None:
+            return ticket.outcome
+        while ticket.running is None:  # queued behind batches collected before it
+            self._start(self._queued.popleft())
+        assert ticket.running is not None
+        outcome = ticket.running.wait(timeout)
+        if self._started is ticket:
+            self._started = None
+            if self._queued:
+                self._start(self._queued.popleft())
+        return outcome
+
+    def clear(self) -> None:
+        """Forget the batches of a turn that ended without collecting them: a queued one is
+        never started, a started one is abandoned (as at its limit)."""
+        self._queued.clear()
+        self._started = None
+
+    def _start(self, batch: _Batch) -> None:
+        assert batch.rest is not None
+        batch.running = start(batch.rest, name=f"{NAME}-renewal")
+        self._started = batch
+
+
+class _Batch:
+    """A renewal batch primed on the supervisor's thread (its leases checked, its statement
+    built), whose store call and judging run on a thread of their own once started."""
+
+    __slots__ = ("outcome", "rest", "running")
+
+    def __init__(self, rest: Callable[[], list[LeaseResult]] | None,
+                 outcome: object = None) -> None:
+        self.rest = rest  # None: answered already (priming raised ``outcome``)
+        self.outcome = outcome
+        self.running: Running[list[LeaseResult]] | None = None
+
+
+class AsyncCalls:
+    """The asyncio supervisor's store calls, each a task of its own: a campaign call is
+    waited for until its limit (:func:`mos_lease.bounded.bounded_async`), a renewal batch is
+    started at once and waited for by its collect (:func:`mos_lease.bounded.bounded_wait`),
+    so two batches are in flight together (on two connections, where the store has them). A
+    call given up on is cancelled and kept referenced until it ends, never trusted later."""
+
+    __slots__ = ("_abandoned", "_started")
+
+    def __init__(self) -> None:
+        self._abandoned: set[asyncio.Future[Any]] = set()
+        self._started: set[asyncio.Future[Any]] = set()  # renewals not yet collected
+
+    async def bounded(self, call: Callable[[A], Awaitable[T]], argument: A, timeout: float
+                      ) -> T | BaseException:
+        return await bounded_async(call(argument), timeout, self._abandoned)
+
+    def renew(self, coordinator: AsyncConnectorLeaseCoordinator, renew: Renew) -> object:
+        running = asyncio.ensure_future(coordinator.heartbeat_many(renew.leases, ttl=renew.ttl))
+        self._started.add(running)
+        return running
+
+    async def collect(self, ticket: object, timeout: float) -> object:
+        assert isinstance(ticket, asyncio.Future)
+        self._started.discard(ticket)
+        return await bounded_wait(ticket, timeout, self._abandoned)
+
+    def clear(self) -> None:
+        """A turn cut short (cancelled, or a bug) leaves no renewal running unwatched."""
+        for running in self._started:
+            abandon(running, self._abandoned)
+        self._started.clear()
+
+
+class Worker:
+    """The thread the thread supervisor's loop runs on, started by the first ``add()``."""
+
+    __slots__ = ("_lock", "_thread")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def start(self, run: Callable[[], object], name: str = NAME) -> None:
+        """Run ``run`` on a daemon thread named ``name``, unless it was started already."""
+        if self._thread is None:
+            with self._lock:  # two threads adding the first bindings start one thread
+                if self._thread is None:
+                    self._thread = threading.Thread(target=run, daemon=True, name=name)
+                    self._thread.start()
+
+    def stop(self, timeout: float | None) -> None:
+        """Wait for the thread to end (it was told to: the supervisor is closing), at most
+        ``timeout`` seconds; not on the thread itself."""
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+
+
+class AsyncWorker:
+    """The task the asyncio supervisor's loop runs as, started by the first ``add()``."""
+
+    __slots__ = ("_task",)
+
+    def __init__(self) -> None:
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self, run: Callable[[], Coroutine[Any, Any, None]], name: str = NAME) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(run(), name=name)
+
+    async def stop(self, timeout: float | None) -> None:
+        """Cancel the task and wait for it to end, at most ``timeout`` seconds; not from
+        the task itself."""
+        task = self._task
+        if task is not None and task is not asyncio.current_task():
+            task.cancel()
+            # Waited for without awaiting it, so a cancellation of the caller is not lost
+            # (the asyncio keeper's stop() explains why).
+            await asyncio.wait((task,), timeout=timeout)
