@@ -74,9 +74,7 @@ def every_call() -> list[calls.CoordinatorCall]:
     return [
         calls.AcquireCall(IDENT, "conn-b", SCOPES, 30.0, "corr-1"),
         calls.TakeoverCall(IDENT, "conn-b", SCOPES, 30.0, 4),
-        calls.HeartbeatCall(lease, 30.0, 2.5),
         calls.IssueGrantCall(lease, SCOPES, 5.0, "corr-2"),
-        calls.ReleaseCall(lease),
         calls.CurrentHolderCall(IDENT),
     ]
 
@@ -96,8 +94,7 @@ def test_each_step_calls_the_coordinator_method_of_its_name() -> None:
         call.on(names[type(call)])
     called = {kind.__name__: recording.calls[0][0] for kind, recording in names.items()}
     assert called == {"AcquireCall": "acquire", "TakeoverCall": "takeover",
-                      "HeartbeatCall": "heartbeat", "IssueGrantCall": "issue_grant",
-                      "ReleaseCall": "release", "CurrentHolderCall": "current_holder"}
+                      "IssueGrantCall": "issue_grant", "CurrentHolderCall": "current_holder"}
     # Every step the union lists is one of these or the one pause.
     assert set(typing.get_args(calls.Step)) == {*names, calls.Sleep}
 
