@@ -82,7 +82,7 @@ class LedgerAdapter:
 
 
 class AsyncLedgerAdapter:
-    """The asyncio twin of :class:`LedgerAdapter`: the insert is a fenced effect of
+    """The asyncio twin of ``LedgerAdapter``: the insert is a fenced effect of
     ``effects`` (one per process: the inserts of overlapping requests share a transaction
     and its commit, each checked against its own lease row in it)."""
 
@@ -91,7 +91,7 @@ class AsyncLedgerAdapter:
         self.name = name
 
     async def execute(self, context: ConnectorExecutionContext, text: str, /) -> int:
-        """As :meth:`LedgerAdapter.execute`."""
+        """As ``LedgerAdapter.execute``."""
         row = await self.effects.execute(context, INSERT, _row(self.name, context, text),
                                          scopes=SCOPES)
         assert row is not None
