@@ -10,7 +10,8 @@ serve on loopback, each on its own port, side by side for the whole run:
   ``AsyncSupervisor`` (one audited write, shared by the requests that overlap), then
   ``invoke``: the grant validated against the lease row, then the adapter;
 * the same with ``"work": "ledger"``: the adapter also writes one row into
-  ``recipes.effects`` in a ``fenced_transaction``;
+  ``recipes.effects`` as a fenced effect (``CoalescedEffects``: the inserts of overlapping
+  requests share a transaction, each checked against its own lease row in it);
 * a plain Starlette app doing per request what a gateway without this library would do
   durably: read the binding's row, insert one audit row, commit (one transaction), on a pool
   of as many connections as the gateway keeps (its store's one and its pool's four);

@@ -575,7 +575,7 @@ def _requests_figures(report: Report, result: gateway_requests.RequestsResult) -
     report.notes.append(
         "requests: gateway_requests_vs_plain_app = the recipe (grant, then validate) over a "
         "plain app (read, audit row, commit); gateway_effect_requests_vs_plain_app = both "
-        f"with an effect row (the recipe's in a fenced transaction); {result.effects_checked} "
+        f"with an effect row (the recipe's a fenced effect, coalesced); {result.effects_checked} "
         "effect rows checked, one per 200")
 
 

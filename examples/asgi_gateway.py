@@ -63,6 +63,7 @@ from mos_lease.adapter import run_adapter_async
 from mos_lease.fencing import FencedEffectRefused
 from mos_lease.supervisor import AsyncSupervisor
 from mos_lease_pg import AsyncPostgresLeaseStore
+from mos_lease_pg.effect_batches import CoalescedEffects
 
 # Errors of the store or the effect's connection: the reply is 503 and nothing is served.
 DOWN = (StoreUnavailable, psycopg.OperationalError, TimeoutError)
@@ -72,13 +73,15 @@ DOWN = (StoreUnavailable, psycopg.OperationalError, TimeoutError)
 
 @attrs.define
 class AsyncGateway:
-    """What one process runs: its configuration, coordinator, supervisor and effect pool."""
+    """What one process runs: its configuration, coordinator, supervisor, effect pool and
+    the fenced effects written through it (coalesced: one per process)."""
 
     config: GatewayConfig
     store: AsyncPostgresLeaseStore
     coordinator: AsyncConnectorLeaseCoordinator
     supervisor: AsyncSupervisor
     pool: AsyncConnectionPool[Any]
+    effects: CoalescedEffects
 
     @classmethod
     async def start(cls, config: GatewayConfig, dsn: str) -> AsyncGateway:
@@ -96,7 +99,7 @@ class AsyncGateway:
                            ttl=config.ttl, clock_step=config.clock_step,
                            metadata=config.metadata)
         emit("started", connector_id=config.connector_id, endpoint=config.endpoint)
-        return cls(config, store, coordinator, supervisor, pool)
+        return cls(config, store, coordinator, supervisor, pool, CoalescedEffects(pool))
 
     async def close(self) -> None:
         """Release every lease held (the supervisor's close), then disconnect."""
@@ -125,7 +128,7 @@ class AsyncGateway:
             if granted.grant is None:
                 return grant_refused(granted)
             adapter: ledger.AsyncLedgerAdapter | ledger.AsyncValidateOnly = (
-                ledger.AsyncLedgerAdapter(self.pool, binding.name)
+                ledger.AsyncLedgerAdapter(self.effects, binding.name)
                 if self.config.work == "ledger" else ledger.AsyncValidateOnly())
             result = await run_adapter_async(self.coordinator, granted.grant, adapter,
                                              work.text, identity=identity, scopes=SCOPES)

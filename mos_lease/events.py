@@ -19,7 +19,7 @@ from collections.abc import Callable
 import attrs
 
 from mos_lease.errors import ConfigurationError
-from mos_lease.records import AuditEntry
+from mos_lease.records import AuditEntry, LeaseHandle
 from mos_lease.vocabulary import LifecycleEvent, Outcome, Reason
 
 log = logging.getLogger("mos_lease.events")
@@ -127,6 +127,25 @@ Event = OperationFinished | StoreCall | Renewed | RenewalRetry | Lost
 EventHook = Callable[[Event], object]
 """What ``on_event=`` takes: called synchronously, on the thread (or loop) that did the
 work, so it should be quick; whatever it returns is ignored."""
+
+
+def renewal(lease: LeaseHandle, duration: float, cause: str | None = None, attempt: int = 0,
+            delay: float = 0.0) -> Renewed | RenewalRetry:
+    """The event of one renewal of ``lease`` that kept it: :class:`Renewed` after
+    ``duration`` seconds, or, given the ``cause`` of a transient failure, the
+    :class:`RenewalRetry` of failure ``attempt`` tried again after ``delay`` seconds. Built
+    here for a keeper and a supervisor alike."""
+    who = (lease.identity.tenant_id, lease.identity.logical_agent_id,
+           lease.identity.binding_id, lease.connector_id, lease.epoch)
+    if cause is None:
+        return Renewed(*who, duration)
+    return RenewalRetry(*who, cause, attempt, delay)
+
+
+def loss(lease: LeaseHandle, cause: str, reason: Reason) -> Lost:
+    """The :class:`Lost` event of ``lease`` (``cause``: a loss cause's value)."""
+    return Lost(lease.identity.tenant_id, lease.identity.logical_agent_id,
+                lease.identity.binding_id, lease.connector_id, lease.epoch, cause, reason)
 
 
 def store_system(store: object) -> str:

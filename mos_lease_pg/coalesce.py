@@ -7,13 +7,18 @@ in turn on the store's connection; coalesced (group commit), one per batch.
 
     a call arrives   nothing in flight on the store's queue: it goes out at once, alone, as
                      the ordinary statement (``load.sql``, ``record.sql``; no wait, no
-                     queue, no allocation). A call in flight: the new one queues.
+                     queue, no allocation). A call in flight: the new one queues. On
+                     the asyncio store a call also queues while its other queue is busy
+                     or its one connection taken (it would wait for it anyway).
     a call returns   whatever queued meanwhile goes out together as one statement
                      (``load_many.sql``: the keys unnested, joined to the lease table, each
                      row with its key's position and the database time;
                      ``record_many.sql``: each entry appended as ``record.sql`` appends it,
                      in one transaction), sent by the pump (a thread of the sync store, a
-                     task of the asyncio store's loop).
+                     task of the asyncio store's loop, which first waits for the
+                     connection and lets the callers woken with it queue: the tasks one
+                     batch answered go out together again, so N grants in step cost one
+                     load and one append per round, not two of each).
 
 What each caller is told does not change:
 
@@ -316,32 +321,55 @@ class _TaskTicket(Ticket):
 class TaskReads:
     """The asyncio store's coalesced calls: callers are tasks, the pump a task of the loop
     started when calls queued behind a lone one, ending when none are left. ``one``,
-    ``many`` and ``late`` as for :class:`ThreadReads`, awaited."""
+    ``many`` and ``late`` as for :class:`ThreadReads`, awaited.
 
-    __slots__ = ("_late", "_many", "_one", "_pump", "_reads", "_store")
+    ``crowded`` says whether the store is another call's now (a call of its other queue in
+    flight or queued, its one connection taken): a call arriving then queues instead of
+    going alone, and ``free`` (awaited by the pump before it takes a batch) returns once
+    the connection is free and the callers woken with it have run. So the tasks a batch's
+    answer wakes together, each moving on to its next call (a grant's load, then its
+    append), go out together again, not as one alone and the rest behind it."""
+
+    __slots__ = ("_crowded", "_free", "_late", "_many", "_one", "_pump", "_reads", "_store")
 
     def __init__(self, store: _Store, one: Callable[[Any, float], Awaitable[Any]],
                  many: Callable[[list[Ticket], float], Awaitable[Sequence[object]]], *,
-                 late: Late = late_read) -> None:
+                 late: Late = late_read,
+                 crowded: Callable[[], bool] | None = None,
+                 free: Callable[[], Awaitable[None]] | None = None) -> None:
         self._store = store
         self._one = one
         self._many = many
         self._late = late
+        self._crowded = crowded
+        self._free = free
         self._reads: Reads[_TaskTicket] = Reads()
         self._pump: asyncio.Task[None] | None = None  # kept: the loop holds tasks weakly
+
+    @property
+    def busy(self) -> bool:
+        """Whether a call of this queue is in flight or queued."""
+        return self._reads.busy
 
     async def call(self, key: Any) -> Any:
         """As :meth:`ThreadReads.call`."""
         store = self._store
         deadline = store._deadline(None)
         reads = self._reads
+        # (Asked before this call makes its own queue busy.)
+        crowded = self._crowded is not None and self._crowded()
         if reads.alone():
-            try:
-                return await self._one(key, deadline)
-            finally:
-                # Also when this caller is cancelled: the calls behind it go out regardless.
-                if reads.returned():
-                    self._pump = asyncio.get_running_loop().create_task(self._pumping())
+            if not crowded:
+                try:
+                    return await self._one(key, deadline)
+                finally:
+                    # Also when this caller is cancelled: the calls behind it go out
+                    # regardless.
+                    if reads.returned():
+                        self._pump = asyncio.get_running_loop().create_task(self._pumping())
+            # The store is another call's: this one would wait for the connection anyway, so
+            # it queues, and goes out with what queues meanwhile once the connection is free.
+            self._pump = asyncio.get_running_loop().create_task(self._pumping())
         ticket = _TaskTicket(key, deadline, store._clock(),
                              asyncio.get_running_loop().create_future())
         reads.waiting.append(ticket)
@@ -360,9 +388,11 @@ class TaskReads:
         return outcome(ticket)
 
     async def _pumping(self) -> None:
-        reads = self._reads
+        reads, free = self._reads, self._free
         try:
             while True:
+                if free is not None:
+                    await free()
                 batch = reads.take()
                 if batch is None:
                     return

@@ -281,10 +281,16 @@ class AsyncPostgresLeaseStore(_StoreCore):
                                             AsyncDedicatedConnection, AsyncPooledConnection)
         self._setup(settings, clock)
         # As PostgresLeaseStore: loads and audit appends that overlap are coalesced.
-        self._reads = TaskReads(self, self._load_one, self._load_batch)
+        # A call arriving while the store is busy with another queues (TaskReads).
+        crowded, free = self._crowded, self._source.free
+        self._reads = TaskReads(self, self._load_one, self._load_batch, crowded=crowded,
+                                free=free)
         self._records = TaskReads(self, self._record_one,
                                   lambda batch, d: self._record_batch(keys(batch), d),
-                                  late=store_core.late_record)
+                                  late=store_core.late_record, crowded=crowded, free=free)
+
+    def _crowded(self) -> bool:
+        return self._reads.busy or self._records.busy or self._source.taken()
 
     async def _load_one(self, identity: LeaseIdentity, deadline: float) -> Snapshot:
         return await self._run(self._load_call(identity), deadline=deadline)

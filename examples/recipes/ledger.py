@@ -15,12 +15,13 @@ from __future__ import annotations
 from typing import Any, Final
 
 import psycopg
-from psycopg_pool import AsyncConnectionPool, ConnectionPool
+from psycopg_pool import ConnectionPool
 
 from examples.recipes.config import SCOPES
 from mos_lease import ConnectorExecutionContext
 from mos_lease_pg.admin.roles import DEFAULT_GATEWAY_ROLE, effect_table, effect_table_grants
-from mos_lease_pg.effects import fenced_transaction, fenced_transaction_async
+from mos_lease_pg.effect_batches import CoalescedEffects
+from mos_lease_pg.effects import fenced_transaction
 
 TABLE: Final = "recipes.effects"
 SCHEMA: Final = """
@@ -81,18 +82,18 @@ class LedgerAdapter:
 
 
 class AsyncLedgerAdapter:
-    """The asyncio twin of :class:`LedgerAdapter`."""
+    """The asyncio twin of ``LedgerAdapter``: the insert is a fenced effect of
+    ``effects`` (one per process: the inserts of overlapping requests share a transaction
+    and its commit, each checked against its own lease row in it)."""
 
-    def __init__(self, pool: AsyncConnectionPool[Any], name: str) -> None:
-        self.pool = pool
+    def __init__(self, effects: CoalescedEffects, name: str) -> None:
+        self.effects = effects
         self.name = name
 
     async def execute(self, context: ConnectorExecutionContext, text: str, /) -> int:
-        """As :meth:`LedgerAdapter.execute`."""
-        async with self.pool.connection() as conn, \
-                fenced_transaction_async(conn, context, scopes=SCOPES) as cur:
-            await cur.execute(INSERT, _row(self.name, context, text))
-            row = await cur.fetchone()
+        """As ``LedgerAdapter.execute``."""
+        row = await self.effects.execute(context, INSERT, _row(self.name, context, text),
+                                         scopes=SCOPES)
         assert row is not None
         return int(row[0])
 

@@ -1,9 +1,10 @@
 """Lease keepers: heartbeat a lease in the background and know, locally, when it is gone.
 
 ``schedule`` holds the pure decisions (when to renew, retry, or count the lease lost),
-``calls`` the coordinator calls a keeper makes and the loops that make them, ``steps`` the
-keeper's steps written once, ``base`` what the two keepers share, and ``thread_keeper`` and
-``asyncio_keeper`` the drivers that run the steps. Why the local deadline is safe is
+used by the supervisor engine (:mod:`mos_lease.supervisor`) for every lease it keeps;
+``calls`` the coordinator calls a keeper or holder makes and the loops that make them;
+``base`` what the two keepers share, and ``thread_keeper`` and ``asyncio_keeper`` the two
+keepers: each the engine with one binding, held once. Why the local deadline is safe is
 explained in ``docs/keeper.md``.
 """
 

@@ -6,26 +6,27 @@ says what it needs done, and the generator is resumed with the outcome (or throw
 failure). The steps are the calls below, each named for the coordinator method it calls,
 and :class:`~mos_lease.sleep.Sleep`::
 
-    def renew(lease: LeaseHandle) -> Steps[LeaseResult]:
-        result = yield HeartbeatCall(lease, ttl=30.0, timeout=5.0)  # decides, performs nothing
-        if not result.ok:
+    def look(identity: LeaseIdentity) -> Steps[HolderView | None]:
+        view = yield CurrentHolderCall(identity)  # decides, performs nothing
+        if view is not None:
             yield Sleep(1.0)
-        return result
+        return view
 
 A call knows how it is made: ``call.on(coordinator)`` calls the coordinator's method with
 the call's arguments. On a :class:`~mos_lease.ConnectorLeaseCoordinator` that returns the
 result; on an :class:`~mos_lease.AsyncConnectorLeaseCoordinator` it returns the awaitable
 that the asyncio driver awaits. So which method a step calls, and with what, is written
 here once for both kinds; a thread driver and an asyncio driver only choose how to wait
-(a heartbeat's bound, a pause that a notice or a stop may end early) and run the steps with
-:func:`drive` or :func:`drive_async`, which differ only in ``await``::
+(a pause that a notice or a stop may end early) and run the steps with :func:`drive` or
+:func:`drive_async`, which differ only in ``await``::
 
-    result = drive(renew(lease), perform)               # perform(step) -> outcome
-    result = await drive_async(renew(lease), perform)   # await perform(step) -> outcome
+    view = drive(look(identity), perform)               # perform(step) -> outcome
+    view = await drive_async(look(identity), perform)   # await perform(step) -> outcome
 
 These are not the coordinator's own flows (:mod:`mos_lease.coordinator`), which sit one
 level lower, between the coordinator and its store: a keeper's step is one whole
-coordinator call, with its policy check, its audit row and its retries.
+coordinator call, with its policy check, its audit row and its retries. A kept lease's
+renewals and release are the supervisor engine's (:mod:`mos_lease.supervisor`), not steps.
 """
 
 from __future__ import annotations
@@ -48,8 +49,8 @@ if TYPE_CHECKING:
     Coordinator = ConnectorLeaseCoordinator | AsyncConnectorLeaseCoordinator
 
 __all__ = [
-    "AcquireCall", "CoordinatorCall", "CurrentHolderCall", "HeartbeatCall", "IssueGrantCall",
-    "ReleaseCall", "Sleep", "Step", "Steps", "TakeoverCall", "drive", "drive_async",
+    "AcquireCall", "CoordinatorCall", "CurrentHolderCall", "IssueGrantCall", "Sleep", "Step",
+    "Steps", "TakeoverCall", "drive", "drive_async",
 ]
 
 S = TypeVar("S")
@@ -99,20 +100,6 @@ class TakeoverCall(_Claim):
 
 
 @attrs.frozen(slots=True)
-class HeartbeatCall:
-    """``coordinator.heartbeat``. The driver gives up waiting after ``timeout`` seconds and
-    then answers :data:`~mos_lease.keeper.steps.OVERDUE` (the call itself is abandoned,
-    never trusted later)."""
-
-    lease: LeaseHandle
-    ttl: float
-    timeout: float
-
-    def on(self, coordinator: Coordinator) -> Any:
-        return coordinator.heartbeat(self.lease, ttl=self.ttl)
-
-
-@attrs.frozen(slots=True)
 class IssueGrantCall:
     """``coordinator.issue_grant`` for the kept lease."""
 
@@ -127,16 +114,6 @@ class IssueGrantCall:
 
 
 @attrs.frozen(slots=True)
-class ReleaseCall:
-    """``coordinator.release``."""
-
-    lease: LeaseHandle
-
-    def on(self, coordinator: Coordinator) -> Any:
-        return coordinator.release(self.lease)
-
-
-@attrs.frozen(slots=True)
 class CurrentHolderCall:
     """``coordinator.current_holder``: who holds the lease (a read, no audit row)."""
 
@@ -146,8 +123,7 @@ class CurrentHolderCall:
         return coordinator.current_holder(self.identity)
 
 
-CoordinatorCall = (AcquireCall | TakeoverCall | HeartbeatCall | IssueGrantCall | ReleaseCall
-                   | CurrentHolderCall)
+CoordinatorCall = AcquireCall | TakeoverCall | IssueGrantCall | CurrentHolderCall
 Step = CoordinatorCall | Sleep
 Steps = Generator[Step, Any, T]
 """A generator of steps that returns a ``T``."""

@@ -1,24 +1,24 @@
-"""The thread keeper: :class:`LeaseKeeper` runs the keeper's steps on a thread of its own
-and each heartbeat on a short-lived thread, so a call hung on a half-open connection is
-abandoned at the deadline."""
+"""The thread keeper: :class:`LeaseKeeper` keeps one lease on the supervisor engine's thread
+(:class:`~mos_lease.supervisor.Supervisor`), each heartbeat on a short-lived thread of its
+own, so a call hung on a half-open connection is abandoned at the deadline."""
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping
 from datetime import timedelta
-from typing import Any
 
-from mos_lease.bounded import bounded
+from mos_lease import held_grant
 from mos_lease.coordinator import ConnectorLeaseCoordinator
-from mos_lease.errors import MosLeaseError
+from mos_lease.errors import InvalidInput
+from mos_lease.flowdrive import Drive, outcome_of
 from mos_lease.identity import LeaseIdentity
-from mos_lease.keeper import steps
-from mos_lease.keeper.base import _Keeper
-from mos_lease.keeper.calls import HeartbeatCall, Sleep, Step, Steps, drive
-from mos_lease.keeper.schedule import Action
+from mos_lease.keeper.base import _adopted, _Keeper
+from mos_lease.keeper.calls import AcquireCall, IssueGrantCall, TakeoverCall
+from mos_lease.keeper.schedule import Action, ReportLoss
 from mos_lease.records import LeaseHandle
 from mos_lease.results import GrantResult, LeaseResult
+from mos_lease.supervisor import Supervisor
 
 
 class LeaseKeeper(_Keeper[ConnectorLeaseCoordinator, Callable[[float], object]]):
@@ -34,6 +34,8 @@ class LeaseKeeper(_Keeper[ConnectorLeaseCoordinator, Callable[[float], object]])
         keeper.stop()  # stops renewing and releases the lease
 
     A keeper keeps one lease: once lost or stopped it stays so; make a new one to try again.
+    It is the supervisor engine running that one binding, held once: the same schedule,
+    deadline and loss rule as every binding of a :class:`~mos_lease.supervisor.Supervisor`.
     ``clock`` is the monotonic clock the local deadline is kept on: by default the
     coordinator's (:attr:`~mos_lease.ConnectorLeaseCoordinator.monotonic`), so one clock
     serves the coordinator and its keepers. ``sleep`` and ``random`` are injectable for
@@ -54,32 +56,20 @@ class LeaseKeeper(_Keeper[ConnectorLeaseCoordinator, Callable[[float], object]])
     """
 
     _kind = ConnectorLeaseCoordinator
+    _engine_kind = Supervisor
+    _engine: Supervisor
     lost: threading.Event
     """Set once the lease is lost (or the keeper stopped); never cleared."""
 
-    def _setup(self, sleep: Callable[[float], object] | None) -> Callable[[], object]:
+    def _setup(self) -> None:
         self.lost = threading.Event()
-        self._wakeup = threading.Event()
-        self._sleep = sleep if sleep is not None else self._wakeup.wait
-        self._thread: threading.Thread | None = None
-        return self._signal
 
     def _signal(self) -> None:
         self.lost.set()
-        self._wakeup.set()
 
-    def _drive(self, running: Steps[Any], thrown: type[BaseException] = MosLeaseError) -> Any:
-        return drive(running, self._perform, thrown)
-
-    def _perform(self, step: Step) -> Any:
-        if isinstance(step, Sleep):
-            return self._sleep(step.seconds)  # stop() sets the event: the pause ends at once
-        if isinstance(step, HeartbeatCall):
-            # On a thread of its own: a call hung on a half-open connection is abandoned
-            # at the deadline (OVERDUE) instead of holding the keeper past it.
-            return bounded(lambda: step.on(self.heartbeat_coordinator), step.timeout,
-                           name="mos-lease-heartbeat")
-        return step.on(self.coordinator)
+    @property
+    def _thread(self) -> threading.Thread | None:
+        return self._engine._worker._thread
 
     # -- getting a lease -----------------------------------------------------------------
 
@@ -89,8 +79,8 @@ class LeaseKeeper(_Keeper[ConnectorLeaseCoordinator, Callable[[float], object]])
         """:meth:`ConnectorLeaseCoordinator.acquire` with the keeper's ttl (and the holder
         ``metadata``, if given); on success the keeper holds the lease and starts renewing
         it. A refusal leaves the keeper unused."""
-        return self._start(self._acquire(identity, connector_id, scopes, correlation_id,
-                                         metadata))
+        return self._start(self._acquire_call(identity, connector_id, scopes, correlation_id,
+                                              metadata))
 
     def takeover(self, identity: LeaseIdentity, connector_id: str, *, scopes: object,
                  expected_epoch: int, correlation_id: str | None = None,
@@ -98,35 +88,35 @@ class LeaseKeeper(_Keeper[ConnectorLeaseCoordinator, Callable[[float], object]])
         """:meth:`ConnectorLeaseCoordinator.takeover` at ``expected_epoch`` with the
         keeper's ttl (and the holder ``metadata``, if given); on success the keeper holds
         the lease and starts renewing it. A refusal leaves the keeper unused."""
-        return self._start(self._takeover(identity, connector_id, scopes, expected_epoch,
-                                          correlation_id, metadata))
+        return self._start(self._takeover_call(identity, connector_id, scopes, expected_epoch,
+                                               correlation_id, metadata))
 
     def adopt(self, lease: LeaseHandle, *, obtained_at: float) -> None:
         """Keep a lease obtained elsewhere with this keeper's ttl. ``obtained_at`` must be
         the keeper clock's reading taken *before* the call that produced ``lease``."""
-        self._start(self._adopt(lease, obtained_at))
+        self._start(_adopted(lease), obtained_at)
 
-    def _start(self, starting: Steps[Any]) -> LeaseResult:
-        result: LeaseResult
-        result, holding = self._drive(starting, BaseException)
-        if holding and self._background:
-            self._thread = threading.Thread(target=self._run, daemon=True, name=self._name())
-            self._thread.start()
+    def _start(self, call: AcquireCall | TakeoverCall | LeaseResult,
+               obtained_at: float | None = None) -> LeaseResult:
+        started = self._claim_start()
+        result: LeaseResult | None = None
+        try:
+            result = call if isinstance(call, LeaseResult) else call.on(self.coordinator)
+        finally:
+            self._started(result, started if obtained_at is None else obtained_at)
+        assert result is not None
         return result
 
     # -- the heartbeat loop --------------------------------------------------------------
 
     def step(self) -> Action:
         """Run one decision: renew, wait, or report loss. Returns what was decided."""
-        action: Action = self._drive(steps.step(self._core))
+        action = self._action()
+        if isinstance(action, ReportLoss):
+            self.enforce_deadline()
+        else:
+            self._engine.turn()  # renews if due, else sleeps until the renewal
         return action
-
-    def _run(self) -> None:
-        while not self._wakeup.is_set() and not self.lost.is_set():
-            try:
-                self.step()
-            except Exception as error:
-                steps.run_failed(self._core, error)
 
     # -- using the lease -----------------------------------------------------------------
 
@@ -134,8 +124,14 @@ class LeaseKeeper(_Keeper[ConnectorLeaseCoordinator, Callable[[float], object]])
                     correlation_id: str | None = None) -> GrantResult:
         """Mint a grant for the kept lease, or refuse locally once it is lost (the deadline
         is checked before and after the store call)."""
-        result: GrantResult = self._drive(steps.issue_grant(self._core, scopes, ttl,
-                                                            correlation_id))
+        self._require()
+        drive = Drive(held_grant.issue_grant(self, self._clock, scopes, ttl, correlation_id))
+        for call in drive:
+            drive.send(outcome_of(self._grant, call))
+        return drive.result
+
+    def _grant(self, call: IssueGrantCall) -> GrantResult:
+        result: GrantResult = call.on(self.coordinator)
         return result
 
     # -- stopping ------------------------------------------------------------------------
@@ -146,11 +142,14 @@ class LeaseKeeper(_Keeper[ConnectorLeaseCoordinator, Callable[[float], object]])
         Returns the release result, or ``None`` if nothing was released. Marks the keeper
         lost with cause ``STOPPED`` (so ``lost`` waiters wake up) unless it already was.
         """
-        self._wakeup.set()
-        thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout)
-        result: LeaseResult | None = self._drive(steps.stop(self._core, release))
+        identity = self._stopping()
+        if identity is None:
+            return None  # nothing held yet: the keeper may still start
+        try:
+            result = self._engine.remove(identity, release=release)
+        except InvalidInput:
+            result = None  # stopped already
+        self._engine.close(timeout=timeout)
         return result
 
     def __enter__(self) -> LeaseKeeper:

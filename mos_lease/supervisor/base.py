@@ -9,16 +9,18 @@ the calls a turn yields, which is where threads and asyncio differ.
 from __future__ import annotations
 
 import logging
+import math
 import random as _random
 from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any, Generic, TypeVar
 
 from mos_lease.coordinator import AsyncConnectorLeaseCoordinator, ConnectorLeaseCoordinator
-from mos_lease.errors import ConfigurationError
+from mos_lease.errors import ConfigurationError, InvalidInput
+from mos_lease.events import EventHook, emitter
 from mos_lease.fleet.membership import Fleet, FleetStatus, Membership
 from mos_lease.identity import LeaseIdentity, check_id, check_identity, normalize_scopes
-from mos_lease.keeper import KeeperTiming, default_clock_step
+from mos_lease.keeper.schedule import KeeperTiming, default_clock_step
 from mos_lease.metadata import check_metadata
 from mos_lease.records import LeaseHandle
 from mos_lease.results import LeaseResult
@@ -40,7 +42,7 @@ _CLOSED: Any = None  # what a listener is sent when the supervisor closes
 def _binding(store: object, identity: LeaseIdentity, connector_id: str, scopes: object,
              ttl: float | timedelta, options: dict[str, float | None],
              metadata: object = None, takeover: object = TakeoverPolicy.EXPIRED,
-             wait: object = None) -> Binding:
+             wait: object = None, once: object = False) -> Binding:
     seconds = ttl.total_seconds() if isinstance(ttl, timedelta) else ttl
     if options.get("clock_step") is None:  # the store says whether its time can step
         options["clock_step"] = default_clock_step(store)
@@ -48,32 +50,65 @@ def _binding(store: object, identity: LeaseIdentity, connector_id: str, scopes: 
     return Binding(check_identity("identity", identity), check_id("connector_id", connector_id),
                    normalize_scopes("scopes", scopes), timing,
                    check_metadata("metadata", metadata), check_takeover(takeover),
-                   check_wait(wait))
+                   check_wait(wait), _flag("once", once))
+
+
+def _held(lease: object, obtained_at: object, identity: LeaseIdentity,
+          connector_id: str) -> tuple[LeaseHandle, float] | None:
+    """``add()``'s ``held`` and ``obtained_at``, checked: both or neither, a handle of the
+    binding's own identity and connector, a finite clock reading."""
+    if lease is None and obtained_at is None:
+        return None
+    if not isinstance(lease, LeaseHandle):
+        raise InvalidInput("held", f"must be a LeaseHandle, not {type(lease).__name__}")
+    if lease.identity != identity or lease.connector_id != connector_id:
+        raise InvalidInput("held", "must be a lease of the binding's identity and connector")
+    if isinstance(obtained_at, bool) or not isinstance(obtained_at, int | float) \
+            or not math.isfinite(obtained_at):
+        raise InvalidInput("obtained_at", "must be the clock's reading before the call "
+                           "that won the lease")
+    return lease, float(obtained_at)
+
+
+def _flag(name: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise InvalidInput(name, f"must be True or False, not {type(value).__name__}")
+    return value
 
 
 class _Supervisor(Generic[C]):
     """What both supervisors share: registering, reading, and the core."""
 
     _kind: type[C]
+    _sleep: Any  # the driver's pause: injected, or its own (_real_sleep)
 
     def __init__(self, coordinator: C, *,
                  on_change: Callable[[Change], object] | None = None,
                  clock: Callable[[], float] | None = None,
                  random: Callable[[], float] = _random.random,
                  background: bool = True, notices: NoticeFeed | None = None,
-                 fleet: Fleet | None = None) -> None:
-        if not isinstance(coordinator, self._kind):
-            raise ConfigurationError(f"{type(self).__name__} needs a {self._kind.__name__}, "
-                                     f"not {type(coordinator).__name__}")
+                 heartbeat_coordinator: C | None = None,
+                 on_event: EventHook | None = None, fleet: Fleet | None = None) -> None:
+        for name, given in (("coordinator", coordinator),
+                            ("heartbeat_coordinator", heartbeat_coordinator)):
+            if given is not None and not isinstance(given, self._kind):
+                raise ConfigurationError(f"{type(self).__name__} needs a "
+                                         f"{self._kind.__name__} as {name}, not "
+                                         f"{type(given).__name__}")
         if on_change is not None and not callable(on_change):
             raise ConfigurationError("on_change must be callable")
         self.coordinator: C = coordinator
+        # The renewals go through this one (a connection of its own, say, so that a renewal
+        # stuck on it cannot hold up the grants and campaign calls of ``coordinator``).
+        self.renewer: C = coordinator if heartbeat_coordinator is None \
+            else heartbeat_coordinator
         # Counted by the driver where each call is made (mos_lease.stats).
         self._counts = SupervisorCounts()
         # Deadlines are kept on the coordinator's monotonic clock unless told otherwise.
         self._core = Core(clock if clock is not None else coordinator.monotonic, random,
-                          on_change)
+                          on_change, emitter(on_event))
         self._background = background
+        self._name = "mos-lease-supervisor"  # of its thread or task (start() may rename it)
         if fleet is not None:
             self._join(fleet)
         feed = check_feed(notices)
@@ -114,7 +149,8 @@ class _Supervisor(Generic[C]):
             max_backoff: float | None = None,
             metadata: Mapping[str, str] | None = None,
             takeover: TakeoverPolicy | str = TakeoverPolicy.EXPIRED,
-            wait: float | None = None) -> None:
+            wait: float | None = None, once: bool = False,
+            held: LeaseHandle | None = None, obtained_at: float | None = None) -> None:
         """Run ``identity`` as ``connector_id``: campaign for its lease, hold it, and
         campaign again after a loss, until ``remove()`` or ``close()``. The timing
         options are :class:`~mos_lease.keeper.KeeperTiming`'s (``docs/keeper.md``), except
@@ -129,15 +165,26 @@ class _Supervisor(Generic[C]):
         campaign may take; when they run out, or at once on a refusal that waiting cannot
         change (the policy's, an exhausted epoch), the binding gives up: it is reported as
         :class:`~mos_lease.supervisor.changes.GaveUp` and no longer run. ``None`` (the
-        default): campaign until removed, whatever is refused."""
+        default): campaign until removed, whatever is refused. ``once``: hold the lease
+        once, as :func:`~mos_lease.hold` does: its loss (reported as
+        :class:`~mos_lease.supervisor.changes.BindingLost`) ends the binding, which is then
+        no longer run, instead of starting a new campaign. ``held``: the binding holds this
+        lease already, won by a call the caller made (an acquire or a takeover, as a keeper
+        makes them), which started at ``obtained_at`` on the supervisor's clock: it is
+        renewed from there as if the supervisor had won it (its deadline counts from
+        ``obtained_at``), reported as :class:`~mos_lease.supervisor.changes.BindingStarted`,
+        and no campaign comes first."""
+        start = _held(held, obtained_at, identity, connector_id)
         binding = _binding(self.coordinator.store, identity, connector_id, scopes, ttl, {
             "safety_margin": safety_margin, "clock_step": clock_step,
             "renew_fraction": renew_fraction, "jitter": jitter,
-            "min_backoff": min_backoff, "max_backoff": max_backoff}, metadata, takeover, wait)
+            "min_backoff": min_backoff, "max_backoff": max_backoff}, metadata, takeover, wait,
+            once)
         with self._core.lock:
             if self._core.closing:
                 raise ConfigurationError("the supervisor is closed")
-            self._core.schedule.add(binding, self._core.clock())
+            changes = self._core.schedule.add(binding, self._core.clock(), start)
+        self._core.report(changes)
         self._started()
 
     def lease(self, identity: LeaseIdentity) -> LeaseHandle | None:
@@ -151,6 +198,13 @@ class _Supervisor(Generic[C]):
                 lease = None  # released by close(), if not already
         self._core.report(changes)
         return lease
+
+    def deadline(self, identity: LeaseIdentity) -> float | None:
+        """The local deadline (on the supervisor's clock) of the lease held for
+        ``identity``, or ``None`` if none is held: the moment the lease counts as lost
+        unless renewed before, which an ``on_expiring`` report counts down to."""
+        with self._core.lock:
+            return None if self._core.closing else self._core.schedule.deadline(identity)
 
     def stats(self) -> SupervisorStats:
         """What this supervisor did since it was created, and the bindings it holds now
@@ -169,6 +223,25 @@ class _Supervisor(Generic[C]):
         """The identities registered, held or not."""
         with self._core.lock:
             return list(self._core.schedule.slots)
+
+    def start(self, name: str | None = None) -> None:
+        """Run in the background from now on (a thread, or a task on the running loop,
+        named ``name`` if given), pausing on real waits that a notice or an ``add()`` ends
+        early: for a supervisor turned by hand until now (``background=False``, its
+        injected ``sleep``), as :func:`~mos_lease.hold` waits for its lease in the caller's
+        thread and then keeps it in the background. Nothing if it runs already."""
+        with self._core.lock:
+            if self._core.closing:
+                raise ConfigurationError("the supervisor is closed")
+            self._background = True
+            self._sleep = self._real_sleep()
+            if name is not None:
+                self._name = name
+        self._started()
+
+    def _real_sleep(self) -> Any:
+        """The driver's own pause, which a wake-up ends early."""
+        raise NotImplementedError
 
     def _started(self) -> None:
         """A binding was added: wake the loop (and start it, if it does not run yet)."""
@@ -190,6 +263,9 @@ class _Supervisor(Generic[C]):
             slot = self._core.schedule.slots.get(identity)
             lease, changes = self._core.schedule.remove(identity, self._core.clock(),
                                                         closing=self._core.closing)
+            if slot is None:  # ended (held once) or gone: its confirming turn, if any
+                slot = next((s for s in self._core.confirming
+                             if s.binding.identity == identity), None)
             done = None if slot is None else self._core.confirming.pop(slot, None)
             if self._notices is not None:
                 self._notices.forget(identity)

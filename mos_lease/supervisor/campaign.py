@@ -14,7 +14,7 @@ import math
 from typing import Final
 
 from mos_lease.errors import InvalidInput
-from mos_lease.keeper import KeeperTiming
+from mos_lease.keeper.schedule import KeeperTiming
 from mos_lease.results import HolderView
 from mos_lease.vocabulary import LeaseState, Reason
 

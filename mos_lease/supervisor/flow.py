@@ -28,9 +28,10 @@ import attrs
 from mos_lease import held_grant
 from mos_lease.bounded import OVERDUE
 from mos_lease.errors import StoreUnavailable
+from mos_lease.events import Emitter
 from mos_lease.identity import LeaseIdentity
-from mos_lease.keeper import LeaseLoss
 from mos_lease.keeper.calls import IssueGrantCall
+from mos_lease.keeper.schedule import LeaseLoss
 from mos_lease.records import LeaseHandle
 from mos_lease.results import GrantResult
 from mos_lease.sleep import Sleep
@@ -48,8 +49,8 @@ from mos_lease.supervisor.slots import (
     Takeover,
 )
 
-__all__ = ["IN_FLIGHT", "OVERDUE", "Attempt", "Call", "Collect", "Core", "FleetCall",
-           "IssueGrantCall", "Release", "Sleep", "batches", "issue_grant", "turn", "turn_failed"]
+__all__ = ["IN_FLIGHT", "OVERDUE", "Attempt", "Call", "Collect", "Core", "IssueGrantCall",
+           "Release", "Sleep", "batches", "issue_grant", "turn", "turn_failed"]
 
 log = logging.getLogger("mos_lease.supervisor")
 
@@ -103,7 +104,6 @@ class Release:
 
 Call = Renew | Collect | Attempt | Release | Sleep | fleet.FleetCall
 Flow = Generator[Call, Any, None]
-FleetCall = fleet.FleetCall
 
 
 class Core:
@@ -118,16 +118,31 @@ class Core:
     """
 
     def __init__(self, clock: Callable[[], float], draw: Callable[[], float],
-                 on_change: Callable[[Change], object] | None) -> None:
+                 on_change: Callable[[Change], object] | None,
+                 emit: Emitter | None = None) -> None:
         self.clock = clock
         self.schedule = Schedule(draw)
+        self.emit = emit
+        if emit is not None:
+            self.schedule.telemetry = []
         self.lock = threading.RLock()
         self.on_change = on_change
         self.listeners: list[Callable[[Change | None], object]] = []
         self.confirming: dict[Slot, Callable[[], None]] = {}
+        # The ``done`` of the confirmer's turn that moved waiting bindings' reads to now
+        # (Schedule.look_now): called once the next turn made those reads, so that the
+        # notices coming meanwhile are coalesced into it.
+        self.looking: list[Callable[[], None]] = []
         self.closing = False
 
     def report(self, changes: list[Change]) -> None:
+        """Report ``changes`` (and emit the telemetry the schedule kept since the last
+        report); called after every decision, outside the lock."""
+        if self.emit is not None:
+            with self.lock:
+                telemetry, self.schedule.telemetry = self.schedule.telemetry, []
+            for event in telemetry or ():
+                self.emit(event)
         for change in changes:
             if self.on_change is not None:
                 try:
@@ -170,16 +185,26 @@ def turn(core: Core, in_flight: int = 1) -> Flow:
         now = core.clock()
         due = core.schedule.due(now)
         members = fleet.reading(core)  # a fleet member's read of the member set is due
+        looked, core.looking = core.looking, []  # the reads these turns asked for are due
     core.report(due.changes)
     if not due.renewals and not due.campaigns and not due.confirms and not members:
+        _done(looked)
         # Nothing is due until then; the driver wakes earlier when a binding is added or on
         # close.
         yield Sleep(max(due.wake_at - now, 0.0))
         return
-    if (yield from _renewals(core, due, max(in_flight, 1))):
-        if members:
-            yield from fleet.members(core, MAX_CALL)
-        yield from _campaign(core, [*due.confirms, *due.campaigns])
+    try:
+        if (yield from _renewals(core, due, max(in_flight, 1))):
+            if members:
+                yield from fleet.members(core, MAX_CALL)
+            yield from _campaign(core, [*due.confirms, *due.campaigns])
+    finally:
+        _done(looked)
+
+
+def _done(turns: list[Callable[[], None]]) -> None:
+    for done in turns:
+        done()
 
 
 @attrs.frozen(slots=True, eq=False)

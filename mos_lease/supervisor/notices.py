@@ -3,18 +3,22 @@ one callback, and a notice for a registered binding becomes a read that the supe
 turn makes.
 
 A notice is a hint, never believed (anyone who can log in may send one by the thousand).
-For a binding waiting for a lease held elsewhere it only moves the binding's next read of
-the holder into the next turn's batched read, at most once per ``max_backoff`` per binding
-(:meth:`~mos_lease.supervisor.schedule.Schedule.look`): a flood costs no more reads than
-waiting without notices, and a peer releasing thousands of leases at shutdown is read in
-a few round trips, not held back as a flood. For a held binding, all it may cause is a
-*confirming turn* of the process's
+For a binding waiting for a lease held elsewhere it moves the binding's next read of the
+holder into the next turn's batched read, if that read is ``max_backoff`` old
+(:meth:`~mos_lease.supervisor.schedule.Schedule.look`); a notice that comes sooner asks
+for one confirming turn shared by all the waiting bindings of the supervisor, which reads
+every binding noticed since the last such turn in the next turn's batched read
+(:meth:`~mos_lease.supervisor.schedule.Schedule.look_now`): a peer releasing thousands of
+leases at shutdown is read in a few round trips and a few turns, not held back as a flood,
+and a forged flood costs a bounded number of such turns. For a held binding, all it may
+cause is a *confirming turn* of the process's
 :class:`~mos_lease.notice_confirmer.NoticeConfirmer` (the source's ``confirmer``, else the
 process's one), the same bound the holders of :func:`~mos_lease.hold` share: coalesced per
 identity (at most one turn in flight), ``burst + rate * T`` turns in any ``T`` seconds::
 
     source --notice(identity, epoch)--> _on_notice      (the source's thread: a look-up)
-        waiting for a lease held elsewhere?  --> Schedule.look: read in the next turn
+        waiting, last read max_backoff ago?  --> Schedule.look: read in the next turn
+        waiting, read since?                 --> confirmer.notice(the looks' one key)
         held, and newer than the lease held?  --> confirmer.notice(identity)
     confirmer --job(done)--> _confirm                   (the confirmer's thread: no I/O)
         mark the slot (Schedule.notice), keep done, wake the supervisor
@@ -81,6 +85,10 @@ class SupervisorNotices:
         # One job per identity noticed so far (the confirmer calls a job with ``done``
         # only, so the identity is bound in); registered at the first notice worth a read.
         self._jobs: dict[LeaseIdentity, Job] = {}
+        # One key for the looks of every waiting binding (Schedule.look_now): a turn reads
+        # all the bindings noticed since the last one, coalesced and rate-bounded as one.
+        self._looks: object = object()
+        self.confirmer.register(self._looks, self._look)
         feed.subscribe_all(self._on_notice)
 
     def _on_notice(self, identity: LeaseIdentity, epoch: int, kind: str) -> None:
@@ -89,12 +97,16 @@ class SupervisorNotices:
             if core.closing:
                 return
             # A binding waiting for a lease held elsewhere: the notice moves its next look
-            # into the next turn's batched read (Schedule.look bounds how often) and takes
-            # no confirming turn, so a peer's shutdown releasing thousands is no flood.
-            moved = core.schedule.look(identity, core.clock())
-            confirm = moved is None and core.schedule.worth_confirming(identity, epoch)
-            if moved or confirm:
+            # into the next turn's batched read and takes no confirming turn, so a peer's
+            # shutdown releasing thousands is no flood; one read less than max_backoff ago
+            # looks again now as a confirming turn, within the confirmer's bound.
+            looked = core.schedule.look(identity, core.clock())
+            moved = looked == "moved"
+            confirm = looked == "held" and core.schedule.worth_confirming(identity, epoch)
+            if moved or confirm or looked == "soon":
                 self.counts.notices += 1  # acted on: a look moved or a confirming read asked
+            if looked == "soon":
+                self.confirmer.notice(self._looks)
             if confirm:
                 if identity not in self._jobs:
                     job = self._jobs[identity] = functools.partial(self._confirm, identity)
@@ -102,6 +114,24 @@ class SupervisorNotices:
                 self.confirmer.notice(identity)
         if moved:
             self._wake()
+
+    def _look(self, done: Done) -> None:
+        """The job of the waiting bindings' confirming turn, on the confirmer's thread:
+        move their reads to now and wake the supervisor, whose next turn makes them and
+        calls ``done()`` after (at once if nothing moved, or nobody can make them)."""
+        core = self._core
+        with core.lock:
+            moved = not core.closing and core.schedule.look_now(core.clock())
+            if moved:
+                core.looking.append(done)
+        if not moved:
+            done()
+        elif not self._wake():
+            with core.lock:
+                if done not in core.looking:
+                    return  # a turn took it meanwhile
+                core.looking.remove(done)
+            done()
 
     def _confirm(self, identity: LeaseIdentity, done: Done) -> None:
         """The job of a confirming turn, on the confirmer's thread: plan the read and wake
@@ -137,3 +167,7 @@ class SupervisorNotices:
             jobs, self._jobs = self._jobs, {}
             for identity, job in jobs.items():
                 self.confirmer.unregister(identity, job)
+            self.confirmer.unregister(self._looks, self._look)
+            looking, self._core.looking = self._core.looking, []
+        for done in looking:  # no turn will make these reads now
+            done()

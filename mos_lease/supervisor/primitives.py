@@ -221,12 +221,12 @@ class Worker:
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
 
-    def start(self, run: Callable[[], object]) -> None:
-        """Run ``run`` on a daemon thread, unless it was started already."""
+    def start(self, run: Callable[[], object], name: str = NAME) -> None:
+        """Run ``run`` on a daemon thread named ``name``, unless it was started already."""
         if self._thread is None:
             with self._lock:  # two threads adding the first bindings start one thread
                 if self._thread is None:
-                    self._thread = threading.Thread(target=run, daemon=True, name=NAME)
+                    self._thread = threading.Thread(target=run, daemon=True, name=name)
                     self._thread.start()
 
     def stop(self, timeout: float | None) -> None:
@@ -245,9 +245,9 @@ class AsyncWorker:
     def __init__(self) -> None:
         self._task: asyncio.Task[None] | None = None
 
-    def start(self, run: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    def start(self, run: Callable[[], Coroutine[Any, Any, None]], name: str = NAME) -> None:
         if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(run(), name=NAME)
+            self._task = asyncio.get_running_loop().create_task(run(), name=name)
 
     async def stop(self, timeout: float | None) -> None:
         """Cancel the task and wait for it to end, at most ``timeout`` seconds; not from

@@ -19,18 +19,19 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from datetime import timedelta
 
 from mos_lease.coordinator import AsyncConnectorLeaseCoordinator, ConnectorLeaseCoordinator
+from mos_lease.events import EventHook
 from mos_lease.fleet.membership import Fleet
 from mos_lease.flowdrive import Drive, outcome_of, outcome_of_async
 from mos_lease.identity import LeaseIdentity
 from mos_lease.results import GrantResult, LeaseResult
 from mos_lease.supervisor.base import _Supervisor
 from mos_lease.supervisor.changes import Change
+from mos_lease.supervisor.fleet import FleetCall
 from mos_lease.supervisor.flow import (
     IN_FLIGHT,
     Attempt,
     Call,
     Collect,
-    FleetCall,
     IssueGrantCall,
     Release,
     Sleep,
@@ -79,6 +80,11 @@ class AsyncSupervisor(_Supervisor[AsyncConnectorLeaseCoordinator]):
     holder; a takeover it confirms is reported as the binding's loss at once, and the
     campaign goes on from what was read. ``docs/supervisor.md`` explains the campaign and
     counts the threads and tasks each supervisor runs.
+
+    ``heartbeat_coordinator``: renew through this coordinator (a connection of its own),
+    as a keeper does. ``on_event``: the telemetry hook (:mod:`mos_lease.events`), sent a
+    :class:`~mos_lease.events.Renewed` or :class:`~mos_lease.events.RenewalRetry` per lease
+    of each renewal and a :class:`~mos_lease.events.Lost` per loss, as a keeper's is.
     """
 
     _kind = AsyncConnectorLeaseCoordinator
@@ -92,10 +98,13 @@ class AsyncSupervisor(_Supervisor[AsyncConnectorLeaseCoordinator]):
                  sleep: Callable[[float], Awaitable[object]] | None = None,
                  random: Callable[[], float] = _random.random,
                  background: bool = True, notices: NoticeFeed | None = None,
-                 fleet: Fleet | None = None) -> None:
+                 heartbeat_coordinator: AsyncConnectorLeaseCoordinator | None = None,
+                 on_event: EventHook | None = None, fleet: Fleet | None = None) -> None:
         self._wakeup = AsyncWakeup()  # before the notice listener, which may wake it at once
         super().__init__(coordinator, on_change=on_change, clock=clock, random=random,
-                         background=background, notices=notices, fleet=fleet)
+                         background=background, notices=notices,
+                         heartbeat_coordinator=heartbeat_coordinator, on_event=on_event,
+                         fleet=fleet)
         self._sleep = sleep if sleep is not None else self._wakeup.wait
         self._calls = AsyncCalls()
         self._worker = AsyncWorker()
@@ -103,7 +112,10 @@ class AsyncSupervisor(_Supervisor[AsyncConnectorLeaseCoordinator]):
     def _started(self) -> None:
         self._wakeup.set()
         if self._background:
-            self._worker.start(self._run)
+            self._worker.start(self._run, self._name)
+
+    def _real_sleep(self) -> Callable[[float], Awaitable[object]]:
+        return self._wakeup.wait
 
     def _wake_from_thread(self) -> bool:
         return self._wakeup.set_from_thread()
@@ -134,7 +146,7 @@ class AsyncSupervisor(_Supervisor[AsyncConnectorLeaseCoordinator]):
             return await self._sleep(call.seconds)
         if isinstance(call, Renew):  # started now, waited for by its Collect
             self._counts.renewal(len(call.leases))
-            return self._calls.renew(self.coordinator, call)
+            return self._calls.renew(self.renewer, call)
         if isinstance(call, Collect):
             return await self._calls.collect(call.ticket, call.timeout)
         if isinstance(call, Attempt):
@@ -186,11 +198,12 @@ class AsyncSupervisor(_Supervisor[AsyncConnectorLeaseCoordinator]):
         return await self.coordinator.issue_grant(call.lease, scopes=call.scopes, ttl=call.ttl,
                                                   correlation_id=call.correlation_id)
 
-    async def remove(self, identity: LeaseIdentity) -> LeaseResult | None:
-        """Stop running ``identity`` and release its lease if held (the release result,
-        or ``None``); reports the loss with cause ``STOPPED``."""
+    async def remove(self, identity: LeaseIdentity, *, release: bool = True
+                     ) -> LeaseResult | None:
+        """Stop running ``identity`` and release its lease if held and ``release`` (the
+        release result, or ``None``); reports the loss with cause ``STOPPED``."""
         lease = self._take(identity)
-        if lease is None:
+        if lease is None or not release:
             return None
         self._counts.releases += 1
         return await self.coordinator.release(lease)
@@ -275,6 +288,11 @@ class Supervisor(_Supervisor[ConnectorLeaseCoordinator]):
     holder; a takeover it confirms is reported as the binding's loss at once, and the
     campaign goes on from what was read. ``docs/supervisor.md`` explains the campaign and
     counts the threads and tasks each supervisor runs.
+
+    ``heartbeat_coordinator``: renew through this coordinator (a connection of its own),
+    as a keeper does. ``on_event``: the telemetry hook (:mod:`mos_lease.events`), sent a
+    :class:`~mos_lease.events.Renewed` or :class:`~mos_lease.events.RenewalRetry` per lease
+    of each renewal and a :class:`~mos_lease.events.Lost` per loss, as a keeper's is.
     """
 
     _kind = ConnectorLeaseCoordinator
@@ -288,10 +306,13 @@ class Supervisor(_Supervisor[ConnectorLeaseCoordinator]):
                  sleep: Callable[[float], object] | None = None,
                  random: Callable[[], float] = _random.random,
                  background: bool = True, notices: NoticeFeed | None = None,
-                 fleet: Fleet | None = None) -> None:
+                 heartbeat_coordinator: ConnectorLeaseCoordinator | None = None,
+                 on_event: EventHook | None = None, fleet: Fleet | None = None) -> None:
         self._wakeup = Wakeup()  # before the notice listener, which may wake it at once
         super().__init__(coordinator, on_change=on_change, clock=clock, random=random,
-                         background=background, notices=notices, fleet=fleet)
+                         background=background, notices=notices,
+                         heartbeat_coordinator=heartbeat_coordinator, on_event=on_event,
+                         fleet=fleet)
         self._sleep = sleep if sleep is not None else self._wakeup.wait
         self._calls = Calls()
         self._worker = Worker()
@@ -299,7 +320,10 @@ class Supervisor(_Supervisor[ConnectorLeaseCoordinator]):
     def _started(self) -> None:
         self._wakeup.set()
         if self._background:
-            self._worker.start(self._run)
+            self._worker.start(self._run, self._name)
+
+    def _real_sleep(self) -> Callable[[float], object]:
+        return self._wakeup.wait
 
     def _wake_from_thread(self) -> bool:
         return self._wakeup.set_from_thread()
@@ -330,7 +354,7 @@ class Supervisor(_Supervisor[ConnectorLeaseCoordinator]):
             return self._sleep(call.seconds)
         if isinstance(call, Renew):  # started now, waited for by its Collect
             self._counts.renewal(len(call.leases))
-            return self._calls.renew(self.coordinator, call)
+            return self._calls.renew(self.renewer, call)
         if isinstance(call, Collect):
             return self._calls.collect(call.ticket, call.timeout)
         if isinstance(call, Attempt):
@@ -382,11 +406,12 @@ class Supervisor(_Supervisor[ConnectorLeaseCoordinator]):
         return self.coordinator.issue_grant(call.lease, scopes=call.scopes, ttl=call.ttl,
                                             correlation_id=call.correlation_id)
 
-    def remove(self, identity: LeaseIdentity) -> LeaseResult | None:
-        """Stop running ``identity`` and release its lease if held (the release result,
-        or ``None``); reports the loss with cause ``STOPPED``."""
+    def remove(self, identity: LeaseIdentity, *, release: bool = True
+               ) -> LeaseResult | None:
+        """Stop running ``identity`` and release its lease if held and ``release`` (the
+        release result, or ``None``); reports the loss with cause ``STOPPED``."""
         lease = self._take(identity)
-        if lease is None:
+        if lease is None or not release:
             return None
         self._counts.releases += 1
         return self.coordinator.release(lease)

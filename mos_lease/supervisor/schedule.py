@@ -23,23 +23,24 @@ import itertools
 import logging
 import math
 from collections.abc import Callable, Sequence
-from typing import Final
+from typing import Final, Literal
 
+from mos_lease import events
 from mos_lease.checks import MAX_BATCH
 from mos_lease.errors import InvalidInput, StoreUnavailable
 from mos_lease.fleet.membership import Membership
 from mos_lease.identity import LeaseIdentity
-from mos_lease.keeper import (
+from mos_lease.keeper.schedule import (
     KeeperState,
     LeaseLoss,
     LossCause,
+    ReportLoss,
     abandoned,
     after_renewal,
     held,
     lose,
     next_action,
 )
-from mos_lease.keeper.schedule import ReportLoss
 from mos_lease.records import LeaseHandle
 from mos_lease.results import HolderView, LeaseResult
 from mos_lease.supervisor.campaign import ACQUIRE, RETRY_REASONS, next_try, pause_for
@@ -67,6 +68,9 @@ from mos_lease.vocabulary import LeaseState, Reason
 
 log = logging.getLogger("mos_lease.supervisor")
 
+Look = Literal["moved", "soon", "no", "held"]
+"""What :meth:`Schedule.look` made of a notice."""
+
 BATCH: Final = MAX_BATCH
 """Leases renewed per ``heartbeat_many`` call: the most one call accepts (1,000)."""
 
@@ -93,9 +97,16 @@ class Schedule:
         # sooner (look()).
         self.noticed = False
         self.slots: dict[LeaseIdentity, Slot] = {}
+        # The telemetry of the renewals judged and the losses recorded (mos_lease.events),
+        # kept only when someone listens (on_event): the driver takes them after each
+        # decision and emits them outside its lock.
+        self.telemetry: list[events.Event] | None = None
         # The bindings dropped while the supervisor closed: asked about, they hold nothing
         # (a status request during shutdown sees None), unlike an identity never added.
         self.closed: set[LeaseIdentity] = set()
+        # The bindings held once whose loss ended them, with that loss: asked about, they
+        # hold nothing (and a grant is refused with that loss) until added again or removed.
+        self.ended: dict[LeaseIdentity, LeaseLoss] = {}
         self._order = itertools.count()
         # The timelines a turn finds what is due on (mos_lease.supervisor.timeline), so that
         # it costs what is due in it, not the number of bindings: the held leases by local
@@ -111,20 +122,34 @@ class Schedule:
         # The fleet this supervisor is a member of (mos_lease.supervisor.fleet): its gate
         # judges every campaign read, and its member lease is one of the slots.
         self.fleet: Membership | None = None
+        # The waiting slots a notice came for less than max_backoff after their last read:
+        # read at once by look_now(), in a confirming turn of the notice confirmer.
+        self._soon: set[Slot] = set()
 
     def __len__(self) -> int:
         return len(self.slots)
 
     # -- registering --------------------------------------------------------------------------
 
-    def add(self, binding: Binding, now: float) -> Slot:
+    def add(self, binding: Binding, now: float,
+            start: tuple[LeaseHandle, float] | None = None) -> list[Change]:
+        """Register ``binding``: it campaigns from ``now``, or, given ``start`` (a lease won
+        by a call made elsewhere, and that call's start), holds that lease from then on:
+        the change to report."""
         if binding.identity in self.slots:
             raise InvalidInput("identity", "is already supervised; remove it first")
         slot = self.slots[binding.identity] = Slot(binding, now, next(self._order))
         if self.fleet is not None:
             self.fleet.add(binding.identity)
+        self.ended.pop(binding.identity, None)
+        if start is None:
+            self._index(slot)
+            return []
+        lease, started = start
+        slot.state = held(binding.timing, lease, started, self._draw())
+        slot.gives_up_at, slot.seen = None, (lease.connector_id, lease.epoch)
         self._index(slot)
-        return slot
+        return [BindingStarted(binding.identity, lease)]
 
     def free(self, slot: Slot, *, confirm: bool = False) -> None:
         """A call planned for ``slot`` was not made: the slot is free for the next turn (and
@@ -141,6 +166,8 @@ class Schedule:
         identity from now on instead of refusing it as never added."""
         slot = self.slots.pop(identity, None)
         if slot is None:
+            if self.ended.pop(identity, None) is not None:
+                return None, []  # held once and lost: nothing left to release
             raise InvalidInput("identity", "is not supervised")
         if closing:
             self.closed.add(identity)
@@ -161,7 +188,7 @@ class Schedule:
         ``None`` for a binding dropped while the supervisor closed (:meth:`remove`)."""
         slot = self.slots.get(identity)
         if slot is None:
-            if identity in self.closed:
+            if identity in self.closed or identity in self.ended:
                 return None, []
             raise InvalidInput("identity", "is not supervised")
         changes = self._judge(slot, now)
@@ -183,11 +210,20 @@ class Schedule:
         self._index(slot)
         return changes
 
+    def deadline(self, identity: LeaseIdentity) -> float | None:
+        """The local deadline of the lease held for ``identity`` (``None`` if none is held,
+        or the identity is not run): what an ``on_expiring`` report counts down to."""
+        slot = self.slots.get(identity)
+        return slot.state.deadline if slot is not None and slot.holding \
+            and slot.state is not None else None
+
     def loss(self, identity: LeaseIdentity) -> LeaseLoss | None:
         """The binding's last loss, if it holds no lease now (``None`` otherwise, or if it
         never held one)."""
         slot = self.slots.get(identity)
-        return None if slot is None or slot.state is None else slot.state.loss
+        if slot is None:
+            return self.ended.get(identity)
+        return None if slot.state is None else slot.state.loss
 
     # -- notices ------------------------------------------------------------------------------
 
@@ -204,32 +240,56 @@ class Schedule:
         return newer(None if not slot.holding or slot.state is None else slot.state.lease,
                      epoch)
 
-    def look(self, identity: LeaseIdentity, now: float) -> bool | None:
+    def look(self, identity: LeaseIdentity, now: float) -> Look:
         """A notice came for ``identity``: if it is a binding waiting for a lease held
         elsewhere, its next read is moved to ``now`` (joining the next turn's batched read),
-        but never sooner than ``max_backoff`` after its last read, so that a flood of
-        notices, forged or not, costs no more reads than waiting without notices does.
-        ``None`` if it is not such a binding (held, or not registered: a held one's notice
-        is confirmed by :meth:`notice`); else whether its next read moved earlier."""
+        but not sooner than ``max_backoff`` after its last read, so that a peer releasing
+        thousands of leases costs a few batched reads and no confirming turns. Answers
+        ``"moved"`` if the read moved earlier; ``"soon"`` if the binding read less than
+        ``max_backoff`` ago: the notice is still a reason to look now, as a confirming turn
+        of the notice confirmer, whose bound for the process keeps a flood, forged or not,
+        cheap (the read is moved to ``max_backoff`` after the last one meanwhile);
+        ``"no"`` if nothing is to be done (a call is in flight, or an acquire or takeover is
+        due already); ``"held"`` if it is not a waiting binding (held, or not registered: a
+        held one's notice is confirmed by :meth:`notice`)."""
         slot = self.slots.get(identity)
         if slot is None and self.fleet is not None and self.fleet.noticed(identity, now):
-            return True  # a member lease changed: the member set is read in the next turn
+            return "moved"  # a member lease changed: the member set is read in the next turn
         if slot is None or slot.holding:
-            return None
+            return "held"
         if slot.busy:
             slot.hinted = True  # the read in flight may predate the change: look again
-            return False
+            return "no"
         if slot.step is not ReadHolder:
-            return False  # an acquire or a takeover is due already
+            return "no"  # an acquire or a takeover is due already
         pause = slot.binding.timing.max_backoff
         if self.fleet is not None:  # a hand-off to this member is awaited: read it sooner
             pause = self.fleet.notice_pause(identity, pause)
         at = max(now, slot.looked + pause)
         if at >= slot.try_at:
-            return False
+            return "no"
         slot.try_at = at
         self._index(slot)
-        return True
+        if at <= now:
+            return "moved"
+        self._soon.add(slot)
+        return "soon"
+
+    def look_now(self, now: float) -> bool:
+        """The confirming turn of the notices :meth:`look` answered ``"soon"`` for: every
+        such binding still waiting reads its holder at ``now`` (in the next turn's batched
+        read). Whether any read moved."""
+        soon, self._soon = self._soon, set()
+        moved = False
+        for slot in soon:
+            if slot.removed or slot.holding or slot.step is not ReadHolder:
+                continue
+            if slot.busy:
+                slot.hinted = True
+            elif slot.try_at > now:
+                slot.try_at, moved = now, True
+                self._index(slot)
+        return moved
 
     def notice(self, identity: LeaseIdentity) -> Slot | None:
         """A confirming turn for ``identity`` begins: its read is made by the next turn that
@@ -443,8 +503,16 @@ class Schedule:
         log.log(level, "mos_lease: lease %s lost: %s (%s)%s", state.lease.identity,
                 state.loss.cause, state.loss.reason,
                 f" last error: {state.loss.error}" if state.loss.error else "")
+        if self.telemetry is not None:
+            self.telemetry.append(events.loss(state.lease, str(state.loss.cause),
+                                              state.loss.reason))
         slot.step, slot.observed, slot.try_at = ReadHolder, None, state.loss.at
         slot.hinted = False
+        if slot.binding.once and not slot.removed:
+            # Held once (hold()'s binding): the loss ends it, no campaign follows; it is no
+            # longer run, as after a give-up; asked about, it holds nothing.
+            self._drop(slot)
+            self.ended[slot.binding.identity] = state.loss
         return BindingLost(slot.binding.identity, state.lease, state.loss)
 
     def _campaign(self, slot: Slot) -> Campaign:
@@ -469,6 +537,7 @@ class Schedule:
             outcome = StoreUnavailable(f"heartbeat_many returned {len(outcome)} results for "
                                        f"{len(call.slots)} leases")
         changes: list[Change] = []
+        debug = log.isEnabledFor(logging.DEBUG)  # asked once a batch: 1,000 leases each
         for k, slot in enumerate(call.slots):
             slot.busy = False
             state = slot.state
@@ -495,8 +564,15 @@ class Schedule:
                                 state.lease.identity, new.failures, new.last_error,
                                 max(0.0, new.renew_at - finished), new.deadline - finished)
             slot.state = new
+            if debug and new.loss is None and new.failures == 0:
+                log.debug("mos_lease: renewed %s connector=%s epoch=%d in %.3f s",
+                          new.lease.identity, new.lease.connector_id, new.lease.epoch,
+                          finished - started)
             if new.loss is not None:
                 changes.append(self._lost(slot))
+            elif self.telemetry is not None:
+                self.telemetry.append(_kept(state, new, outcome, k, finished - started,
+                                            finished))
             self._index(slot)
         return changes
 
@@ -581,7 +657,10 @@ class Schedule:
         if loss is None:
             return []
         slot.state = lose(state, loss)
-        return [self._lost(slot), *self._observe(slot, outcome, finished, pause=False)]
+        lost = self._lost(slot)
+        if slot.removed:  # held once: nothing more to campaign for
+            return [lost]
+        return [lost, *self._observe(slot, outcome, finished, pause=False)]
 
     def _observe(self, slot: Slot, view: HolderView | None, now: float,
                  pause: bool) -> list[Change]:
@@ -649,17 +728,22 @@ class Schedule:
             slot.try_at = min(slot.try_at, slot.gives_up_at)
         return []
 
+    def _drop(self, slot: Slot) -> None:
+        """``slot`` is no longer run (it gave up, or lost a lease it held once)."""
+        if self.slots.get(slot.binding.identity) is slot:
+            del self.slots[slot.binding.identity]
+            if self.fleet is not None:
+                self.fleet.remove(slot.binding.identity)
+        slot.removed = True
+        slot.version += 1  # off every timeline
+
     def _give_up(self, slot: Slot) -> list[Change]:
         """The binding stops campaigning and is no longer run: its wait ran out, or a refusal
         waiting cannot change ended it. It never held a lease in this wait, so nothing is to
         release, and no notice confirmation was ever asked for it (those are for held
         bindings)."""
         identity = slot.binding.identity
-        if self.slots.get(identity) is slot:
-            del self.slots[identity]
-            if self.fleet is not None:
-                self.fleet.remove(identity)
-        slot.removed = True
+        self._drop(slot)
         log.info("mos_lease: gave up campaigning for %s: %s", identity, slot.reason)
         return [GaveUp(identity, slot.reason, slot.observed, slot.error)]
 
@@ -687,6 +771,21 @@ def superseded(held: LeaseHandle, view: HolderView | None, at: float) -> LeaseLo
         return LeaseLoss(LossCause.DENIED, Reason.LEASE_RELEASED, at,
                          "read after a notice: released")
     return None
+
+
+def _kept(state: KeeperState, new: KeeperState,
+          outcome: Sequence[LeaseResult] | BaseException | None, k: int, duration: float,
+          finished: float) -> events.Renewed | events.RenewalRetry:
+    """The telemetry of lease ``k`` of a renewal that kept it (``new`` has no loss):
+    renewed, or retried after a transient failure of the cause the outcome shows."""
+    if new.failures <= state.failures:
+        return events.renewal(new.lease, duration)
+    single = outcome if outcome is None or isinstance(outcome, BaseException) else outcome[k]
+    cause = (StoreUnavailable.__name__ if single is None  # abandoned at the batch's limit
+             else str(single.reason) if isinstance(single, LeaseResult)
+             else type(single).__name__)
+    return events.renewal(new.lease, duration, cause, new.failures,
+                          max(0.0, new.renew_at - finished))
 
 
 def _order(slot: Slot) -> int:

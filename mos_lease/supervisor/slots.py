@@ -12,7 +12,7 @@ import math
 import attrs
 
 from mos_lease.identity import LeaseIdentity
-from mos_lease.keeper import KeeperState, KeeperTiming
+from mos_lease.keeper.schedule import KeeperState, KeeperTiming
 from mos_lease.metadata import EMPTY_METADATA, Metadata
 from mos_lease.records import LeaseHandle
 from mos_lease.results import HolderView
@@ -31,7 +31,8 @@ class Binding:
     campaign's :class:`~mos_lease.supervisor.campaign.TakeoverPolicy`; ``wait`` the seconds
     the first campaign may take before the binding gives up (``inf``: no limit, but a refusal
     that waiting cannot change still ends it; ``None``: campaign until removed, whatever is
-    refused)."""
+    refused). ``once``: the lease is held once, as :func:`~mos_lease.hold` holds it: its
+    loss ends the binding (it is no longer run) instead of a new campaign."""
 
     identity: LeaseIdentity
     connector_id: str
@@ -40,6 +41,7 @@ class Binding:
     metadata: Metadata = EMPTY_METADATA
     takeover: TakeoverPolicy = TakeoverPolicy.EXPIRED
     wait: float | None = None
+    once: bool = False
 
 
 class Slot:

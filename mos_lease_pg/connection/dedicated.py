@@ -224,6 +224,16 @@ class AsyncDedicatedConnection(AsyncCheckout, _Dedicated[AsyncWire]):
     async def leave(self, wire: AsyncWire) -> None:
         self._in_use.release()
 
+    def taken(self) -> bool:
+        return self._in_use.locked()
+
+    async def free(self) -> None:
+        in_use = self._in_use
+        if in_use.locked():  # its turn, given back at once (the lock wakes in order)
+            await in_use.acquire()
+            in_use.release()
+            await asyncio.sleep(0)
+
     async def close(self) -> None:
         async with self._lock:
             self._closed = True

@@ -165,6 +165,14 @@ class AsyncCheckout:
     async def leave(self, wire: AsyncWire) -> None:
         raise NotImplementedError
 
+    def taken(self) -> bool:
+        """Whether a call would now wait for another's to take the connection."""
+        return False
+
+    async def free(self) -> None:
+        """Returns once a call could take the connection without waiting for another's
+        (at once for a pool: its calls do not take turns on one connection)."""
+
     @asynccontextmanager
     async def checkout(self, deadline: float | None = None) -> AsyncIterator[AsyncWire]:
         wire = await self.enter(deadline)

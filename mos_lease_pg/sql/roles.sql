@@ -22,8 +22,9 @@
 --                                         owner: SECURITY DEFINER)
 --        mos_lease_settings               nothing (the checking function reads it as the
 --                                         owner: SECURITY DEFINER)
---        mos_lease_record_audit(...)      EXECUTE, granted to PUBLIC: it appends a
---                                         record once per event id with the caller's
+--        mos_lease_record_audit(...)      EXECUTE, granted to PUBLIC (both forms: one
+--                                         record, and a batch of them, 0011): it appends
+--                                         a record once per event id with the caller's
 --                                         own privileges, so it lets no one do more
 --      and nothing else: no DELETE or TRUNCATE anywhere, no CREATE in any schema, no
 --      EXECUTE of the schema's other functions (triggers call them without it).
@@ -198,12 +199,17 @@ BEGIN
     LOOP
         EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC, %I', routine, gateway_role);
     END LOOP;
-    -- The resendable record: with a stamp (0004), or with 0003's offset on an older schema.
+    -- The resendable record: with a stamp (0004), or with 0003's offset on an older schema;
+    -- and its set form (0011), which the library calls from then on.
     FOR routine IN
         SELECT to_regprocedure(format(
             '%I.mos_lease_record_audit(regclass, uuid, text, text, text, text, text, text, '
             'text, bigint, text, %s)', schema_name, last_argument))
         FROM unnest(ARRAY['timestamptz', 'interval']) AS last_argument
+        UNION ALL
+        SELECT to_regprocedure(format(
+            '%I.mos_lease_record_audit(uuid[], text[], text[], text[], text[], text[], '
+            'text[], text[], bigint[], text[], timestamptz)', schema_name))
     LOOP
         IF routine IS NOT NULL THEN
             EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO PUBLIC', routine);

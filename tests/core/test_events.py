@@ -305,14 +305,15 @@ def test_keeper_reports_renewals_retries_with_their_cause_and_the_loss(
     assert all(r.delay > 0 for r in retries)
     assert events[-1] == Lost("acme", "agent-1", "binding-1", "conn-a", 1, "deadline",
                               Reason.LEASE_EXPIRED)
+    # Logged by the engine the keeper runs on (mos_lease.supervisor), as for every binding.
     warned = [r for r in caplog.records
-              if r.name == "mos_lease.keeper" and r.levelno == logging.WARNING]
+              if r.name == "mos_lease.supervisor" and r.levelno == logging.WARNING]
     retry_lines = [r.getMessage() for r in warned if "retrying in" in r.getMessage()]
     assert len(retry_lines) == len(retries)
     assert all("StoreUnavailable: connection refused" in line for line in retry_lines)
     assert any("lost: deadline" in r.getMessage() for r in warned)
     assert any(r.levelno == logging.DEBUG and "renewed" in r.getMessage()
-               for r in caplog.records if r.name == "mos_lease.keeper")
+               for r in caplog.records if r.name == "mos_lease.supervisor")
 
 
 def test_a_stop_is_reported_as_a_stopped_loss() -> None:

@@ -747,3 +747,14 @@ def test_enforce_deadline_records_a_passed_deadline_as_loss() -> None:
     assert keeper.loss == loss  # recorded, not merely looked at
     # No release ever exported ``check()``, its former name: no shim is kept for it.
     assert not hasattr(keeper, "check")
+
+
+def test_a_keeper_takes_a_coordinator_of_its_own_kind_only() -> None:
+    sync = ConnectorLeaseCoordinator(InMemoryLeaseStore(), AllowAllPolicy())
+    asynchronous = AsyncConnectorLeaseCoordinator(AsyncInMemoryLeaseStore(), AllowAllPolicy())
+    with pytest.raises(ConfigurationError, match="use AsyncLeaseKeeper with it"):
+        LeaseKeeper(asynchronous, ttl=TTL)  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="use LeaseKeeper with it"):
+        AsyncLeaseKeeper(sync, ttl=TTL)  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="LeaseKeeper needs a ConnectorLeaseCoord"):
+        LeaseKeeper(object(), ttl=TTL)  # type: ignore[arg-type]

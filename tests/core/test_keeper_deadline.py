@@ -53,6 +53,9 @@ class StuckWrites(InMemoryLeaseStore):
             self.unblock.wait()
         return super().apply(write, entry)
 
+    def renew_many(self, items: Sequence[tuple[Renew, AuditEntry]]) -> list[WriteOutcome]:
+        return [self.apply(write, entry) for write, entry in items]
+
 
 class AsyncStuckWrites(AsyncInMemoryLeaseStore):
     """The asyncio twin. With ``resist_cancel`` a stuck write swallows cancellation and keeps

@@ -28,6 +28,9 @@ ALLOWED: dict[str, str] = {
     "mos_lease_pg/store.py": "the PostgreSQL stores' call path: the synchronous and the "
     "asyncio store operation by operation, differing only in await, read side by side as the "
     "coordinator's two facades are (everything they share is in store_core)",
+    "mos_lease_pg/coalesce.py": "coalesced calls of one store: the two queues (reads and "
+    "audit appends) and the pump that sends each batch, written once for the thread and the "
+    "asyncio store, with the rules that keep each caller's answer its own",
     "mos_lease/supervisor/schedule.py": "the supervisor's pure schedule: one object deciding, "
     "for every binding, what is due and what each call's outcome means (renewal, campaign, "
     "confirming read); its values live apart in slots and changes",

@@ -266,5 +266,5 @@ def test_the_keeper_and_the_supervisor_mint_grants_by_one_rule(
     keeper = LeaseKeeper(rig.coordinator, ttl=30, background=False, clock=rig.time)
     assert keeper.acquire(ident(1), "gw-a", scopes=SCOPES).ok
     assert keeper.issue_grant(scopes=SCOPES, ttl=5).ok
-    assert subjects == ["mos_lease.supervisor.flow", "mos_lease.keeper.steps"]
+    assert subjects == ["mos_lease.supervisor.flow", "mos_lease.keeper.thread_keeper"]
     assert not hasattr(flow, "IssueGrant")

@@ -144,8 +144,29 @@ def test_a_notice_wakes_a_campaign_waiting_for_an_active_lease() -> None:
     assert rig.loads() == 2 and rig.confirmer.stats().notices == 0
 
 
-def test_notices_for_a_waiting_binding_read_it_at_most_once_per_max_backoff() -> None:
+def test_a_notice_soon_after_a_read_is_a_reason_to_look_now() -> None:
     rig = NoticeRig()
+    rival = ConnectorLeaseCoordinator(rig.store, AllowAllPolicy())
+    theirs = rival.acquire(ident(0), "gw-b", scopes=SCOPES, ttl=300).lease
+    assert theirs is not None
+    rig.add(1, max_backoff=3)
+    rig.settle()  # read at once: waiting it out to its expiry
+    rig.time.advance(1)  # less than max_backoff after that read
+    assert rival.release(theirs).ok
+    rig.feed.send(ident(0), 1, "release")
+    # A confirming turn (within the confirmer's bound) moves the read to now.
+    slot = rig.supervisor._core.schedule.slots[ident(0)]
+    eventually(lambda: slot.try_at == rig.time.mono)
+    rig.settle()
+    [started] = rig.of(BindingStarted, ident(0))
+    assert started.lease.epoch == 2 and rig.loads() == 2
+    assert rig.confirmer.stats().confirmations == 1
+    eventually(lambda: not rig.supervisor._core.looking)  # the turn is over
+
+
+def test_notices_for_a_waiting_binding_read_it_within_the_confirmers_bound() -> None:
+    rate, burst, seconds = 0.1, 1, 20.0
+    rig = NoticeRig(rate=rate, burst=burst)
     rival = ConnectorLeaseCoordinator(rig.store, AllowAllPolicy())
     assert rival.acquire(ident(0), "gw-b", scopes=SCOPES, ttl=300).ok
     rig.add(1, max_backoff=4)
@@ -155,8 +176,13 @@ def test_notices_for_a_waiting_binding_read_it_at_most_once_per_max_backoff() ->
         rig.feed.send(ident(0), 9)
         rig.settle()
         rig.time.advance(0.5)
-    assert 4 <= rig.loads() <= 5  # 20 s / max_backoff, as without notices
-    assert rig.confirmer.stats().notices == 0
+    rig.settle()
+    # A look per max_backoff (as without notices), and the confirming turns the confirmer
+    # allowed for notices that came sooner (one more may have started since).
+    confirmations = rig.confirmer.stats().confirmations
+    assert confirmations <= burst + rate * seconds + 1
+    assert seconds / 4 - 1 <= rig.loads() <= seconds / 4 + 1 + confirmations
+    assert not rig.of(BindingStarted)
 
 
 def test_notices_that_are_not_worth_a_read_cost_nothing() -> None:

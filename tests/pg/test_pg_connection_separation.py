@@ -67,8 +67,11 @@ def test_a_stuck_heartbeat_does_not_hold_up_validation_on_another_connection(
         assert grant is not None
         latencies: list[float] = []
         with psycopg.connect(pg_dsn) as locker:
-            locker.execute("SELECT 1 FROM mos_lease.logical_agent_connector_leases"
-                           " WHERE tenant_id = %s FOR UPDATE", (pg_tenant,))
+            # A table lock that lets reads through: a renewal batch, which skips a locked
+            # row but must lock the table's rows, waits on it (a row lock would only be
+            # skipped, and the renewal retried, not stuck).
+            locker.execute("LOCK TABLE mos_lease.logical_agent_connector_leases"
+                           " IN EXCLUSIVE MODE")
             stuck_seen = False
             while not keeper.lost.is_set():
                 began = time.monotonic()

@@ -11,8 +11,8 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable, Coroutine, Iterator, Sequence
+from typing import Any, TypeVar
 
 import attrs
 import pytest
@@ -37,6 +37,7 @@ from tests.pg_clock import ShiftedAsyncPostgresLeaseStore, ShiftedPostgresLeaseS
 from tests.pg_fixtures import StoreFactory
 
 SCOPES = ["tool:run"]
+T = TypeVar("T")
 HOLD = 10.0  # the longest a test holds the first append (a failing test ends, never hangs)
 KEYS = {"load.sql": None, "load_many.sql": "tenant_ids", "record.sql": None,
         "record_many.sql": "event_ids"}
@@ -91,10 +92,20 @@ async def _grants_queued(gateway: AsyncConnectorLeaseCoordinator,
         assert lease is not None
         leases.append(lease)
     recorder = hold_async(store)
-    tasks = [asyncio.create_task(gateway.issue_grant(lease, scopes=SCOPES, ttl=20))
-             for lease in leases]
+    tasks = await _behind_a_held_append(
+        recorder, [gateway.issue_grant(lease, scopes=SCOPES, ttl=20) for lease in leases])
     await _until_async(lambda: appends_queued(store) == len(leases) - 1)
     return leases, recorder, tasks
+
+
+async def _behind_a_held_append(recorder: Recorder, calls: Sequence[Coroutine[Any, Any, T]]
+                                ) -> list[asyncio.Task[T]]:
+    """The first call started alone until its append is held at the sending step, then the
+    others, which queue behind it. (Calls started together with nothing held go out as one
+    batch from the first: a lone append waits for them while the reads' pump runs.)"""
+    first = asyncio.create_task(calls[0])
+    await _until_async(lambda: recorder.held)
+    return [first, *(asyncio.create_task(call) for call in calls[1:])]
 
 
 
@@ -171,9 +182,9 @@ def test_overlapping_asyncio_grants_share_one_audit_statement_each_judged_alone(
             before = {n: len(_issues(await store.audit(leases[n].identity), leases[n].identity))
                       for n in NAMES}
             recorder = hold_async(store)
-            tasks = [asyncio.create_task(gateway.issue_grant(
-                leases[n], scopes=_asked(n), ttl=20, correlation_id=f"req-{n}"))
-                for n in NAMES]
+            tasks = await _behind_a_held_append(recorder, [
+                gateway.issue_grant(leases[n], scopes=_asked(n), ttl=20,
+                                    correlation_id=f"req-{n}") for n in NAMES])
             await _until_async(lambda: appends_queued(store) == len(NAMES) - 1)
             recorder.release.set()
             results = dict(zip(NAMES, await asyncio.gather(*tasks), strict=True))
@@ -340,8 +351,8 @@ def test_the_supervisors_grants_at_once_share_one_audit_statement(
                     if started == len(identities):
                         break
                 recorder = hold_async(store)
-                tasks = [asyncio.create_task(supervisor.issue_grant(i, scopes=SCOPES, ttl=10))
-                         for i in identities]
+                tasks = await _behind_a_held_append(recorder, [
+                    supervisor.issue_grant(i, scopes=SCOPES, ttl=10) for i in identities])
                 await _until_async(lambda: appends_queued(store) == len(identities) - 1)
                 recorder.release.set()
                 assert all(r.ok for r in await asyncio.gather(*tasks))
@@ -392,3 +403,41 @@ def test_an_entry_the_database_refuses_fails_alone_and_the_rest_of_its_batch_is_
         pg_store.record_many(batch)
     logged = {r.entry.event_id for r in pg_store.audit(identity)}
     assert logged == {batch[0].event_id, batch[2].event_id}
+
+
+def test_grants_in_step_go_out_together_each_round(
+        async_store: Callable[..., ShiftedAsyncPostgresLeaseStore], pg_tenant: str) -> None:
+    # Callers issuing grants in a loop: the answers of one batch wake them together, and each
+    # moves on to its next call; those calls must go out together again (one load and one
+    # append per round), not one alone and the rest behind it, round after round.
+    callers, rounds = 8, 4
+
+    async def main() -> None:
+        async with async_store() as store:
+            gateway = AsyncConnectorLeaseCoordinator(store, AllowAllPolicy())
+            leases = []
+            for i in range(callers):
+                lease = (await gateway.acquire(LeaseIdentity(pg_tenant, f"r{i}", "b"), "c1",
+                                               scopes=SCOPES, ttl=60)).lease
+                assert lease is not None
+                leases.append(lease)
+            recorder = hold_async(store)
+            recorder.release.set()  # nothing held: only counted
+            recorder.held = True
+
+            async def caller(lease: LeaseHandle) -> None:
+                for _ in range(rounds):
+                    assert (await gateway.issue_grant(lease, scopes=SCOPES, ttl=20)).ok
+
+            await asyncio.gather(*(caller(lease) for lease in leases))
+            assert recorder.of("record.sql", "record_many.sql") == [
+                ("record_many.sql", callers)] * rounds
+            # The very first load goes alone (nothing was busy yet); the rest in step.
+            assert recorder.of("load.sql", "load_many.sql") == [
+                ("load.sql", 1), ("load_many.sql", callers - 1)] + [
+                ("load_many.sql", callers)] * (rounds - 1)
+            stats = store.stats()
+            assert stats.records_batched == callers * rounds
+            assert stats.record_batches == rounds
+
+    asyncio.run(main())

@@ -96,12 +96,13 @@ def test_migrations_build_the_schema_described_here(pg_schema_dsn: PgSchema,
 def test_migrate_is_idempotent(pg_schema_dsn: PgSchema) -> None:
     assert _migrate(pg_schema_dsn) == [m.version for m in available_migrations()]
     assert _migrate(pg_schema_dsn) == []
-    assert applied_versions(pg_schema_dsn.dsn, schema=pg_schema_dsn.schema) == list(range(1, 11))
+    assert applied_versions(pg_schema_dsn.dsn, schema=pg_schema_dsn.schema) == list(range(1, 12))
     assert _versions(pg_schema_dsn) == [(1, "initial"), (2, "transitions"),
                                         (3, "audit_partitions"), (4, "audit_integrity"),
                                         (5, "clock_steps"), (6, "fast_legal_writes"),
                                         (7, "holder_metadata"), (8, "short_fences"),
-                                        (9, "event_ids_by_time"), (10, "metadata_rules")]
+                                        (9, "event_ids_by_time"), (10, "metadata_rules"),
+                                        (11, "set_records")]
 
 
 def _applied_by(output: str) -> list[int]:
@@ -127,7 +128,8 @@ def test_concurrent_migrators_apply_each_version_once(pg_schema_dsn: PgSchema,
                                         (3, "audit_partitions"), (4, "audit_integrity"),
                                         (5, "clock_steps"), (6, "fast_legal_writes"),
                                         (7, "holder_metadata"), (8, "short_fences"),
-                                        (9, "event_ids_by_time"), (10, "metadata_rules")]
+                                        (9, "event_ids_by_time"), (10, "metadata_rules"),
+                                        (11, "set_records")]
     migrated = _describe(pg_schema_dsn.dsn, pg_schema_dsn.schema)
     assert migrated == _library_part(_describe(pg_dsn), migrated)
 
@@ -157,7 +159,7 @@ def test_a_schema_named_by_a_keyword_is_built_used_and_kept_append_only(
     # quoted: every statement and function that names the schema must quote it once.
     schema = "select"
     try:
-        assert migrate(pg_dsn, schema=schema, allow_second_copy=True) == list(range(1, 11))
+        assert migrate(pg_dsn, schema=schema, allow_second_copy=True) == list(range(1, 12))
         with PostgresLeaseStore(pg_dsn, settings=ConnectionSettings(schema=schema)) as store:
             gateway = ConnectorLeaseCoordinator(store, AllowAllPolicy())
             acquired = gateway.acquire(LeaseIdentity("t", "a", "b"), "c1", scopes=["tool:run"],

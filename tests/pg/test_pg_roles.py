@@ -126,8 +126,9 @@ def test_gateway_privileges_are_exactly_the_documented_ones(
         "SELECT p.proname FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace"
         " WHERE n.nspname = %s AND has_function_privilege(%s, p.oid, 'EXECUTE')",
         (layout.schema, layout.gateway)).fetchall()
-    # The one function a gateway calls: the resendable audit record (migration 0003).
-    assert executable == [("mos_lease_record_audit",)]
+    # The one function a gateway calls: the resendable audit record (migration 0003), in
+    # its one-record form and its set form (0011).
+    assert executable == [("mos_lease_record_audit",), ("mos_lease_record_audit",)]
 
 
 def test_gateway_can_do_what_the_store_needs(layout: Layout, pg_stores: StoreFactory) -> None:

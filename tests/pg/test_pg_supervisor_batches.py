@@ -166,7 +166,7 @@ def test_a_peers_shutdown_is_taken_over_at_once_in_batches_and_is_no_notice_floo
         caplog: pytest.LogCaptureFixture) -> None:
     # Real time, real notices: a peer holding 2,000 bindings (ttl 30 s) closes; the standby
     # hears 2,000 release notices and takes every lease over within seconds, long before
-    # any expiry, reading in batches and taking no confirming turn: no flood is warned of.
+    # any expiry, reading in batches in a few shared confirming turns: no flood is warned of.
     n = 2000
     names = [LeaseIdentity(pg_tenant, f"peer-{i}", "b") for i in range(n)]
     store_b = Counted(pg_stores())
@@ -216,6 +216,9 @@ def test_a_peers_shutdown_is_taken_over_at_once_in_batches_and_is_no_notice_floo
             elapsed = time.monotonic() - t0
             assert {c.lease.epoch for c in started} == {2}
     assert elapsed < 10  # against leases that would expire 30 s after their last renewal
-    assert confirmer.stats().notices == 0  # no confirming turn for a waiting binding
+    # The waiting bindings' notices share one confirming turn at a time: a few turns, each
+    # reading every binding noticed since the last, none held back by the bound.
+    stats = confirmer.stats()
+    assert stats.held_back == 0 and 1 <= stats.confirmations <= confirmer.burst
     assert not [r for r in caplog.records if "flood" in r.getMessage()]
     assert store_b.calls.get("takeover_many", 0) <= 2 * (n // 1000) + 4

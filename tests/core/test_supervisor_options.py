@@ -1,0 +1,289 @@
+"""The supervisor's options for a lease held as :func:`~mos_lease.hold` holds it: a binding
+held once (its loss ends it), the held lease's local deadline, renewals through a
+``heartbeat_coordinator``, and the keeper's telemetry (``on_event``), on the in-memory store
+with fake time, both drivers turned by hand."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from mos_lease import (
+    AllowAllPolicy,
+    AsyncConnectorLeaseCoordinator,
+    ConfigurationError,
+    ConnectorLeaseCoordinator,
+    InvalidInput,
+    LeaseHandle,
+    LossCause,
+    Reason,
+)
+from mos_lease.events import Event, Lost, RenewalRetry, Renewed
+from mos_lease.supervisor import AsyncSupervisor, BindingLost, BindingStarted, Supervisor
+from mos_lease_memory import AsyncInMemoryLeaseStore, InMemoryLeaseStore
+from tests.core.test_supervisor import SCOPES, TTL, AsyncRig, Rig, ident
+
+
+class Renewer(ConnectorLeaseCoordinator):
+    """A coordinator that counts the renewal batches made through it."""
+
+    batches = 0
+
+    def prime_heartbeat_many(self, leases: Sequence[LeaseHandle], **options: Any) -> Any:
+        self.batches += 1
+        return super().prime_heartbeat_many(leases, **options)
+
+
+class AsyncRenewer(AsyncConnectorLeaseCoordinator):
+    batches = 0
+
+    async def heartbeat_many(self, leases: Sequence[LeaseHandle], **options: Any) -> Any:
+        self.batches += 1
+        return await super().heartbeat_many(leases, **options)
+
+
+def test_a_binding_held_once_is_not_campaigned_for_after_its_loss() -> None:
+    rig = Rig()
+    rig.add(1, once=True)
+    rig.supervisor.add(ident(1), "gw-a", scopes=SCOPES, ttl=TTL)  # campaigns again
+    rig.settle()
+    rival = ConnectorLeaseCoordinator(rig.store, AllowAllPolicy())
+    for n in (0, 1):
+        assert rival.takeover(ident(n), "gw-b", scopes=SCOPES, ttl=1,
+                              expected_epoch=1).ok
+    rig.store.reset()
+    rig.run(60)  # the renewals are refused (stale epoch); the rival's leases expire at 1 s
+    [lost] = rig.of(BindingLost, ident(0))
+    assert lost.loss.cause is LossCause.DENIED
+    # Ended: no read, no takeover of the expired lease, and no longer run.
+    assert not rig.of(BindingStarted, ident(0))[1:]
+    assert ident(0) not in rig.supervisor.bindings
+    assert rig.supervisor.lease(ident(0)) is None  # asked about, it holds nothing
+    assert rig.supervisor._core.schedule.loss(ident(0)) == lost.loss  # a grant's refusal
+    row = rig.store.load(ident(0)).row
+    assert row is not None and row.connector_id == "gw-b"
+    # The other binding campaigned again and took its expired lease back.
+    assert [c.lease.epoch for c in rig.of(BindingStarted, ident(1))] == [1, 3]
+    assert rig.supervisor.remove(ident(0)) is None  # nothing left to release
+    with pytest.raises(InvalidInput, match="is not supervised"):
+        rig.supervisor.lease(ident(0))
+
+
+def test_a_binding_held_once_ends_at_its_deadline_and_once_must_be_a_bool() -> None:
+    rig = Rig()
+    rig.add(1, once=True)
+    rig.settle()
+    rig.store.down = True
+    rig.run(40)
+    [lost] = rig.of(BindingLost, ident(0))
+    assert lost.loss.cause is LossCause.DEADLINE
+    rig.store.down = False
+    rig.run(20)
+    assert len(rig.of(BindingStarted)) == 1 and not rig.supervisor.bindings
+    with pytest.raises(InvalidInput, match="once"):
+        rig.supervisor.add(ident(5), "gw-a", scopes=SCOPES, ttl=TTL,
+                           once="yes")  # type: ignore[arg-type]
+
+
+def test_deadline_is_the_held_leases_local_deadline() -> None:
+    rig = Rig()
+    rig.add(1)
+    assert rig.supervisor.deadline(ident(0)) is None  # campaigning
+    rig.settle()
+    held_at = rig.time.mono
+    # ttl 30 s less the safety margin (3 s; no clock step over the in-memory store), from
+    # the acquire.
+    assert rig.supervisor.deadline(ident(0)) == pytest.approx(held_at + 27)
+    rig.run(12)  # renewed at ~10 s: the deadline moves with it
+    deadline = rig.supervisor.deadline(ident(0))
+    assert deadline is not None and deadline > held_at + 30
+    assert rig.supervisor.deadline(ident(9)) is None  # not run
+    rig.supervisor.close()
+    assert rig.supervisor.deadline(ident(0)) is None
+
+
+def test_renewals_go_through_the_heartbeat_coordinator() -> None:
+    rig = Rig()
+    renewer = Renewer(rig.store, AllowAllPolicy(), monotonic_clock=rig.time)
+    rig.supervisor.close()
+    rig.supervisor = Supervisor(rig.coordinator, on_change=rig.changes.append,
+                                clock=rig.time, sleep=rig.sleeps.append, random=lambda: 0.5,
+                                background=False, heartbeat_coordinator=renewer)
+    rig.add(3)
+    rig.settle()
+    rig.run(25)
+    assert renewer.batches == 2 and rig.store.calls["renew_many"] == 2
+    assert not rig.of(BindingLost)
+    with pytest.raises(ConfigurationError, match="heartbeat_coordinator"):
+        Supervisor(rig.coordinator, heartbeat_coordinator=AsyncConnectorLeaseCoordinator(
+            AsyncInMemoryLeaseStore()))  # type: ignore[arg-type]
+
+
+def test_the_asyncio_supervisor_renews_through_the_heartbeat_coordinator() -> None:
+    async def main() -> None:
+        rig = AsyncRig(AsyncInMemoryLeaseStore)
+        renewer = AsyncRenewer(rig.store, AllowAllPolicy(), monotonic_clock=rig.time)
+
+        async def sleep(seconds: float) -> None:
+            rig.sleeps.append(seconds)
+
+        supervisor = AsyncSupervisor(rig.coordinator, on_change=rig.changes.append,
+                                     clock=rig.time, sleep=sleep, random=lambda: 0.5,
+                                     background=False, heartbeat_coordinator=renewer)
+        supervisor.add(ident(0), "gw-a", scopes=SCOPES, ttl=TTL)
+        for _ in range(60):
+            await supervisor.turn()
+            rig.time.advance(0.5)
+        assert renewer.batches == 2
+        assert not [c for c in rig.changes if isinstance(c, BindingLost)]
+        await supervisor.close()
+
+    asyncio.run(main())
+
+
+def test_on_event_reports_renewals_retries_and_losses_as_a_keepers() -> None:
+    rig = Rig()
+    seen: list[Event] = []
+    rig.supervisor.close()
+    rig.supervisor = Supervisor(rig.coordinator, on_change=rig.changes.append,
+                                clock=rig.time, sleep=rig.sleeps.append, random=lambda: 0.5,
+                                background=False, on_event=seen.append)
+    rig.add(2)
+    rig.settle()
+    rig.run(11)  # one renewal tick
+    renewed = [e for e in seen if isinstance(e, Renewed)]
+    assert sorted(e.logical_agent_id for e in renewed) == ["agent-0", "agent-1"]
+    assert all(e.epoch == 1 and e.connector_id == "gw-a" for e in renewed)
+    seen.clear()
+    rig.store.down = True
+    rig.run(10)
+    retries = [e for e in seen if isinstance(e, RenewalRetry)]
+    assert retries and all(e.cause == "StoreUnavailable" for e in retries)
+    assert [e.attempt for e in retries if e.logical_agent_id == "agent-0"][:2] == [1, 2]
+    assert all(e.delay > 0 for e in retries)
+    seen.clear()
+    rig.run(20)  # past the deadline
+    lost = [e for e in seen if isinstance(e, Lost)]
+    assert sorted((e.logical_agent_id, e.cause, e.reason) for e in lost) == [
+        ("agent-0", "deadline", Reason.LEASE_EXPIRED),
+        ("agent-1", "deadline", Reason.LEASE_EXPIRED)]
+    rig.store.down = False
+    rig.run(5)
+    assert len(rig.of(BindingStarted)) == 4
+
+
+def test_a_failing_on_event_hook_stops_nothing() -> None:
+    rig = Rig()
+    rig.supervisor.close()
+
+    def broken(event: Event) -> None:
+        raise RuntimeError("exporter down")
+
+    rig.supervisor = Supervisor(rig.coordinator, on_change=rig.changes.append,
+                                clock=rig.time, sleep=rig.sleeps.append, random=lambda: 0.5,
+                                background=False, on_event=broken)
+    rig.add(2)
+    rig.run(40)
+    assert len(rig.of(BindingStarted)) == 2 and not rig.of(BindingLost)
+    with pytest.raises(ConfigurationError, match="on_event"):
+        Supervisor(rig.coordinator, on_event=42)  # type: ignore[arg-type]
+
+
+def test_the_memory_store_supervisor_is_untouched_without_the_options() -> None:
+    # No hook: the schedule keeps no telemetry at all.
+    supervisor = Supervisor(ConnectorLeaseCoordinator(InMemoryLeaseStore(), AllowAllPolicy()),
+                            background=False)
+    assert supervisor._core.schedule.telemetry is None
+    supervisor.close()
+
+
+def test_a_lease_won_by_hand_is_kept_from_the_start_of_the_call_that_won_it() -> None:
+    rig = Rig()
+    obtained_at = rig.time.mono
+    won = rig.coordinator.acquire(ident(0), "gw-a", scopes=SCOPES, ttl=TTL)
+    assert won.lease is not None
+    rig.time.advance(2)  # the call took a while: the deadline still counts from its start
+    rig.store.reset()
+    rig.supervisor.add(ident(0), "gw-a", scopes=SCOPES, ttl=TTL, once=True, held=won.lease,
+                       obtained_at=obtained_at)
+    assert [c.lease for c in rig.of(BindingStarted)] == [won.lease]
+    assert rig.supervisor.lease(ident(0)) == won.lease
+    assert rig.supervisor.deadline(ident(0)) == pytest.approx(obtained_at + 27)
+    rig.run(30)  # renewed, without a campaign first (no read, no acquire)
+    assert set(rig.store.calls) == {"renew_many"}
+    assert len(rig.of(BindingStarted)) == 1 and not rig.of(BindingLost)
+
+
+def test_a_lease_won_by_hand_is_checked_before_anything_is_kept() -> None:
+    rig = Rig()
+    won = rig.coordinator.acquire(ident(0), "gw-a", scopes=SCOPES, ttl=TTL).lease
+    assert won is not None
+    for held, obtained_at, connector, field in (
+            (won, None, "gw-a", "obtained_at"), (None, 1.0, "gw-a", "held"),
+            (won, 1.0, "gw-b", "held"), ("lease", 1.0, "gw-a", "held"),
+            (won, float("nan"), "gw-a", "obtained_at")):
+        with pytest.raises(InvalidInput, match=field):
+            rig.supervisor.add(ident(0), connector, scopes=SCOPES, ttl=TTL,
+                               held=held, obtained_at=obtained_at)  # type: ignore[arg-type]
+    assert not rig.supervisor.bindings and not rig.changes
+
+
+def test_turned_by_hand_then_started_it_keeps_the_lease_on_real_waits() -> None:
+    coordinator = ConnectorLeaseCoordinator(InMemoryLeaseStore(), AllowAllPolicy())
+    injected: list[float] = []
+    supervisor = Supervisor(coordinator, sleep=injected.append, background=False)
+    supervisor.add(ident(0), "gw-a", scopes=SCOPES, ttl=1.2, once=True)
+    while supervisor.lease(ident(0)) is None:  # the wait, in the caller's thread
+        supervisor.turn()
+    first = supervisor.lease(ident(0))
+    assert first is not None
+    slept = len(injected)
+    supervisor.start(name="mos-lease-holder acme/agent-0/b")
+    supervisor.start()  # running already: no second thread
+    try:
+        time.sleep(1.5)  # renewed every 0.4 s; the deadline is about 1.1 s
+        lease = supervisor.lease(ident(0))
+        assert lease is not None and lease.epoch == 1 and lease.expires_at > first.expires_at
+        assert len(injected) == slept  # the real waits took over
+        names = [t.name for t in threading.enumerate()]
+        assert names.count("mos-lease-holder acme/agent-0/b") == 1
+        assert "mos-lease-supervisor" not in names
+    finally:
+        supervisor.close()
+    with pytest.raises(ConfigurationError, match="closed"):
+        supervisor.start()
+
+
+def test_an_asyncio_supervisor_turned_by_hand_then_started_runs_as_a_named_task() -> None:
+    async def main() -> None:
+        coordinator = AsyncConnectorLeaseCoordinator(AsyncInMemoryLeaseStore(),
+                                                     AllowAllPolicy())
+        injected: list[float] = []
+
+        async def sleep(seconds: float) -> None:
+            injected.append(seconds)
+
+        supervisor = AsyncSupervisor(coordinator, sleep=sleep, background=False)
+        supervisor.add(ident(0), "gw-a", scopes=SCOPES, ttl=1.2, once=True)
+        while supervisor.lease(ident(0)) is None:
+            await supervisor.turn()
+        first = supervisor.lease(ident(0))
+        assert first is not None
+        slept = len(injected)
+        supervisor.start(name="mos-lease-holder acme/agent-0/b")
+        try:
+            await asyncio.sleep(1.5)
+            lease = supervisor.lease(ident(0))
+            assert lease is not None and lease.expires_at > first.expires_at
+            assert len(injected) == slept
+            assert "mos-lease-holder acme/agent-0/b" in {
+                t.get_name() for t in asyncio.all_tasks()}
+        finally:
+            await supervisor.close()
+
+    asyncio.run(main())
