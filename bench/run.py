@@ -1,7 +1,8 @@
 """mos-lease benchmark: the library against floors measured in the same run.
 
     python bench/run.py [--quick] [--json PATH] [--check] [--cpu N] [--no-pin]
-                        [--only stamps|single|peers|coalesce|requests|standby|turn] [--redis URL]
+                        [--only stamps|single|peers|coalesce|requests|standby|turn|fleet]
+                        [--redis URL]
 
 Finds PostgreSQL exactly as the tests do (``MOS_LEASE_TEST_DSN``, then a trust-auth server on
 127.0.0.1:5432, testcontainers, a throwaway initdb cluster), works in throwaway databases it
@@ -34,6 +35,7 @@ import audit_log
 import coalesce
 import contention
 import event_ids
+import fleet
 import gateway_requests
 import grant_memory
 import notices
@@ -50,7 +52,7 @@ import turn_cost
 from common import BenchError, CorrectnessError, server, store_connection, throwaway_database
 from measure import Series, throughput_ratio
 from pinning import Pinning, pin
-from targets import JSON_KEYS, evaluate
+from targets import FLEET_KEYS, JSON_KEYS, evaluate
 
 import mos_lease
 from mos_lease_pg import PostgresLeaseStore
@@ -155,7 +157,7 @@ def measure_all(srv: PgServer, mode: Mode, args: argparse.Namespace,
     tenant = f"bench-{secrets.token_hex(4)}"
     if args.only == "peers":
         return _peers_only(report, srv, tenant, args, progress)
-    if args.only in ("coalesce", "requests", "standby", "turn"):
+    if args.only in ("coalesce", "requests", "standby", "turn", "fleet"):
         return _only_section(srv, report, tenant, args.only, progress)
     with throwaway_database(srv, "mos_lease_bench") as dsn:
         with PostgresLeaseStore(dsn) as store:
@@ -495,9 +497,25 @@ def _coalesce(dsn: str, tenant: str, mode: Mode,
                         per_block=mode.coalesce_per_block, progress=progress)
 
 
+def _fleet_figures(report: Report, progress: Callable[[str], None]) -> None:
+    """A fleet of real member processes over 10,000 bindings (bench/fleet.py): balance,
+    a join, SIGTERM, SIGKILL and idle round trips, all read from the audit log, which must
+    show one takeover per moved binding at epoch +1 and no preemption asked."""
+    progress("fleet: three member processes over 10,000 bindings")
+    figures = fleet.run(fleet.BINDINGS)
+    report.figures.update({key: float(value) for key, value in figures.items()
+                           if key in FLEET_KEYS and value is not None})
+    report.notes.append(f"fleet: shares after 3 x ttl {figures['balance_shares']}; join "
+                        f"from the new process's start, p99 "
+                        f"{figures['fleet_join_from_start_p99_s']:.2f} s; WARNING lines "
+                        f"{figures['fleet_warnings']}; handover_ms_p50 not measured (no "
+                        "public hand-off yet)")
+
+
 def _only_section(srv: PgServer, report: Report, tenant: str, only: str,
                   progress: Callable[[str], None]) -> Report:
-    """``--only coalesce``, ``requests``, ``standby`` or ``turn``: that section alone."""
+    """``--only coalesce``, ``requests``, ``standby``, ``turn`` or ``fleet``: that section
+    alone."""
     if only == "coalesce":
         with throwaway_database(srv, "mos_lease_bench_coalesce") as dsn:
             _coalesce_figures(report, _coalesce(dsn, tenant, report.mode, progress))
@@ -505,6 +523,8 @@ def _only_section(srv: PgServer, report: Report, tenant: str, only: str,
         _requests_figures(report, _requests(report.mode, progress))
     elif only == "turn":
         _turn_figures(report, _turn_cost(report.mode, progress))
+    elif only == "fleet":
+        _fleet_figures(report, progress)
     else:
         _standby_figures(report, srv, report.mode, progress)
     report.partial = True
@@ -522,6 +542,7 @@ def _last_sections(report: Report, srv: PgServer, tenant: str, mode: Mode,
     _requests_figures(report, _requests(mode, progress))
     _standby_figures(report, srv, mode, progress)
     _many_figures(report, *_many_bindings(srv, tenant, mode, args, progress))
+    _fleet_figures(report, progress)
     report.environment.append(f"load average at end {os.getloadavg()[0]:.2f}")
 
 
@@ -695,15 +716,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--no-pin", action="store_true",
                         help="do not pin the single-connection comparisons to one core")
     parser.add_argument("--only", choices=["stamps", "single", "peers", "coalesce", "requests",
-                                           "standby", "turn"],
+                                           "standby", "turn", "fleet"],
                         default=None,
                         help="run one comparison only (stamps: what the stamp checks cost "
                         "per write; single: validate and the writes, pinned and "
                         "cross-core; peers: the supervisor holding many bindings, then "
                         "redis-py's Lock and PostgreSQL advisory locks beside it; coalesce: "
                         "validations at 1, 8 and 32 concurrent callers; turn: the CPU of a "
-                        "notice-triggered supervisor turn at 1,000 and 10,000 bindings), at "
-                        "the mode's counts")
+                        "notice-triggered supervisor turn at 1,000 and 10,000 bindings; fleet: "
+                        "three member processes over 10,000 bindings), at the mode's counts")
     parser.add_argument("--redis", default=os.environ.get("MOS_LEASE_BENCH_REDIS",
                                                           peers.DEFAULT_REDIS),
                         help="the Redis the peers section measures (skipped when none "

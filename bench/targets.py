@@ -8,6 +8,18 @@ from collections.abc import Callable, Mapping
 
 import attrs
 
+FLEET_KEYS = (
+    "fleet_balance_2x10k",
+    "fleet_join_p99_s",
+    "fleet_join_moved_vs_fair",
+    "fleet_join_unheld_max_s",
+    "fleet_sigterm_p99_s",
+    "fleet_sigkill_p99_after_expiry_s",
+    "fleet_idle_round_trips_10k",
+    "fleet_warnings",
+)
+"""The figures of a fleet of member processes (bench/fleet.py)."""
+
 # The figures ``--json`` writes, in this order (a stable set of names).
 JSON_KEYS = (
     "validate_vs_raw",
@@ -63,6 +75,7 @@ JSON_KEYS = (
     "takeover_10k_p99_after_expiry_s",
     "close_10k_s",
     "plain_app_requests_per_s",
+    *FLEET_KEYS,
 )
 
 
@@ -149,6 +162,15 @@ TARGETS = (
     Target("takeover_round_trips", "<=", 1),
     Target("release_round_trips", "<=", 1),
     Target("heartbeat_many_100_round_trips", "<=", 1),
+    # A fleet of three member processes over 10,000 bindings (bench/fleet.py, issue 32).
+    Target("fleet_balance_2x10k", "<=", 1.05),
+    Target("fleet_join_p99_s", "<=", 2.0),
+    Target("fleet_join_moved_vs_fair", "<=", 1.1),
+    Target("fleet_join_unheld_max_s", "<=", 1.0),
+    Target("fleet_sigterm_p99_s", "<=", 1.0),
+    Target("fleet_sigkill_p99_after_expiry_s", "<=", 1.0),
+    Target("fleet_idle_round_trips_10k", "<=", 15),
+    Target("fleet_warnings", "<=", 0),
 )
 
 

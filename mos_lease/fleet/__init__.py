@@ -3,7 +3,9 @@
 The pure parts a member decides with, each in the module named for it: who should hold each
 binding (:mod:`mos_lease.fleet.placement`), who the live members are, read from their
 leases (:mod:`mos_lease.fleet.members`), and when to campaign and what to hand off
-(:mod:`mos_lease.fleet.gate`). The guide is ``docs/fleet.md`` ("Running a fleet").
+(:mod:`mos_lease.fleet.gate`); and a supervisor's membership, the options it joins with and
+what it decides turn by turn (:mod:`mos_lease.fleet.membership`). The guide is
+``docs/fleet.md`` ("Running a fleet").
 """
 
 from mos_lease.fleet.gate import Gate, GateReason, Held, Unheld, gates, hand_offs, next_look
@@ -17,10 +19,13 @@ from mos_lease.fleet.members import (
     member_identity,
     member_metadata,
 )
+from mos_lease.fleet.membership import Fleet, FleetStatus
 from mos_lease.fleet.placement import Placement, place
 
 __all__ = [
     "FLEET_TENANT",
+    "Fleet",
+    "FleetStatus",
     "FleetView",
     "Gate",
     "GateReason",

@@ -4,7 +4,8 @@ the leases of every binding a gateway process runs.
 ``campaign`` holds the campaign rule (shared with :func:`~mos_lease.hold`), ``schedule``
 the pure decisions for all bindings, made with the values of ``slots``
 (the bindings, their state and the calls to make) and reporting those of ``changes``;
-``flow`` the turn written once; ``notices`` the one notice subscription (``notices=``);
+``flow`` the turn written once, ``fleet`` its part for a member of a fleet (``fleet=``);
+``notices`` the one notice subscription (``notices=``);
 ``runner`` the two supervisors that perform it (the asyncio one, and the thread one generated
 from it by ``tools/async_to_sync.py``), written over the thread and asyncio ``primitives``
 and what they share in ``base``. ``docs/supervisor.md`` explains the campaign, the batched
@@ -12,11 +13,18 @@ renewal and the changes reported.
 """
 
 from mos_lease.supervisor.campaign import TakeoverPolicy
-from mos_lease.supervisor.changes import BindingLost, BindingStarted, Change, GaveUp, NewHolder
+from mos_lease.supervisor.changes import (
+    BindingLost,
+    BindingStarted,
+    Change,
+    GaveUp,
+    Moved,
+    NewHolder,
+)
 from mos_lease.supervisor.notices import NoticeFeed
 from mos_lease.supervisor.runner import AsyncSupervisor, Supervisor
 from mos_lease.supervisor.schedule import BATCH, COALESCE
 from mos_lease.supervisor.slots import Binding
 
 __all__ = ["BATCH", "COALESCE", "AsyncSupervisor", "Binding", "BindingLost", "BindingStarted",
-           "Change", "GaveUp", "NewHolder", "NoticeFeed", "Supervisor", "TakeoverPolicy"]
+           "Change", "GaveUp", "Moved", "NewHolder", "NoticeFeed", "Supervisor", "TakeoverPolicy"]

@@ -18,6 +18,7 @@ from typing import Any, Generic, TypeVar
 from mos_lease.coordinator import AsyncConnectorLeaseCoordinator, ConnectorLeaseCoordinator
 from mos_lease.errors import ConfigurationError, InvalidInput
 from mos_lease.events import EventHook, emitter
+from mos_lease.fleet.membership import Fleet, FleetStatus, Membership
 from mos_lease.identity import LeaseIdentity, check_id, check_identity, normalize_scopes
 from mos_lease.keeper.schedule import KeeperTiming, default_clock_step
 from mos_lease.metadata import check_metadata
@@ -87,7 +88,7 @@ class _Supervisor(Generic[C]):
                  random: Callable[[], float] = _random.random,
                  background: bool = True, notices: NoticeFeed | None = None,
                  heartbeat_coordinator: C | None = None,
-                 on_event: EventHook | None = None) -> None:
+                 on_event: EventHook | None = None, fleet: Fleet | None = None) -> None:
         for name, given in (("coordinator", coordinator),
                             ("heartbeat_coordinator", heartbeat_coordinator)):
             if given is not None and not isinstance(given, self._kind):
@@ -108,12 +109,38 @@ class _Supervisor(Generic[C]):
                           on_change, emitter(on_event))
         self._background = background
         self._name = "mos-lease-supervisor"  # of its thread or task (start() may rename it)
+        if fleet is not None:
+            self._join(fleet)
         feed = check_feed(notices)
         self._core.schedule.noticed = feed is not None
         # One subscription for every binding, made last: a notice may come at once.
         self._notices = (None if feed is None
                          else SupervisorNotices(feed, self._core, self._wake_from_thread,
                                                 self._counts))
+
+    def _join(self, fleet: Fleet) -> None:
+        """Run ``fleet``'s member lease as one more binding, renewed in the batches of the
+        others, and gate every other binding's campaign by the fleet (:mod:`mos_lease.
+        supervisor.fleet`). The lease is campaigned for once the supervisor runs (its first
+        ``add()``, or ``turn()`` by hand)."""
+        if not isinstance(fleet, Fleet):
+            raise ConfigurationError(f"fleet must be a Fleet, not {type(fleet).__name__}")
+        member = _binding(self.coordinator.store, fleet.identity, fleet.member, (), fleet.ttl,
+                          {"jitter": 0.0}, fleet.metadata)
+        schedule = self._core.schedule
+        schedule.fleet = Membership(fleet)
+        schedule.add(member, self._core.clock())
+
+    def fleet_status(self) -> FleetStatus | None:
+        """What this member sees of its fleet (``None`` without ``fleet=``): the live
+        members, the bindings it holds and is preferred for, those without a holder, and
+        its hand-offs (:class:`~mos_lease.fleet.membership.FleetStatus`)."""
+        with self._core.lock:
+            schedule = self._core.schedule
+            if schedule.fleet is None:
+                return None
+            held = [slot.binding.identity for slot in schedule.slots.values() if slot.holding]
+            return schedule.fleet.status(held)
 
     def add(self, identity: LeaseIdentity, connector_id: str, *, scopes: object,
             ttl: float | timedelta, safety_margin: float | None = None,
@@ -254,6 +281,14 @@ class _Supervisor(Generic[C]):
             self._notices.close()
         with self._core.lock:
             identities = list(self._core.schedule.slots)
+            fleet = self._core.schedule.fleet
+        if fleet is not None and fleet.identity in identities:
+            # A fleet member's own lease goes first: its release moves the others'
+            # placement at once, and each then takes the bindings it gains as their
+            # releases follow (a release notice of a binding preferred to a member is
+            # acted on at once), instead of waiting for the whole close.
+            identities.remove(fleet.identity)
+            identities.insert(0, fleet.identity)
         held: list[tuple[LeaseHandle, list[Change]]] = []
         for identity in identities:
             lease, changes = self._drop(identity)

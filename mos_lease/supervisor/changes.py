@@ -1,5 +1,6 @@
 """The changes a supervisor reports for a binding (:data:`Change`): it started holding a
-lease, lost it, saw another holder while campaigning, or gave up waiting. What a gateway reads from
+lease, lost it, saw another holder while campaigning, gave up waiting, or handed it to
+another member of its fleet. What a gateway reads from
 ``on_change`` or ``changes()``, apart from the schedule that finds them.
 """
 
@@ -54,4 +55,18 @@ class GaveUp:
     error: str | None = None
 
 
-Change = BindingStarted | BindingLost | NewHolder | GaveUp
+@attrs.frozen(slots=True)
+class Moved:
+    """The binding's ``lease`` was handed over to ``successor``, another member of this
+    supervisor's fleet that the placement now prefers for it (``Supervisor(fleet=...)``),
+    and released naming it: a planned move, not a loss to a rival. The successor takes the
+    lease over at its epoch; this supervisor goes on running the binding and takes it again
+    if the placement brings it back, or if it stays without a holder past the grace
+    period."""
+
+    identity: LeaseIdentity
+    lease: LeaseHandle
+    successor: str
+
+
+Change = BindingStarted | BindingLost | NewHolder | GaveUp | Moved

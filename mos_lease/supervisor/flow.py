@@ -35,6 +35,7 @@ from mos_lease.keeper.schedule import LeaseLoss
 from mos_lease.records import LeaseHandle
 from mos_lease.results import GrantResult
 from mos_lease.sleep import Sleep
+from mos_lease.supervisor import fleet
 from mos_lease.supervisor.changes import Change
 from mos_lease.supervisor.schedule import BATCH, Schedule
 from mos_lease.supervisor.slots import (
@@ -101,7 +102,7 @@ class Release:
     lease: LeaseHandle
 
 
-Call = Renew | Collect | Attempt | Release | Sleep
+Call = Renew | Collect | Attempt | Release | Sleep | fleet.FleetCall
 Flow = Generator[Call, Any, None]
 
 
@@ -183,9 +184,10 @@ def turn(core: Core, in_flight: int = 1) -> Flow:
     with core.lock:
         now = core.clock()
         due = core.schedule.due(now)
+        members = fleet.reading(core)  # a fleet member's read of the member set is due
         looked, core.looking = core.looking, []  # the reads these turns asked for are due
     core.report(due.changes)
-    if not due.renewals and not due.campaigns and not due.confirms:
+    if not due.renewals and not due.campaigns and not due.confirms and not members:
         _done(looked)
         # Nothing is due until then; the driver wakes earlier when a binding is added or on
         # close.
@@ -193,6 +195,8 @@ def turn(core: Core, in_flight: int = 1) -> Flow:
         return
     try:
         if (yield from _renewals(core, due, max(in_flight, 1))):
+            if members:
+                yield from fleet.members(core, MAX_CALL)
             yield from _campaign(core, [*due.confirms, *due.campaigns])
     finally:
         _done(looked)

@@ -20,11 +20,13 @@ from datetime import timedelta
 
 from mos_lease.coordinator import AsyncConnectorLeaseCoordinator, ConnectorLeaseCoordinator
 from mos_lease.events import EventHook
+from mos_lease.fleet.membership import Fleet
 from mos_lease.flowdrive import Drive, outcome_of, outcome_of_async
 from mos_lease.identity import LeaseIdentity
 from mos_lease.results import GrantResult, LeaseResult
 from mos_lease.supervisor.base import _Supervisor
 from mos_lease.supervisor.changes import Change
+from mos_lease.supervisor.fleet import FleetCall
 from mos_lease.supervisor.flow import (
     IN_FLIGHT,
     Attempt,
@@ -97,11 +99,12 @@ class AsyncSupervisor(_Supervisor[AsyncConnectorLeaseCoordinator]):
                  random: Callable[[], float] = _random.random,
                  background: bool = True, notices: NoticeFeed | None = None,
                  heartbeat_coordinator: AsyncConnectorLeaseCoordinator | None = None,
-                 on_event: EventHook | None = None) -> None:
+                 on_event: EventHook | None = None, fleet: Fleet | None = None) -> None:
         self._wakeup = AsyncWakeup()  # before the notice listener, which may wake it at once
         super().__init__(coordinator, on_change=on_change, clock=clock, random=random,
                          background=background, notices=notices,
-                         heartbeat_coordinator=heartbeat_coordinator, on_event=on_event)
+                         heartbeat_coordinator=heartbeat_coordinator, on_event=on_event,
+                         fleet=fleet)
         self._sleep = sleep if sleep is not None else self._wakeup.wait
         self._calls = AsyncCalls()
         self._worker = AsyncWorker()
@@ -148,12 +151,17 @@ class AsyncSupervisor(_Supervisor[AsyncConnectorLeaseCoordinator]):
             return await self._calls.collect(call.ticket, call.timeout)
         if isinstance(call, Attempt):
             return await self._calls.bounded(self._campaign, call, call.timeout)
+        if isinstance(call, FleetCall):
+            return await self._calls.bounded(self._fleet, call, call.timeout)
         assert isinstance(call, Release)
         self._counts.releases += 1
         try:
             return await self.coordinator.release(call.lease)
         except Exception as error:
             return error
+
+    async def _fleet(self, call: FleetCall) -> object:
+        return await call.run(self.coordinator)
 
     async def _campaign(self, attempt: Attempt) -> object:
         calls, kind = attempt.calls, attempt.kind
@@ -299,11 +307,12 @@ class Supervisor(_Supervisor[ConnectorLeaseCoordinator]):
                  random: Callable[[], float] = _random.random,
                  background: bool = True, notices: NoticeFeed | None = None,
                  heartbeat_coordinator: ConnectorLeaseCoordinator | None = None,
-                 on_event: EventHook | None = None) -> None:
+                 on_event: EventHook | None = None, fleet: Fleet | None = None) -> None:
         self._wakeup = Wakeup()  # before the notice listener, which may wake it at once
         super().__init__(coordinator, on_change=on_change, clock=clock, random=random,
                          background=background, notices=notices,
-                         heartbeat_coordinator=heartbeat_coordinator, on_event=on_event)
+                         heartbeat_coordinator=heartbeat_coordinator, on_event=on_event,
+                         fleet=fleet)
         self._sleep = sleep if sleep is not None else self._wakeup.wait
         self._calls = Calls()
         self._worker = Worker()
@@ -350,12 +359,17 @@ class Supervisor(_Supervisor[ConnectorLeaseCoordinator]):
             return self._calls.collect(call.ticket, call.timeout)
         if isinstance(call, Attempt):
             return self._calls.bounded(self._campaign, call, call.timeout)
+        if isinstance(call, FleetCall):
+            return self._calls.bounded(self._fleet, call, call.timeout)
         assert isinstance(call, Release)
         self._counts.releases += 1
         try:
             return self.coordinator.release(call.lease)
         except Exception as error:
             return error
+
+    def _fleet(self, call: FleetCall) -> object:
+        return call.run(self.coordinator)
 
     def _campaign(self, attempt: Attempt) -> object:
         calls, kind = attempt.calls, attempt.kind

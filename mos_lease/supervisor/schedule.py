@@ -28,6 +28,7 @@ from typing import Final, Literal
 from mos_lease import events
 from mos_lease.checks import MAX_BATCH
 from mos_lease.errors import InvalidInput, StoreUnavailable
+from mos_lease.fleet.membership import Membership
 from mos_lease.identity import LeaseIdentity
 from mos_lease.keeper.schedule import (
     KeeperState,
@@ -48,6 +49,7 @@ from mos_lease.supervisor.changes import (
     BindingStarted,
     Change,
     GaveUp,
+    Moved,
     NewHolder,
 )
 from mos_lease.supervisor.slots import (
@@ -117,6 +119,9 @@ class Schedule:
         self._windows = Timeline(_free_holding)
         self._tries = Timeline(_free_campaigning)
         self._confirms: set[Slot] = set()
+        # The fleet this supervisor is a member of (mos_lease.supervisor.fleet): its gate
+        # judges every campaign read, and its member lease is one of the slots.
+        self.fleet: Membership | None = None
         # The waiting slots a notice came for less than max_backoff after their last read:
         # read at once by look_now(), in a confirming turn of the notice confirmer.
         self._soon: set[Slot] = set()
@@ -134,6 +139,8 @@ class Schedule:
         if binding.identity in self.slots:
             raise InvalidInput("identity", "is already supervised; remove it first")
         slot = self.slots[binding.identity] = Slot(binding, now, next(self._order))
+        if self.fleet is not None:
+            self.fleet.add(binding.identity)
         self.ended.pop(binding.identity, None)
         if start is None:
             self._index(slot)
@@ -164,6 +171,8 @@ class Schedule:
             raise InvalidInput("identity", "is not supervised")
         if closing:
             self.closed.add(identity)
+        if self.fleet is not None:
+            self.fleet.remove(identity)
         slot.removed = True
         slot.version += 1  # off every timeline
         state = slot.state
@@ -183,6 +192,8 @@ class Schedule:
                 return None, []
             raise InvalidInput("identity", "is not supervised")
         changes = self._judge(slot, now)
+        if slot.handing:  # being handed to another member: no new grant on it
+            return None, changes
         return (slot.state.lease if slot.holding and slot.state is not None else None), changes
 
     def reveal(self, identity: LeaseIdentity, lease: LeaseHandle, loss: LeaseLoss
@@ -222,7 +233,9 @@ class Schedule:
         is newer than the lease held (the notice of the supervisor's own takeover is not).
         What a notice says is never believed; this only saves reads."""
         slot = self.slots.get(identity)
-        if slot is None:
+        if slot is None or slot.handing:
+            # Being handed to another fleet member: its successor's takeover may come
+            # before this release's answer, and is no loss to confirm.
             return False
         return newer(None if not slot.holding or slot.state is None else slot.state.lease,
                      epoch)
@@ -240,6 +253,8 @@ class Schedule:
         due already); ``"held"`` if it is not a waiting binding (held, or not registered: a
         held one's notice is confirmed by :meth:`notice`)."""
         slot = self.slots.get(identity)
+        if slot is None and self.fleet is not None and self.fleet.noticed(identity, now):
+            return "moved"  # a member lease changed: the member set is read in the next turn
         if slot is None or slot.holding:
             return "held"
         if slot.busy:
@@ -247,7 +262,10 @@ class Schedule:
             return "no"
         if slot.step is not ReadHolder:
             return "no"  # an acquire or a takeover is due already
-        at = max(now, slot.looked + slot.binding.timing.max_backoff)
+        pause = slot.binding.timing.max_backoff
+        if self.fleet is not None:  # a hand-off to this member is awaited: read it sooner
+            pause = self.fleet.notice_pause(identity, pause)
+        at = max(now, slot.looked + pause)
         if at >= slot.try_at:
             return "no"
         slot.try_at = at
@@ -281,6 +299,68 @@ class Schedule:
             slot.confirm = True
             self._confirms.add(slot)
         return slot
+
+    # -- the fleet (mos_lease.supervisor.fleet) -----------------------------------------------
+
+    def members_read(self, views: Sequence[HolderView | None] | BaseException, now: float
+                     ) -> list[tuple[Slot, str]]:
+        """After the member read of the fleet: its views, or what it raised. The campaigning
+        bindings the placement now prefers to this member read their holder again at once.
+        Returns the held bindings to hand over, each with its
+        successor, marked busy and ``handing`` (:meth:`lease` answers ``None`` for them)."""
+        fleet = self.fleet
+        assert fleet is not None
+        if isinstance(views, BaseException):
+            log.warning("mos_lease: fleet member read failed: %r; trying again in %.3f s",
+                        views, fleet.fleet.look)
+            return []
+        for identity in fleet.read(views, now):
+            slot = self.slots.get(identity)
+            if slot is not None and not slot.busy and not slot.holding \
+                    and slot.step is ReadHolder and slot.try_at > now:
+                slot.try_at = now
+                self._index(slot)
+        held = [slot.binding.identity for slot in self.slots.values()
+                if slot.holding and not slot.busy]
+        moves = []
+        for identity, successor in fleet.hand_offs(held).items():
+            slot = self.slots[identity]
+            slot.busy = slot.handing = True
+            self._index(slot)
+            moves.append((slot, successor))
+        return moves
+
+    @staticmethod
+    def handing(slot: Slot) -> LeaseHandle:
+        """The lease of a slot being handed over."""
+        return _held(slot).lease
+
+    def handed(self, slot: Slot, outcome: LeaseResult | BaseException | None,
+               successor: str, now: float) -> list[Change]:
+        """After the release that hands ``slot``'s lease to ``successor`` (its result, what
+        it raised, or ``None``: not sent). Released: a :class:`Moved` change, and the binding
+        waits like any other preferred elsewhere (its next read after the grace period).
+        Otherwise the lease is still held and renewed, and the next member read tries again;
+        a lease lost meanwhile is found by its renewal, as any loss is."""
+        slot.busy = slot.handing = False
+        state = slot.state
+        fleet = self.fleet
+        if slot.removed or state is None or state.loss is not None or fleet is None \
+                or not isinstance(outcome, LeaseResult) or not outcome.ok:
+            if outcome is not None and not slot.removed:
+                log.warning("mos_lease: could not hand %s over to %s: %r",
+                            slot.binding.identity, successor,
+                            outcome.reason if isinstance(outcome, LeaseResult) else outcome)
+            self._index(slot)
+            return []
+        slot.state = lose(state, LeaseLoss(LossCause.STOPPED, Reason.LEASE_RELEASED, now))
+        slot.step, slot.observed, slot.hinted = ReadHolder, None, False
+        slot.try_at = now + fleet.fleet.grace.total_seconds()
+        fleet.handed += 1
+        self._index(slot)
+        log.info("mos_lease: %s handed over to fleet member %s", slot.binding.identity,
+                 successor)
+        return [Moved(slot.binding.identity, state.lease, successor)]
 
     # -- deciding -----------------------------------------------------------------------------
 
@@ -344,8 +424,10 @@ class Schedule:
         for confirm in confirms:
             confirm.slot.busy, confirm.slot.confirm = True, False
         self._confirms = {slot for slot in confirming if slot.confirm}
-        # The next try of the campaigning slots left free.
+        # The next try of the campaigning slots left free, and the fleet's next member read.
         wake_at = min(wake_at, self._tries.first())
+        if self.fleet is not None:
+            wake_at = min(wake_at, self.fleet.next_read())
         return Due(changes, renewals, campaigns, wake_at, confirms)
 
     def earliest_deadline(self) -> float:
@@ -525,6 +607,8 @@ class Schedule:
             return self._observe(slot, outcome, finished, pause=False), None
         assert isinstance(outcome, LeaseResult)
         if won is not None:
+            if self.fleet is not None and slot.binding.identity == self.fleet.identity:
+                self.fleet.joined(finished)  # read the member set with this member in it
             slot.state = held(slot.binding.timing, won, started, self._draw())
             slot.failures = 0
             slot.gives_up_at = None  # the wait is over: after a loss, campaign until removed
@@ -591,6 +675,12 @@ class Schedule:
         # PREEMPT), an expired or released one is taken over at the epoch just read, so of
         # several campaigners one wins.
         slot.looked = now
+        if self.fleet is not None and slot.binding.identity != self.fleet.identity:
+            # The fleet's campaign gate first: never against an active lease, at once for a
+            # binding preferred to this member, after the grace period for any other.
+            wait = self.fleet.judge(slot.binding.identity, view, now)
+            if wait is not None:
+                return changes + self._gated(slot, view, now, wait)
         planned = next_try(view, slot.binding.takeover, slot.preempt_refused)
         if isinstance(planned, Reason):
             slot.reason, slot.error, slot.observed = planned, None, view
@@ -622,10 +712,28 @@ class Schedule:
                                       until_expiry=self.noticed)
         return []
 
+    def _gated(self, slot: Slot, view: HolderView | None, now: float, wait: float
+               ) -> list[Change]:
+        """The fleet's gate says wait ``wait`` seconds before reading again: without
+        notices, no longer than ``max_backoff`` (as any campaign waits for an active lease),
+        never sooner than ``min_backoff``, never past the end of the binding's wait."""
+        timing = slot.binding.timing
+        if not self.noticed:
+            wait = min(wait, timing.max_backoff)
+        slot.reason, slot.error, slot.observed, slot.hinted = Reason.LEASE_HELD, None, view, False
+        slot.step, slot.try_at = ReadHolder, now + max(wait, timing.min_backoff)
+        if slot.gives_up_at is not None:
+            if now >= slot.gives_up_at:
+                return self._give_up(slot)
+            slot.try_at = min(slot.try_at, slot.gives_up_at)
+        return []
+
     def _drop(self, slot: Slot) -> None:
         """``slot`` is no longer run (it gave up, or lost a lease it held once)."""
         if self.slots.get(slot.binding.identity) is slot:
             del self.slots[slot.binding.identity]
+            if self.fleet is not None:
+                self.fleet.remove(slot.binding.identity)
         slot.removed = True
         slot.version += 1  # off every timeline
 

@@ -53,9 +53,9 @@ class Slot:
     changes the schedule's timelines have seen (:mod:`~mos_lease.supervisor.timeline`: an
     entry of an older version is stale)."""
 
-    __slots__ = ("binding", "busy", "confirm", "error", "failures", "gives_up_at", "hinted",
-                 "looked", "observed", "order", "preempt_refused", "reason", "removed", "seen",
-                 "state", "step", "try_at", "version")
+    __slots__ = ("binding", "busy", "confirm", "error", "failures", "gives_up_at", "handing",
+                 "hinted", "looked", "observed", "order", "preempt_refused", "reason", "removed",
+                 "seen", "state", "step", "try_at", "version")
 
     def __init__(self, binding: Binding, now: float, order: int = 0) -> None:
         self.binding = binding
@@ -75,6 +75,7 @@ class Slot:
         self.busy = False
         self.confirm = False  # a notice asked for a confirming read (mos_lease.notice_gate)
         self.removed = False
+        self.handing = False  # its release to another fleet member is in flight
         # The first campaign's end (Binding.wait), and what a give-up then reports: the last
         # reason the lease could not be had, the last store error, whether a preemption
         # was refused (PREEMPT then waits like EXPIRED).
