@@ -70,7 +70,7 @@ class GatewayConfig:
     ttl: float = 3.0
     # The step in database time the supervisor's margin covers: 0 for one database host, as
     # in these recipes; 2 behind a failover pair, which needs a ttl above 4 s
-    # (docs/keeper.md, "the safety margin and the shortest ttl").
+    # (docs/keeping.md, "the safety margin and the shortest ttl").
     clock_step: float = 0.0
     grant_ttl: float = 2.0
     # How many times one request may be forwarded: a holder that moved while a request was

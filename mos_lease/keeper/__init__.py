@@ -5,7 +5,7 @@ used by the supervisor engine (:mod:`mos_lease.supervisor`) for every lease it k
 ``calls`` the coordinator calls a keeper or holder makes and the loops that make them;
 ``base`` what the two keepers share, and ``thread_keeper`` and ``asyncio_keeper`` the two
 keepers: each the engine with one binding, held once. Why the local deadline is safe is
-explained in ``docs/keeper.md``.
+explained in ``docs/keeping.md``.
 """
 
 from mos_lease.keeper import schedule

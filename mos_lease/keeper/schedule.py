@@ -1,7 +1,7 @@
 """The keeper's schedule: when to heartbeat, when to retry, when the lease counts as lost.
 
 Pure functions of (state, monotonic now, outcome, a random draw): :func:`next_action` and
-:func:`after_renewal`. The deadline rule and why it is safe are in ``docs/keeper.md``.
+:func:`after_renewal`. The deadline rule and why it is safe are in ``docs/keeping.md``.
 """
 
 from __future__ import annotations

@@ -52,7 +52,7 @@ class LeaseKeeper(_Keeper[ConnectorLeaseCoordinator, Callable[[float], object]])
     through. Give it one on a store (a connection) of its own, with the same policy, so a
     heartbeat stuck on its connection never holds up the grants issued and validated
     through ``coordinator``; acquire, takeover, grants and release use ``coordinator``.
-    The timing options are :class:`KeeperTiming`'s; ``docs/keeper.md`` explains them.
+    The timing options are :class:`KeeperTiming`'s; ``docs/keeping.md`` explains them.
     """
 
     _kind = ConnectorLeaseCoordinator

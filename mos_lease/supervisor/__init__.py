@@ -8,7 +8,7 @@ the pure decisions for all bindings, made with the values of ``slots``
 ``notices`` the one notice subscription (``notices=``);
 ``runner`` the two supervisors that perform it (the asyncio one, and the thread one generated
 from it by ``tools/async_to_sync.py``), written over the thread and asyncio ``primitives``
-and what they share in ``base``. ``docs/supervisor.md`` explains the campaign, the batched
+and what they share in ``base``. ``docs/keeping.md`` explains the campaign, the batched
 renewal and the changes reported.
 """
 

@@ -153,7 +153,7 @@ class _Supervisor(Generic[C]):
             held: LeaseHandle | None = None, obtained_at: float | None = None) -> None:
         """Run ``identity`` as ``connector_id``: campaign for its lease, hold it, and
         campaign again after a loss, until ``remove()`` or ``close()``. The timing
-        options are :class:`~mos_lease.keeper.KeeperTiming`'s (``docs/keeper.md``), except
+        options are :class:`~mos_lease.keeper.KeeperTiming`'s (``docs/keeping.md``), except
         that ``jitter`` defaults to 0: a process's renewals are meant to go out together,
         and ``clock_step`` to 0 over a store that cannot fail over (the in-memory store).
         A ``ttl`` too short for the default safety margin raises

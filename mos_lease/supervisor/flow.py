@@ -64,7 +64,7 @@ runs one batch's statement, the client builds the next and reads the last one's 
 (some 40% of a batch's time, all of it Python), instead of each waiting for the other. A
 third would only queue behind them (a dedicated connection runs one statement at a time).
 The thread supervisor builds the next batch on its own thread and runs one store call at a
-time on one renewal thread, so two in flight cost it no thread (``docs/supervisor.md``)."""
+time on one renewal thread, so two in flight cost it no thread (``docs/keeping.md``)."""
 
 
 @attrs.frozen(slots=True, eq=False)

@@ -78,7 +78,7 @@ class AsyncSupervisor(_Supervisor[AsyncConnectorLeaseCoordinator]):
     A notice for a binding is a hint: it asks the source's notice confirmer for a turn
     (coalesced per identity, rate-bounded for the process) in which the supervisor reads the
     holder; a takeover it confirms is reported as the binding's loss at once, and the
-    campaign goes on from what was read. ``docs/supervisor.md`` explains the campaign and
+    campaign goes on from what was read. ``docs/keeping.md`` explains the campaign and
     counts the threads and tasks each supervisor runs.
 
     ``heartbeat_coordinator``: renew through this coordinator (a connection of its own),
@@ -286,7 +286,7 @@ class Supervisor(_Supervisor[ConnectorLeaseCoordinator]):
     A notice for a binding is a hint: it asks the source's notice confirmer for a turn
     (coalesced per identity, rate-bounded for the process) in which the supervisor reads the
     holder; a takeover it confirms is reported as the binding's loss at once, and the
-    campaign goes on from what was read. ``docs/supervisor.md`` explains the campaign and
+    campaign goes on from what was read. ``docs/keeping.md`` explains the campaign and
     counts the threads and tasks each supervisor runs.
 
     ``heartbeat_coordinator``: renew through this coordinator (a connection of its own),

@@ -1,4 +1,4 @@
-"""The threads and tasks ``docs/supervisor.md`` says each supervisor runs ("Threads, tasks and
+"""The threads and tasks ``docs/keeping.md`` says each supervisor runs ("Threads, tasks and
 round trips") are the ones it really starts: counted on the in-memory store (which starts
 nothing of its own) with the benchmark's census of ``bench/supervisor.py`` (every thread's
 ``run`` and every task of the loop counted in and out), over more than 1,000 bindings so
@@ -51,13 +51,13 @@ def _count(cell: str) -> int:
     if cell == "none":
         return 0
     found = re.match(r"\d+", cell)
-    assert found is not None, f"docs/supervisor.md: no count in {cell!r}"
+    assert found is not None, f"docs/keeping.md: no count in {cell!r}"
     return int(found.group())
 
 
 def documented(row: str) -> tuple[int, int]:
     """(threads, tasks) that the page's table gives ``row``."""
-    page = (ROOT / "docs" / "supervisor.md").read_text()
+    page = (ROOT / "docs" / "keeping.md").read_text()
     section = page[page.index("## Threads, tasks and round trips"):]
     (line,) = [line for line in section.splitlines() if line.startswith(f"| {row} |")]
     cells = [cell.strip() for cell in line.strip("|").split(" | ")]
