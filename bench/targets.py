@@ -162,7 +162,7 @@ TARGETS = (
     Target("takeover_round_trips", "<=", 1),
     Target("release_round_trips", "<=", 1),
     Target("heartbeat_many_100_round_trips", "<=", 1),
-    # A fleet of three member processes over 10,000 bindings (bench/fleet.py, issue 32).
+    # A fleet of three member processes over 10,000 bindings (bench/fleet.py).
     Target("fleet_balance_2x10k", "<=", 1.05),
     Target("fleet_join_p99_s", "<=", 2.0),
     Target("fleet_join_moved_vs_fair", "<=", 1.1),
