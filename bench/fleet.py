@@ -1,4 +1,4 @@
-"""A fleet of real OS processes over one PostgreSQL database: the figures a fleet's members are held to.
+"""A fleet of real OS processes over one PostgreSQL database, and the figures it is held to.
 
 Each member is ``tests/fleet_member.py``: a thread ``Supervisor`` with notices, joined to
 one fleet, running the same 10,000 bindings (ttl 10 s, ``look`` 1 s, grace 5 s, a policy
