@@ -19,7 +19,13 @@ from mos_lease.coordinator import AsyncConnectorLeaseCoordinator, ConnectorLease
 from mos_lease.errors import ConfigurationError, InvalidInput
 from mos_lease.events import EventHook, emitter
 from mos_lease.fleet.membership import Fleet, FleetStatus, Membership
-from mos_lease.identity import LeaseIdentity, check_id, check_identity, normalize_scopes
+from mos_lease.identity import (
+    LeaseIdentity,
+    check_id,
+    check_identity,
+    normalize_scopes,
+    normalize_ttl,
+)
 from mos_lease.keeper.schedule import KeeperTiming, default_clock_step
 from mos_lease.metadata import check_metadata
 from mos_lease.records import LeaseHandle
@@ -168,13 +174,17 @@ class _Supervisor(Generic[C]):
         default): campaign until removed, whatever is refused. ``once``: hold the lease
         once, as :func:`~mos_lease.hold` does: its loss (reported as
         :class:`~mos_lease.supervisor.changes.BindingLost`) ends the binding, which is then
-        no longer run, instead of starting a new campaign. ``held``: the binding holds this
+        no longer run, instead of starting a new campaign; and a refusal that waiting cannot
+        change gives it up at once, even without a ``wait``. ``held``: the binding holds this
         lease already, won by a call the caller made (an acquire or a takeover, as a keeper
         makes them), which started at ``obtained_at`` on the supervisor's clock: it is
         renewed from there as if the supervisor had won it (its deadline counts from
         ``obtained_at``), reported as :class:`~mos_lease.supervisor.changes.BindingStarted`,
         and no campaign comes first."""
         start = _held(held, obtained_at, identity, connector_id)
+        # Above the coordinator's cap every campaign call would be refused as bad input:
+        # refused here instead, before anything is written.
+        normalize_ttl("ttl", ttl, self.coordinator._flows.lease_ttl_cap)
         binding = _binding(self.coordinator.store, identity, connector_id, scopes, ttl, {
             "safety_margin": safety_margin, "clock_step": clock_step,
             "renew_fraction": renew_fraction, "jitter": jitter,

@@ -619,7 +619,9 @@ class Schedule:
         slot.reason, slot.error = outcome.reason, None
         slot.preempt_refused |= outcome.reason is Reason.PREEMPTION_DENIED
         if outcome.reason not in RETRY_REASONS:
-            if slot.binding.wait is not None:  # waiting cannot change it: give up at once
+            # Waiting cannot change it: a binding with a wait, or held once (hold()'s,
+            # whose wait may be without limit), gives up at once.
+            if slot.binding.wait is not None or slot.binding.once:
                 return self._give_up(slot), None
             log.warning("mos_lease: campaign for %s refused: %s; trying again later",
                         slot.binding.identity, outcome.reason)

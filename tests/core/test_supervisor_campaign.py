@@ -181,6 +181,28 @@ def test_a_refusal_waiting_cannot_change_ends_the_wait_at_once() -> None:
     assert again.of(GaveUp) == [] and again.supervisor.bindings == [ident(0)]
 
 
+def test_a_binding_held_once_gives_up_on_a_final_refusal_even_without_a_wait() -> None:
+    """hold() with ``wait=None`` waits without limit, but not for what waiting cannot
+    change: its binding (held once) gives up at once on the policy's refusal."""
+    rig = _rig(_rules(preempt=False, connector_id="someone-else"))
+    _add(rig, once=True)
+    rig.settle()
+    [gave_up] = rig.of(GaveUp)
+    assert gave_up.reason is Reason.POLICY_DENIED
+    assert rig.store.leases() == [] and rig.supervisor.bindings == []
+
+
+def test_a_ttl_above_the_coordinators_cap_is_refused_and_adds_nothing() -> None:
+    rig = _rig()
+    rig.coordinator = ConnectorLeaseCoordinator(rig.store, AllowAllPolicy(),
+                                                monotonic_clock=rig.time, lease_ttl_cap=5)
+    rig.supervisor = Supervisor(rig.coordinator, clock=rig.time, sleep=rig.sleeps.append,
+                                background=False)
+    with pytest.raises(InvalidInput, match="ttl"):
+        _add(rig)  # ttl 30: every campaign call would be refused as bad input
+    assert rig.supervisor.bindings == [] and rig.store.leases() == []
+
+
 def test_a_store_outage_while_waiting_is_reported_with_the_last_error() -> None:
     rig = _rig()
     rig.store.down = True
