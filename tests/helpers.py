@@ -39,6 +39,22 @@ OTHER_IDENT = LeaseIdentity("acme", "agent-1", "binding-2")
 SCOPES = ("tool:read", "tool:run")
 ALLOW_ALL: ConnectorLeaseService = AllowAllPolicy()
 
+
+class Time:
+    """The store's wall clock and the supervisors' monotonic clock, moved together."""
+
+    def __init__(self) -> None:
+        self.wall = ManualClock(START)
+        self.mono = 1000.0
+
+    def __call__(self) -> float:
+        return self.mono
+
+    def advance(self, seconds: float) -> None:
+        self.mono += seconds
+        self.wall.advance(seconds)
+
+
 _prefixes = itertools.count(1)
 _prefix_lock = threading.Lock()
 

@@ -25,7 +25,6 @@ from mos_lease import (
     LeaseIdentity,
     LossCause,
 )
-from mos_lease.clock import ManualClock
 from mos_lease.fleet.members import member_identity
 from mos_lease.fleet.membership import EXPIRY_MARGIN, HANDOFF_PREFIX, Fleet, Membership
 from mos_lease.results import HolderView
@@ -33,26 +32,12 @@ from mos_lease.supervisor import AsyncSupervisor, BindingLost, Change, Moved, Su
 from mos_lease.vocabulary import LeaseState, Outcome
 from mos_lease_memory import AsyncInMemoryLeaseStore
 from tests.fleet_check import Watching, active_holder, epochs_step_by_one
+from tests.helpers import Time
 
 START = datetime(2030, 1, 1, tzinfo=UTC)
 TTL, GRACE, LOOK, STEP = 10.0, 3.0, 1.0, 0.25
 BINDINGS = [LeaseIdentity("acme", f"agent-{n}", "main") for n in range(90)]
 NAMES = ["m1", "m2", "m3"]
-
-
-class Time:
-    """The store's wall clock and the supervisors' monotonic clock, moved together."""
-
-    def __init__(self) -> None:
-        self.wall = ManualClock(START)
-        self.mono = 1000.0
-
-    def __call__(self) -> float:
-        return self.mono
-
-    def advance(self, seconds: float) -> None:
-        self.mono += seconds
-        self.wall.advance(seconds)
 
 
 class Fleetrun:

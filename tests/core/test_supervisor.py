@@ -45,6 +45,7 @@ from mos_lease.supervisor.schedule import BATCH, Schedule
 from mos_lease.supervisor.slots import Acquire, Due, ReadHolder, Renew, Takeover
 from mos_lease.vocabulary import LeaseState, Outcome
 from mos_lease_memory import AsyncInMemoryLeaseStore, InMemoryLeaseStore
+from tests.helpers import Time
 
 START = datetime(2030, 1, 1, tzinfo=UTC)
 SCOPES = ("tool:run",)
@@ -58,21 +59,6 @@ def ident(n: int) -> LeaseIdentity:
 def released(store: InMemoryLeaseStore, identity: LeaseIdentity) -> bool:
     row = store.load(identity).row
     return row is not None and row.released_at is not None
-
-
-class Time:
-    """The store's wall clock and the supervisor's monotonic clock, moved together."""
-
-    def __init__(self) -> None:
-        self.wall = ManualClock(START)
-        self.mono = 1000.0
-
-    def __call__(self) -> float:
-        return self.mono
-
-    def advance(self, seconds: float) -> None:
-        self.mono += seconds
-        self.wall.advance(seconds)
 
 
 class Counting(InMemoryLeaseStore):

@@ -25,7 +25,8 @@ from mos_lease.results import HolderView
 from mos_lease.supervisor import BindingStarted, GaveUp, NewHolder, Supervisor, TakeoverPolicy
 from mos_lease.supervisor.campaign import ACQUIRE, next_try
 from mos_lease.vocabulary import LeaseState, LifecycleEvent, Outcome
-from tests.core.test_supervisor import SCOPES, Counting, Rig, Time, _handle, ident
+from tests.core.test_supervisor import SCOPES, Counting, Rig, _handle, ident
+from tests.helpers import Time
 
 RIVAL_TTL = 20.0
 
