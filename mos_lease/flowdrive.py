@@ -1,5 +1,5 @@
 """Driving a flow: a generator that yields the calls it needs, is sent their results and is
-thrown their failures. The synchronous and asyncio shells of the keeper, the holder and the
+thrown their failures. The synchronous and asyncio shells of the keeper, the supervisor and the
 PostgreSQL store only perform each call; how an outcome goes back into the flow, and how the
 flow's value comes out, is written here once.
 

@@ -2,7 +2,7 @@
 
 Whoever drives the steps decides how to wait (``time.sleep``, ``asyncio.sleep``, an event
 that a notice may set early, a fake clock in tests); the steps only say how long. The
-keeper's renewal schedule and the holder's wait both pause this way.
+supervisor engine's turn pauses this way, for every binding it runs.
 """
 
 from __future__ import annotations

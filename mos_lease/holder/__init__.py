@@ -11,22 +11,11 @@
                     cancel_on_loss=True) as held:
         ...  # cancelled if the lease is lost; the ``async with`` then raises LeaseLost
 
-Waiting is a generator of steps (:func:`waiting`, in :mod:`~mos_lease.holder.waiting`), as
-the keeper's are (:mod:`mos_lease.keeper.calls`): it decides what to try, how long to pause
-and when to give up, and the two thin shells (:class:`Holder` in
-:mod:`~mos_lease.holder.thread_shell`, :class:`AsyncHolder` in
-:mod:`~mos_lease.holder.asyncio_shell`) only perform the steps. The options (two groups,
-:class:`HoldTiming` and :class:`HoldCallbacks`) and exceptions are in
-:mod:`~mos_lease.holder.options`, what the shells share (entering and leaving the block, as
-steps too) in :mod:`~mos_lease.holder.base`. Holding is a keeper (:mod:`mos_lease.keeper`),
-which already owns the renewal schedule and the local deadline.
-
-While waiting, the lease is *read* (:meth:`~mos_lease.ConnectorLeaseCoordinator.
-current_holder`, no audit row), and a write is tried only when the read says it could
-succeed: a waiter polling for minutes does not fill the audit log with refusals. The first
-try is an acquire, which wins at once on a free identity. A takeover always names the epoch
-just observed, so of several waiters exactly one wins, and an active holder is preempted
-only under ``takeover="preempt"`` (which the coordinator's policy may still refuse).
+Holding is the supervisor engine (:mod:`mos_lease.supervisor`) with one binding, held once:
+it campaigns for the lease while the caller waits, then renews it in the background until
+the block is left. The two holders (:class:`Holder`, :class:`AsyncHolder`) are in
+:mod:`~mos_lease.holder.holding`, the options (two groups, :class:`HoldTiming` and
+:class:`HoldCallbacks`) and exceptions in :mod:`~mos_lease.holder.options`.
 
 A push source of lease changes (``notices=``, a :class:`NoticeSource` such as
 ``mos_lease_pg.notices.LeaseNotices``) feeds ``_notice(identity, epoch)``: it wakes a waiter
@@ -49,7 +38,7 @@ from mos_lease.coordinator import (
     ConnectorLeaseCoordinator,
 )
 from mos_lease.errors import InvalidInput
-from mos_lease.holder.asyncio_shell import AsyncHolder
+from mos_lease.holder.holding import AsyncHolder, Holder, expiring_check
 from mos_lease.holder.options import (
     HoldCallbacks,
     HoldKeywords,
@@ -62,24 +51,15 @@ from mos_lease.holder.options import (
     check_options,
     latest_healthy_gap,
 )
-from mos_lease.holder.thread_shell import Holder
-from mos_lease.holder.waiting import (
-    RETRY_REASONS,
-    Acquired,
-    expiring_check,
-    pause_for,
-    plan_attempt,
-    waiting,
-)
 from mos_lease.identity import LeaseIdentity
 from mos_lease.keeper import default_clock_step
-from mos_lease.supervisor.campaign import MAX_WAIT, TakeoverPolicy
+from mos_lease.supervisor.campaign import MAX_WAIT, RETRY_REASONS, TakeoverPolicy, pause_for
 
 __all__ = [
-    "MAX_WAIT", "RETRY_REASONS", "Acquired", "AsyncHolder", "HoldCallbacks", "HoldKeywords",
-    "HoldOptions", "HoldTiming", "Holder", "LeaseLost", "LeaseNotAcquired", "NoticeCallback",
-    "NoticeSource", "TakeoverPolicy", "check_options", "expiring_check", "hold",
-    "latest_healthy_gap", "pause_for", "plan_attempt", "waiting",
+    "MAX_WAIT", "RETRY_REASONS", "AsyncHolder", "HoldCallbacks", "HoldKeywords", "HoldOptions",
+    "HoldTiming", "Holder", "LeaseLost", "LeaseNotAcquired", "NoticeCallback", "NoticeSource",
+    "TakeoverPolicy", "check_options", "expiring_check", "hold", "latest_healthy_gap",
+    "pause_for",
 ]
 
 

@@ -26,7 +26,6 @@ from mos_lease.identity import (
     normalize_ttl,
 )
 from mos_lease.keeper import DEFAULT_CLOCK_STEP, KeeperTiming, LeaseLoss
-from mos_lease.keeper.calls import AcquireCall, TakeoverCall
 from mos_lease.metadata import EMPTY_METADATA, Metadata, check_metadata
 from mos_lease.records import LeaseHandle
 from mos_lease.results import HolderView
@@ -162,16 +161,6 @@ class HoldOptions:
     @property
     def ttl(self) -> float:
         return self.timing.ttl
-
-    # No metadata goes out as None, the calls' own "none", so a call compares equal
-    # whichever way it was made.
-    def acquire_call(self) -> AcquireCall:
-        return AcquireCall(self.identity, self.connector_id, self.scopes, self.ttl,
-                           metadata=self.metadata or None)
-
-    def takeover_call(self, expected_epoch: int) -> TakeoverCall:
-        return TakeoverCall(self.identity, self.connector_id, self.scopes, self.ttl,
-                            expected_epoch, metadata=self.metadata or None)
 
 
 def _check_callable(field: str, value: object) -> None:

@@ -2,7 +2,7 @@
 
 ``schedule`` holds the pure decisions (when to renew, retry, or count the lease lost),
 used by the supervisor engine (:mod:`mos_lease.supervisor`) for every lease it keeps;
-``calls`` the coordinator calls a keeper or holder makes and the loops that make them;
+``calls`` the coordinator calls a keeper makes and the loops that make them;
 ``base`` what the two keepers share, and ``thread_keeper`` and ``asyncio_keeper`` the two
 keepers: each the engine with one binding, held once. Why the local deadline is safe is
 explained in ``docs/keeping.md``.

@@ -1,7 +1,7 @@
-"""The calls keepers and holders make on their coordinator, written once, and the two loops
-that make them.
+"""The calls a keeper makes on its coordinator, written once, and the two loops that make
+them.
 
-A keeper or a holder decides in generators of *steps*: each step it yields is a value that
+A keeper decides in generators of *steps*: each step it yields is a value that
 says what it needs done, and the generator is resumed with the outcome (or thrown the
 failure). The steps are the calls below, each named for the coordinator method it calls,
 and :class:`~mos_lease.sleep.Sleep`::

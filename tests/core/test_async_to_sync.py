@@ -94,6 +94,6 @@ def test_both_supervisors_offer_the_same_methods_with_the_same_signatures() -> N
     assert sync.keys() == asynchronous.keys()
     for name, signature in sync.items():
         assert list(signature.parameters) == list(asynchronous[name].parameters), name
-    waited = {"turn", "issue_grant", "remove", "close"}
+    waited = {"turn", "issue_grant", "handover", "remove", "close"}
     assert {name for name in asynchronous if not name.startswith("_")
             and inspect.iscoroutinefunction(getattr(AsyncSupervisor, name))} == waited

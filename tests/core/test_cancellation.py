@@ -11,6 +11,7 @@ fault scenario 22.)
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
@@ -22,6 +23,7 @@ from mos_lease import (
 )
 from mos_lease.holder import HoldTiming
 from mos_lease.keeper import AsyncLeaseKeeper
+from mos_lease.vocabulary import LeaseState
 from mos_lease_memory import AsyncInMemoryLeaseStore
 
 IDENTITY = LeaseIdentity("tenant", "agent", "binding")
@@ -63,5 +65,40 @@ def test_a_keeper_stop_cancelled_while_it_waits_for_its_task_ends_cancelled() ->
         done, _ = await asyncio.wait((stopping,), timeout=2.0)
         assert done
         assert stopping.cancelled(), "stop() swallowed its caller's cancellation"
+
+    asyncio.run(scenario())
+
+
+def test_a_hold_cancelled_after_its_acquire_was_written_releases_the_lease() -> None:
+    """The cancellation reaches hold() after the store wrote the acquire and before its reply
+    came back: the engine lets the call end and releases the lease it won before the
+    cancelled task ends, instead of leaving it held until its ttl runs out."""
+    written, reply = asyncio.Event(), asyncio.Event()
+
+    class ReplyInFlight(AsyncConnectorLeaseCoordinator):
+        async def acquire_many(self, *args: Any, **kwargs: Any) -> Any:
+            results = await super().acquire_many(*args, **kwargs)
+            written.set()
+            await reply.wait()  # the reply is on its way back
+            return results
+
+    async def scenario() -> None:
+        store = AsyncInMemoryLeaseStore()
+        coordinator = ReplyInFlight(store, AllowAllPolicy())
+
+        async def enter() -> None:
+            async with hold(coordinator, IDENTITY, "me", scopes=["x"], ttl=10):
+                pytest.fail("entered a block whose task was cancelled")
+
+        task = asyncio.ensure_future(enter())
+        await written.wait()
+        task.cancel()
+        asyncio.get_running_loop().call_later(0.05, reply.set)
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        # Ended cancelled, and nothing it started is left: the lease it won is released.
+        view = await coordinator.current_holder(IDENTITY)
+        assert view is not None and (view.connector_id, view.state) == ("me",
+                                                                        LeaseState.RELEASED)
 
     asyncio.run(scenario())

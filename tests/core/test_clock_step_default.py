@@ -104,8 +104,8 @@ def test_hold_over_a_store_that_can_step_refuses_a_short_ttl_naming_its_options(
     with hold(gateway, IDENT, "conn-a", scopes=SCOPES, ttl=3, wait=0,
               timing=HoldTiming(safety_margin=0.5)) as held:
         assert held.options.timing.margin == 0.5
-        assert held._keeper is not None  # the keeper that renews is built with it too
-        assert held._keeper.timing.margin == 0.5
+        assert held._engine is not None  # the engine that renews is given it too
+        assert held._engine._core.schedule.slots[IDENT].binding.timing.margin == 0.5
     with hold(gateway, IDENT, "conn-a", scopes=SCOPES, ttl=3, wait=0,
               timing=HoldTiming(clock_step=0)) as held:
         assert held.options.timing.margin == pytest.approx(0.3)

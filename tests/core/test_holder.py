@@ -12,7 +12,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -34,25 +34,18 @@ from mos_lease import (
     Outcome,
     Reason,
     StaticConnectorPolicy,
-    StoreUnavailable,
     TakeoverPolicy,
     hold,
 )
 from mos_lease.holder import (
     HoldCallbacks,
-    HoldOptions,
     HoldTiming,
-    check_options,
     expiring_check,
     pause_for,
-    plan_attempt,
-    waiting,
 )
 from mos_lease.keeper import KeeperTiming
-from mos_lease.keeper.calls import AcquireCall, CurrentHolderCall, TakeoverCall
 from mos_lease.records import AuditRecord
 from mos_lease.results import HolderView
-from mos_lease.sleep import Sleep
 from mos_lease.vocabulary import LeaseState, LifecycleEvent
 from mos_lease_memory import AsyncInMemoryLeaseStore, InMemoryLeaseStore
 from tests.core.test_keeper import AsyncFaulty, FakeTime, Faulty
@@ -173,32 +166,6 @@ def view(state: LeaseState, epoch: int = 4, left: float = 3.0) -> HolderView:
     return HolderView("conn-a", epoch, state, now + timedelta(seconds=left), now)
 
 
-def waiting_options(takeover: TakeoverPolicy = TakeoverPolicy.EXPIRED) -> HoldOptions:
-    return check_options(IDENT, "conn-b", scopes=SCOPES, ttl=10, takeover=takeover)
-
-
-ACQUIRE = AcquireCall(IDENT, "conn-b", SCOPES, 10.0)
-TAKEOVER_4 = TakeoverCall(IDENT, "conn-b", SCOPES, 10.0, expected_epoch=4)
-READ = CurrentHolderCall(IDENT)
-
-
-@pytest.mark.parametrize(("seen", "policy", "refused", "expected"), [
-    (None, TakeoverPolicy.NEVER, False, ACQUIRE),
-    (view(LeaseState.ACTIVE), TakeoverPolicy.EXPIRED, False, Reason.LEASE_HELD),
-    (view(LeaseState.ACTIVE), TakeoverPolicy.NEVER, False, Reason.LEASE_HELD),
-    (view(LeaseState.ACTIVE), TakeoverPolicy.PREEMPT, False, TAKEOVER_4),
-    (view(LeaseState.ACTIVE), TakeoverPolicy.PREEMPT, True, Reason.LEASE_HELD),
-    (view(LeaseState.EXPIRED), TakeoverPolicy.NEVER, False, Reason.TAKEOVER_REQUIRED),
-    (view(LeaseState.RELEASED), TakeoverPolicy.NEVER, False, Reason.TAKEOVER_REQUIRED),
-    (view(LeaseState.EXPIRED), TakeoverPolicy.EXPIRED, False, TAKEOVER_4),
-    (view(LeaseState.RELEASED), TakeoverPolicy.EXPIRED, False, TAKEOVER_4),
-    (view(LeaseState.RELEASED), TakeoverPolicy.PREEMPT, True, TAKEOVER_4),
-])
-def test_plan_attempt(seen: HolderView | None, policy: TakeoverPolicy, refused: bool,
-                      expected: object) -> None:
-    assert plan_attempt(seen, waiting_options(policy), refused) == expected
-
-
 def test_pause_backs_off_and_wakes_at_the_observed_expiry() -> None:
     timing = KeeperTiming(10, min_backoff=0.1, max_backoff=1.6)
     # Exponential, equal jitter (draw 0 gives half the base, draw ~1 the whole), capped.
@@ -215,30 +182,6 @@ def test_expiring_check() -> None:
     assert expiring_check(10.0, 5.0, 2.0) == (None, 3.0)
     assert expiring_check(10.0, 8.5, 2.0) == (1.5, 1.5)
     assert expiring_check(10.0, 10.5, 2.0) == (0.0, 0.01)
-
-
-def test_waiting_flow_by_hand() -> None:
-    """The generator alone: refused probe, read, takeover at the epoch read, success."""
-    options = waiting_options()
-    seen: list[tuple[str, int]] = []
-    now = [100.0]
-    flow = waiting(options, lambda: now[0], lambda: 0.5, lambda c, e: seen.append((c, e)))
-    assert next(flow) == ACQUIRE
-    from mos_lease.results import LeaseResult
-    refused = LeaseResult(Outcome.DENIED, Reason.TAKEOVER_REQUIRED, "c", current_epoch=3)
-    assert flow.send(refused) == READ  # no pause after the probe
-    assert flow.send(view(LeaseState.EXPIRED, epoch=3)) == attrs.evolve(TAKEOVER_4,
-                                                                         expected_epoch=3)
-    assert seen == [("conn-a", 3)]
-    lost_race = LeaseResult(Outcome.DENIED, Reason.EPOCH_MISMATCH, "c", current_epoch=4)
-    step = flow.send(lost_race)
-    assert isinstance(step, Sleep)  # a refused takeover is followed by a pause
-    assert flow.send(None) == READ
-    assert isinstance(flow.send(view(LeaseState.ACTIVE, epoch=4)), Sleep)
-    assert seen == [("conn-a", 3), ("conn-a", 4)]
-    # A store error while reading is retried after a pause.
-    assert flow.send(None) == READ
-    assert isinstance(flow.throw(StoreUnavailable("down")), Sleep)
 
 
 # --- waiting, on fake time --------------------------------------------------------------------
@@ -283,9 +226,9 @@ def test_waiter_takes_over_an_expired_lease_at_the_epoch_it_saw() -> None:
     assert holders == [("conn-a", 1), ("conn-b", 2)]
     mine = [(r.entry.event, r.entry.outcome, r.entry.reason, r.entry.epoch)
             for r in audit_of(sim.store, "conn-b")]
-    # Reads wrote nothing: one refused probe, the takeover naming epoch 1, the release.
+    # Reads wrote nothing (the wait begins with one): the takeover naming epoch 1, the
+    # release.
     assert mine == [
-        (LifecycleEvent.ACQUIRE, Outcome.DENIED, Reason.LEASE_HELD, None),
         (LifecycleEvent.TAKEOVER, Outcome.TAKEN_OVER, None, 2),
         (LifecycleEvent.RELEASE, Outcome.RELEASED, None, 2)]
     assert len(sim.pauses) > 3  # it did wait, reading in between
@@ -301,7 +244,7 @@ def test_an_active_holder_is_never_preempted_by_default() -> None:
     assert error.holder is not None and error.holder.state is LeaseState.ACTIVE
     assert "conn-a" in str(error) and "lease_held" in str(error)
     assert rows(sim.store) == [("conn-a", 1, False)]
-    assert [r.entry.event for r in audit_of(sim.store, "conn-b")] == [LifecycleEvent.ACQUIRE]
+    assert audit_of(sim.store, "conn-b") == []  # it only read: no write, no audit row
     assert sum(sim.pauses) == pytest.approx(60)  # the whole wait, and no more
 
 
@@ -343,9 +286,8 @@ def test_preempt_refused_by_the_policy_falls_back_to_waiting() -> None:
         assert held.lease.epoch == 2
     denied = [(r.entry.event, r.entry.reason) for r in audit_of(sim.store, "conn-b")
               if r.entry.outcome is Outcome.DENIED]
-    # One refused probe, one refused preemption, then plain waiting until expiry.
-    assert denied == [(LifecycleEvent.ACQUIRE, Reason.LEASE_HELD),
-                      (LifecycleEvent.TAKEOVER, Reason.PREEMPTION_DENIED)]
+    # A read, one refused preemption, then plain waiting until expiry.
+    assert denied == [(LifecycleEvent.TAKEOVER, Reason.PREEMPTION_DENIED)]
 
 
 def test_a_policy_refusal_is_final_at_once() -> None:
@@ -632,10 +574,15 @@ def test_expiring_is_reported_once_per_deadline_on_fake_time() -> None:
         for _ in range(3):
             held._check_expiring()
         assert reports == [pytest.approx(1.5)]
-        # A renewal that succeeds moves the deadline and re-arms the report.
-        keeper = held._keeper
-        assert keeper is not None
-        keeper.step()
+        # A renewal that succeeds moves the deadline and re-arms the report (woken: the
+        # engine's renewal is due on fake time, its pause is real).
+        engine = held._engine
+        assert engine is not None
+        before = engine.deadline(IDENT)
+        held._wake()
+        until = time.monotonic() + 5
+        while engine.deadline(IDENT) == before and time.monotonic() < until:
+            time.sleep(0.01)
         assert held._check_expiring() == pytest.approx(7.0)
         sim.time.advance(8.0)
         held._check_expiring()
@@ -684,7 +631,11 @@ def test_a_notice_wakes_a_waiter_and_ends_a_superseded_holder(live: Live) -> Non
 
     thread = threading.Thread(target=enter)
     thread.start()
-    while not audit_of(live.store, "conn-b"):  # its probe was refused; it is pausing now
+    def has_read() -> bool:
+        engine = holder._engine
+        return engine is not None and engine.stats().campaign_reads > 0
+
+    while not has_read():  # it read the rival's lease; it is pausing now
         time.sleep(0.01)
     time.sleep(0.05)
     live.rival.release(first)
@@ -701,13 +652,13 @@ def test_a_notice_wakes_a_waiter_and_ends_a_superseded_holder(live: Live) -> Non
     holder._notice(IDENT, 3)  # a forged notice: the read it triggers still finds epoch 2
     time.sleep(0.05)
     assert holder.lost is None
-    read = holder.coordinator.current_holder
+    read = holder.coordinator.current_holders
 
-    def superseded(identity: LeaseIdentity) -> HolderView | None:
-        view = read(identity)
-        return None if view is None else attrs.evolve(view, epoch=3)
+    def superseded(identities: Sequence[LeaseIdentity]) -> list[HolderView | None]:
+        return [None if view is None else attrs.evolve(view, epoch=3)
+                for view in read(identities)]
 
-    holder.coordinator.current_holder = superseded  # type: ignore[method-assign]
+    holder.coordinator.current_holders = superseded  # type: ignore[method-assign]
     holder._notice(IDENT, 3)  # confirmed by the read: lost at once, before any heartbeat
     thread.join(2)
     loss = outcome[1]
@@ -772,8 +723,12 @@ def test_async_loss_in_a_block_that_never_awaits_leaves_no_stray_cancellation() 
             async with hold(coordinator, IDENT, "conn-b", scopes=SCOPES, ttl=TTL,
                             cancel_on_loss=True, timing=HoldTiming(clock_step=0)) as held:
                 # A newer epoch confirmed by a read: loss, and the cancel, now.
-                held._lose_to(held.lease,
-                              view(LeaseState.ACTIVE, epoch=held.lease.epoch + 1))
+                engine = held._engine
+                assert engine is not None
+                with engine._core.lock:
+                    changes = engine._core.schedule.reveal(IDENT, held.lease, LeaseLoss(
+                        LossCause.DENIED, Reason.STALE_EPOCH, time.monotonic()))
+                engine._core.report(changes)
         await asyncio.sleep(0.01)  # would raise CancelledError if the cancel were left
 
     asyncio.run(scenario())
@@ -840,5 +795,30 @@ def test_async_waiting_and_release() -> None:
                             takeover="never", timing=HoldTiming(clock_step=0)):
                 pass
         assert (refused.value.reason, refused.value.epoch) == (Reason.TAKEOVER_REQUIRED, 2)
+
+    asyncio.run(scenario())
+
+
+def test_an_asyncio_waiter_pauses_and_leaves_the_loop_to_others() -> None:
+    """Waiting is pausing: while hold() waits for a lease held elsewhere, the other tasks of
+    the loop run (a wait whose every pause ended at once would hold the loop until it gave
+    up)."""
+    async def scenario() -> None:
+        _, _, coordinator, rival = async_live()
+        await rival.acquire(IDENT, "conn-a", scopes=SCOPES, ttl=30)
+        ticks = [0]
+
+        async def other() -> None:
+            while True:
+                ticks[0] += 1
+                await asyncio.sleep(0.01)
+
+        beside = asyncio.ensure_future(other())
+        with pytest.raises(LeaseNotAcquired):
+            async with hold(coordinator, IDENT, "conn-b", scopes=SCOPES, ttl=TTL, wait=0.3,
+                            timing=HoldTiming(clock_step=0, min_backoff=1, max_backoff=1)):
+                pytest.fail("held a lease another connector holds")
+        beside.cancel()
+        assert ticks[0] >= 10
 
     asyncio.run(scenario())

@@ -195,8 +195,7 @@ COORDINATOR_METHODS = {"acquire", "takeover", "heartbeat", "heartbeat_many", "re
 
 
 @pytest.mark.parametrize("module", ["keeper/base.py", "keeper/thread_keeper.py",
-                                    "keeper/asyncio_keeper.py", "holder/base.py",
-                                    "holder/thread_shell.py", "holder/asyncio_shell.py"])
+                                    "keeper/asyncio_keeper.py", "holder/holding.py"])
 def test_the_drivers_make_no_coordinator_call_of_their_own(module: str) -> None:
     """What the keeper and holder ask of the coordinator is in the steps (written once);
     a thread or asyncio driver only performs them (``step.on(...)``)."""
@@ -213,9 +212,9 @@ def test_no_step_or_decision_is_named_like_a_machine_command() -> None:
                 if inspect.isclass(value) and value.__module__.startswith("mos_lease.")
                 and value.__module__ == getattr(module, "__name__", None)}
 
-    from mos_lease.holder import base, options, waiting
-    ours = classes(calls, schedule, base, options, waiting)
-    assert {"AcquireCall", "HeartbeatDue", "ReportLoss", "KeeperAdopt"} <= ours
+    from mos_lease.holder import holding, options
+    ours = classes(calls, schedule, holding, options)
+    assert {"AcquireCall", "HeartbeatDue", "ReportLoss", "Holder"} <= ours
     assert classes(machine) & ours == set()
     assert {"Acquire", "Heartbeat", "Release"} <= classes(machine)
 
@@ -292,9 +291,8 @@ def test_hold_keeps_its_wait_and_deadline_on_the_coordinators_clock() -> None:
                                             monotonic_clock=clock)
     with hold(coordinator, IDENT, "conn-a", scopes=SCOPES, ttl=10, wait=0,
               timing=HoldTiming(clock_step=0)) as held:
-        keeper = held._keeper
-        assert keeper is not None
-        assert keeper.deadline == pytest.approx(clock.now + 9.0)
+        assert held._engine is not None  # the engine that renews it keeps the deadline
+        assert held._engine.deadline(IDENT) == pytest.approx(clock.now + 9.0)
 
 
 def test_steps_are_values() -> None:
