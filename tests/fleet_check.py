@@ -1,15 +1,16 @@
-"""Checks of a fleet run over the in-memory store, shared by the fleet supervisor tests: a
-store that records every takeover with the row it replaced (a takeover of an active lease is
-a preemption the fleet must never ask for, whatever the policy allows), and the audit log
-read back per binding (epochs +1 per takeover)."""
+"""Checks of a fleet run, shared by the fleet tests: a store that records every takeover
+with the row it replaced (a takeover of an active lease is a preemption the fleet must never
+ask for, whatever the policy allows), the audit log read back per binding (epochs +1 per
+takeover), and each connector's share of the bindings, read and waited for (any store)."""
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from datetime import datetime
 
-from mos_lease import LeaseIdentity
+from mos_lease import ConnectorLeaseCoordinator, LeaseIdentity
 from mos_lease.machine import Close, Rotate, Write
 from mos_lease.records import AuditEntry, WriteOutcome
 from mos_lease.vocabulary import LeaseState, Outcome
@@ -56,3 +57,24 @@ def epochs_step_by_one(store: InMemoryLeaseStore, bindings: Sequence[LeaseIdenti
         epochs = [r.entry.epoch for r in store.audit(identity, limit=10_000)
                   if r.entry.outcome in (Outcome.ACQUIRED, Outcome.TAKEN_OVER)]
         assert epochs == list(range(1, len(epochs) + 1)), (identity, epochs)
+
+
+def shares(reader: ConnectorLeaseCoordinator, bindings: list[LeaseIdentity]
+           ) -> Counter[str | None]:
+    """How many of ``bindings`` each connector holds an active lease of (``None``: none)."""
+    views = reader.current_holders(bindings)
+    return Counter(None if v is None or v.state is not LeaseState.ACTIVE
+                   else v.connector_id for v in views)
+
+
+def wait_for_shares(reader: ConnectorLeaseCoordinator, bindings: list[LeaseIdentity],
+                    check: Callable[[Counter[str | None]], bool], timeout: float
+                    ) -> Counter[str | None]:
+    """The first :func:`shares` that ``check`` accepts, read every 50 ms for ``timeout`` s."""
+    end = time.monotonic() + timeout
+    while True:
+        found = shares(reader, bindings)
+        if check(found):
+            return found
+        assert time.monotonic() < end, f"timed out; shares {found}"
+        time.sleep(0.05)

@@ -3,8 +3,9 @@ a thread :class:`~mos_lease.supervisor.Supervisor` over PostgreSQL with notices,
 fleet, running ``count`` bindings of ``tenant``. The policy allows everything but
 preemption. SIGTERM closes it (its leases released, the others take them over) and it exits
 0; SIGKILL is a crash; SIGUSR1 prints the member's round trips, renewal ticks and held
-leases as a JSON line. Every log record of WARNING or above goes to stderr, so a caller can
-show that none was logged.
+leases as a JSON line. It runs with the recipes' garbage-collector thresholds
+(:data:`examples.recipes.command.GC_THRESHOLDS`), as a gateway of this size should. Every
+log record of WARNING or above goes to stderr, so a caller can show that none was logged.
 
     python -m tests.fleet_member DSN FLEET NAME MEMBERS(comma-separated) TENANT COUNT \
         [TTL LOOK GRACE]
@@ -19,6 +20,7 @@ import sys
 import threading
 from datetime import timedelta
 
+from examples.recipes.command import tune_gc
 from mos_lease import ConnectorLeaseCoordinator, LeaseIdentity
 from mos_lease.fleet import Fleet
 from mos_lease.policy import ConnectorRule, StaticConnectorPolicy
@@ -35,6 +37,7 @@ NO_PREEMPTION = StaticConnectorPolicy([ConnectorRule(
 def main(argv: list[str]) -> int:
     dsn, fleet, name, members, tenant, count = argv[:6]
     ttl, look, grace = (float(v) for v in (argv[6:9] or ("10", "1", "5")))
+    tune_gc()  # as the recipes' gateways do
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                         format=f"{name} %(levelname)s %(name)s %(message)s")
     stop = threading.Event()

@@ -130,6 +130,18 @@ class FleetView:
         return next((member for member in self.members if member.name == name), None)
 
 
+def member_connectors(members: Iterable[tuple[str, str]]) -> dict[str, str]:
+    """Which member each connector id stands for, from ``(name, connector_id)`` pairs of
+    member leases: a binding's lease is member ``M``'s when its connector is the connector
+    of ``M``'s member lease (a supervisor holds its member lease, and runs its bindings, as
+    the member's name). Of members sharing a connector (a misconfiguration), the first name
+    in sorted order."""
+    found: dict[str, str] = {}
+    for name, connector_id in sorted(members):
+        found.setdefault(connector_id, name)
+    return found
+
+
 def _weight(metadata: Metadata) -> float | str:
     """The weight a member's metadata gives, or the reason it is refused."""
     text = metadata.get(WEIGHT_KEY)

@@ -37,13 +37,15 @@ from mos_lease.fleet.gate import Held, Unheld, check_grace, gate, hand_offs
 from mos_lease.fleet.members import (
     FleetView,
     live_members,
+    member_connectors,
     member_identities,
     member_identity,
     member_metadata,
 )
-from mos_lease.fleet.placement import Placement, check_members, check_weight, place
+from mos_lease.fleet.placement import Placement, Placer, check_members, check_weight, place
 from mos_lease.identity import LEASE_TTL_CAP, MAX_ID_LENGTH, LeaseIdentity, check_id
 from mos_lease.metadata import Metadata
+from mos_lease.records import LeaseHandle
 from mos_lease.results import HolderView
 from mos_lease.vocabulary import LeaseState
 
@@ -140,7 +142,20 @@ class FleetStatus:
     unheld_since: datetime | None
     """The earliest store time since which one of those has been without one."""
     hand_offs: int
-    """Bindings this member released to a successor since it started."""
+    """Bindings this member released to a successor since it started (hand-offs out)."""
+    unheld_for: float
+    """Seconds the oldest of the unheld bindings has been without an active lease, at the
+    store's time as estimated now from the last member read (``0.0`` if none)."""
+    hand_offs_in: int
+    """Bindings this member took over from a lease another connector had released: a
+    hand-off to it, or a member leaving (``close()``), since it started."""
+    takeovers: int
+    """Bindings this member took over from a lease that had not been released (it
+    expired: its holder stopped renewing), since it started."""
+    fleet: str
+    """The fleet's name."""
+    member: str
+    """This member's name."""
 
 
 class Membership:
@@ -158,6 +173,7 @@ class Membership:
         self.placement: Placement = place({}, ())
         self._bindings: set[LeaseIdentity] = set()
         self._changed = False  # bindings added or removed since the last placement
+        self._placer: Placer | None = None  # of the bindings at the last placement
         self.read_at = -math.inf  # when the member set is read next
         self._last_read = -math.inf
         self._expiry_read = math.inf  # when another member's lease would expire (+ margin)
@@ -165,6 +181,8 @@ class Membership:
         self._connectors: dict[str, str] = {}  # live members' connector ids -> names
         self._unheld: dict[LeaseIdentity, tuple[int, datetime]] = {}  # (epoch, since)
         self.handed = 0
+        self._handed_in = 0
+        self._taken_over = 0
 
     # -- the bindings placed --------------------------------------------------------------------
 
@@ -202,21 +220,51 @@ class Membership:
         self.read_at = at
         return True
 
-    def notice_pause(self, identity: LeaseIdentity, pause: float) -> float:
-        """The least seconds between two reads of ``identity`` that notices may ask for
-        (``pause``, a binding's ``max_backoff``, for any binding): :data:`NOTICED_PAUSE`
-        for a binding preferred to this member and not held by it, whose holder is to hand
-        it over, so that the release's notice is acted on at once. Only bindings awaiting a
-        hand-off are read sooner: a flood of notices costs no more than before for the
-        others."""
+    def preferred_here(self, identity: LeaseIdentity) -> bool:
+        """Whether the placement prefers this member for ``identity``."""
+        return self.placement.is_preferred(identity, self.fleet.member)
+
+    def notice_pause(self, identity: LeaseIdentity, pause: float) -> float | None:
+        """The least seconds between two reads of ``identity`` that notices may ask for, of
+        a binding whose ``max_backoff`` is ``pause``: :data:`NOTICED_PAUSE` (or ``pause``
+        if shorter) for a binding preferred to this member and not held by it,
+        whose holder is to hand it over, so that the release's notice is acted on at once;
+        ``None`` (no read) for a binding preferred to another member, whose notices are
+        that member's to act on: this one may campaign for it only after the grace period,
+        which its own looks judge, and a member that dies is seen gone by the member read
+        its lease's expiry brings, which moves the reads of the bindings it leaves. So a
+        member's shutdown, releasing thousands, and the takeovers that follow cost each
+        other member only the reads of the share it gains. ``None`` too before the first
+        member read has placed the binding: that read brings the reads of this member's
+        whole share forward, so a member starting while the others hand it its share
+        reads nothing twice for their notices."""
         if self.placement.is_preferred(identity, self.fleet.member):
             return min(pause, NOTICED_PAUSE)
-        return pause
+        return None
 
     def joined(self, now: float) -> None:
         """This member's own lease was won: read the member set at once, so that the others
         seen and this one agree on a placement without waiting a ``look``."""
         self.read_at = min(self.read_at, now)
+
+    def won(self, identity: LeaseIdentity, observed: HolderView | None, lease: LeaseHandle,
+            now: float) -> None:
+        """This member won ``lease`` of ``identity`` at monotonic ``now``, by a call planned
+        on ``observed`` (``None``: an acquire of a binding never held). Its own member lease:
+        the member set is read at once (:meth:`joined`). A binding: its unheld stretch is
+        over (else, handed over later, it would count as unheld since long before), and a
+        takeover is counted, as a hand-off in if the lease taken over was released by
+        another connector, else as a takeover."""
+        if identity == self.identity:
+            self.joined(now)
+            return
+        self._unheld.pop(identity, None)
+        if observed is None:
+            return
+        if observed.state is LeaseState.RELEASED and observed.connector_id != lease.connector_id:
+            self._handed_in += 1
+        else:
+            self._taken_over += 1
 
     def reading(self, now: float) -> None:
         """A member read starts at ``now``: the next is a ``look`` later."""
@@ -237,12 +285,14 @@ class Membership:
             if others:
                 self._expiry_read = now + EXPIRY_MARGIN + max(
                     (min(others) - view.now).total_seconds(), 0.0)
-        self._connectors = {m.connector_id: m.name for m in view.members}
+        self._connectors = member_connectors((m.name, m.connector_id) for m in view.members)
         weights = view.weights()
         if weights == self.placement.weights and not self._changed:
             return frozenset()
+        if self._changed or self._placer is None:
+            self._placer = Placer(self._bindings)
         self._changed = False
-        placement = place(weights, self._bindings)
+        placement = self._placer.place(weights)
         me = self.fleet.member
         gained = placement.share(me) - self.placement.share(me)
         self.placement = placement
@@ -320,13 +370,19 @@ class Membership:
             return {}
         return hand_offs(self.placement, self.fleet.member, held)
 
-    def status(self, held: Iterable[LeaseIdentity]) -> FleetStatus:
+    def status(self, held: Iterable[LeaseIdentity], now: float) -> FleetStatus:
+        """What this member sees at monotonic ``now``, holding ``held``."""
         mine = self.placement.share(self.fleet.member)
         holding = set(held) - {self.identity}
         unheld = [since for identity, (_, since) in self._unheld.items()
                   if identity not in holding]
+        oldest = min(unheld, default=None)
+        store_now = self.store_time(now)
+        age = 0.0 if oldest is None or store_now is None \
+            else max((store_now - oldest).total_seconds(), 0.0)
         return FleetStatus(self.view, len(holding), len(mine), len(mine - holding),
-                           len(unheld), min(unheld, default=None), self.handed)
+                           len(unheld), oldest, self.handed, age, self._handed_in,
+                           self._taken_over, self.fleet.name, self.fleet.member)
 
 
 def handoff_correlation(successor: str) -> str | None:

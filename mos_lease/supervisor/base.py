@@ -140,13 +140,13 @@ class _Supervisor(Generic[C]):
     def fleet_status(self) -> FleetStatus | None:
         """What this member sees of its fleet (``None`` without ``fleet=``): the live
         members, the bindings it holds and is preferred for, those without a holder, and
-        its hand-offs (:class:`~mos_lease.fleet.membership.FleetStatus`)."""
+        its hand-offs and takeovers (:class:`~mos_lease.fleet.membership.FleetStatus`)."""
         with self._core.lock:
             schedule = self._core.schedule
             if schedule.fleet is None:
                 return None
             held = [slot.binding.identity for slot in schedule.slots.values() if slot.holding]
-            return schedule.fleet.status(held)
+            return schedule.fleet.status(held, self._core.clock())
 
     def add(self, identity: LeaseIdentity, connector_id: str, *, scopes: object,
             ttl: float | timedelta, safety_margin: float | None = None,
@@ -263,6 +263,11 @@ class _Supervisor(Generic[C]):
         raise NotImplementedError
 
     def _take(self, identity: LeaseIdentity) -> LeaseHandle | None:
+        """Drop ``identity`` for ``remove()``: its held lease, to release. Nothing while
+        the supervisor closes: ``close()`` releases every lease and reports it."""
+        with self._core.lock:
+            if self._core.closing:
+                return None
         lease, changes = self._drop(identity)
         self._core.report(changes)
         return lease
@@ -283,44 +288,45 @@ class _Supervisor(Generic[C]):
             done()
         return lease, changes
 
-    def _close_all(self) -> list[list[tuple[LeaseHandle, list[Change]]]]:
-        """Drop every binding; the held leases in batches of :data:`BATCH` (one
-        ``release_many`` each), each with the loss to report once its release is written
-        (:meth:`_released`), not before: a ``STOPPED`` loss says the lease is given back."""
+    def _to_release(self) -> list[list[LeaseHandle]]:
+        """On close, once the loop has stopped: every held lease, in batches of
+        :data:`BATCH` (one ``release_many`` each). They are released before any binding is
+        dropped (:meth:`_closed`): dropping thousands takes a few hundred ms of CPU, which
+        the members taking the bindings over would otherwise wait for; meanwhile
+        ``lease()`` answers ``None`` (closing) and no turn runs."""
         if self._notices is not None:
             self._notices.close()
         with self._core.lock:
-            identities = list(self._core.schedule.slots)
-            fleet = self._core.schedule.fleet
-        if fleet is not None and fleet.identity in identities:
+            schedule = self._core.schedule
+            fleet = schedule.fleet
+            held = [slot.state.lease for slot in schedule.slots.values()
+                    if slot.state is not None and slot.state.loss is None]
+        if fleet is not None:
             # A fleet member's own lease goes first: its release moves the others'
             # placement at once, and each then takes the bindings it gains as their
             # releases follow (a release notice of a binding preferred to a member is
             # acted on at once), instead of waiting for the whole close.
-            identities.remove(fleet.identity)
-            identities.insert(0, fleet.identity)
-        held: list[tuple[LeaseHandle, list[Change]]] = []
-        for identity in identities:
-            lease, changes = self._drop(identity)
-            if lease is None:
-                self._core.report(changes)
-            else:
-                held.append((lease, changes))
+            held.sort(key=lambda lease: lease.identity != fleet.identity)
         return [held[first:first + BATCH] for first in range(0, len(held), BATCH)]
 
-    def _released(self, batch: list[tuple[LeaseHandle, list[Change]]],
+    @staticmethod
+    def _released(batch: Sequence[LeaseHandle],
                   outcome: Sequence[LeaseResult] | BaseException) -> None:
         """After the ``release_many`` of ``batch`` on close (its results, or what it raised):
-        a release that failed is logged (the lease then expires at its ttl), and every
-        lease's loss is reported."""
-        for k, (lease, changes) in enumerate(batch):
+        a release that failed is logged (the lease then expires at its ttl)."""
+        for k, lease in enumerate(batch):
             single = outcome if isinstance(outcome, BaseException) else outcome[k]
             if isinstance(single, BaseException) or not single.ok:
                 log.warning("mos_lease: could not release %s on close: %r", lease.identity,
                             single if isinstance(single, BaseException) else single.reason)
-            self._core.report(changes)
 
     def _closed(self) -> None:
-        """Every lease is released (or failed to be): the change iterators end."""
+        """Every lease is released (or failed to be): every binding is dropped, each held
+        one reported lost (``STOPPED``) now that its release is written, not before (a
+        ``STOPPED`` loss says the lease is given back); then the change iterators end."""
+        with self._core.lock:
+            identities = list(self._core.schedule.slots)
+        for identity in identities:
+            self._core.report(self._drop(identity)[1])
         for listener in list(self._core.listeners):
             listener(_CLOSED)

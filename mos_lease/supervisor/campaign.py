@@ -2,8 +2,7 @@
 holder, which refusals are worth waiting out, and how long to pause before looking again.
 
 Pure: the supervisor's schedule (:meth:`~mos_lease.supervisor.schedule.Schedule.campaigned`)
-and :func:`~mos_lease.hold`'s wait (``mos_lease/holder/waiting.py``) both decide
-with these functions, so the two cannot disagree about when a lease may be taken.
+decides with these functions for every binding, :func:`~mos_lease.hold`'s one included.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The changes a supervisor reports for a binding (:data:`Change`): it started holding a
-lease, lost it, saw another holder while campaigning, gave up waiting, or handed it to
-another member of its fleet. What a gateway reads from
+lease, lost it, saw another holder while campaigning, gave up waiting, or handed it over
+(to another member of its fleet, or to a named connector). What a gateway reads from
 ``on_change`` or ``changes()``, apart from the schedule that finds them.
 """
 
@@ -57,12 +57,12 @@ class GaveUp:
 
 @attrs.frozen(slots=True)
 class Moved:
-    """The binding's ``lease`` was handed over to ``successor``, another member of this
-    supervisor's fleet that the placement now prefers for it (``Supervisor(fleet=...)``),
-    and released naming it: a planned move, not a loss to a rival. The successor takes the
-    lease over at its epoch; this supervisor goes on running the binding and takes it again
-    if the placement brings it back, or if it stays without a holder past the grace
-    period."""
+    """The binding's ``lease`` was handed over to ``successor`` and released naming it: a
+    planned move, not a loss to a rival. The successor is another member of this
+    supervisor's fleet that the placement now prefers for it (``Supervisor(fleet=...)``), or
+    the connector named by ``handover(identity, to=...)``. It takes the lease over at its
+    epoch; this supervisor goes on running the binding and takes it again if the placement
+    brings it back, or if it stays without a holder past the grace period."""
 
     identity: LeaseIdentity
     lease: LeaseHandle

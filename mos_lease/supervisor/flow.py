@@ -1,13 +1,13 @@
 """The supervisor's turn, written once: what the thread and the asyncio supervisor do.
 
-:func:`turn` is a generator that yields the calls it needs (:class:`~.slots.Renew`,
-:class:`Collect`, :class:`Attempt`, :class:`Release`, :class:`Sleep`) and is sent their
+:func:`turn` is a generator that yields the calls it needs (:class:`~.slots.RenewalBatch`,
+:class:`Collect`, :class:`Attempt`, :class:`ReleaseWon`, :class:`Sleep`) and is sent their
 outcomes, as the keeper's flows are; the supervisors of ``runner.py`` perform them on one
 thread or one task. An outcome is the call's result, the exception it
 raised (as a value: store failures are judged by the schedule, not raised), or
 :data:`OVERDUE` for a call still running at its time limit.
 
-A renewal is the one call that is started and waited for apart: a :class:`~.slots.Renew` is
+A renewal is the one call that is started and waited for apart: a :class:`~.slots.RenewalBatch` is
 answered at once with a ticket, which a later :class:`Collect` waits for. A driver may keep
 more than one batch of a tick in flight (both supervisors keep :data:`IN_FLIGHT`), so
 that the client's own work on one batch (building the 1,000 renewals, reading the 1,000
@@ -20,37 +20,32 @@ import logging
 import threading
 from collections import deque
 from collections.abc import Callable, Generator
-from datetime import timedelta
 from typing import Any, Final
 
 import attrs
 
-from mos_lease import held_grant
 from mos_lease.bounded import OVERDUE
 from mos_lease.errors import StoreUnavailable
 from mos_lease.events import Emitter
-from mos_lease.identity import LeaseIdentity
-from mos_lease.keeper.calls import IssueGrantCall
-from mos_lease.keeper.schedule import LeaseLoss
 from mos_lease.records import LeaseHandle
-from mos_lease.results import GrantResult
+from mos_lease.results import LeaseResult
 from mos_lease.sleep import Sleep
 from mos_lease.supervisor import fleet
 from mos_lease.supervisor.changes import Change
 from mos_lease.supervisor.schedule import BATCH, Schedule
 from mos_lease.supervisor.slots import (
-    Acquire,
+    AcquireDue,
     Campaign,
     Confirm,
     Due,
     ReadHolder,
-    Renew,
+    RenewalBatch,
     Slot,
-    Takeover,
+    TakeoverDue,
 )
 
-__all__ = ["IN_FLIGHT", "OVERDUE", "Attempt", "Call", "Collect", "Core", "IssueGrantCall",
-           "Release", "Sleep", "batches", "issue_grant", "turn", "turn_failed"]
+__all__ = ["IN_FLIGHT", "OVERDUE", "Attempt", "Call", "Collect", "Core", "ReleaseWon", "Sleep",
+           "batches", "turn", "turn_failed", "unanswered_released", "won"]
 
 log = logging.getLogger("mos_lease.supervisor")
 
@@ -80,7 +75,7 @@ class Attempt:
     timeout: float
 
     @property
-    def kind(self) -> type[ReadHolder] | type[Acquire] | type[Takeover]:
+    def kind(self) -> type[ReadHolder] | type[AcquireDue] | type[TakeoverDue]:
         first = self.calls[0]
         return ReadHolder if isinstance(first, Confirm) else type(first)
 
@@ -88,7 +83,7 @@ class Attempt:
 @attrs.frozen(slots=True, eq=False)
 class Collect:
     """Wait for the renewal started as ``ticket`` (the driver's answer to its
-    :class:`~.slots.Renew`) for at most ``timeout`` seconds: its results, the exception it
+    :class:`~.slots.RenewalBatch`) for at most ``timeout`` seconds: its results, the exception it
     raised, or :data:`OVERDUE` (it is then abandoned)."""
 
     ticket: object
@@ -96,13 +91,13 @@ class Collect:
 
 
 @attrs.frozen(slots=True)
-class Release:
+class ReleaseWon:
     """Release a lease won for a binding removed while the call that won it was in flight."""
 
     lease: LeaseHandle
 
 
-Call = Renew | Collect | Attempt | Release | Sleep | fleet.FleetCall
+Call = RenewalBatch | Collect | Attempt | ReleaseWon | Sleep | fleet.FleetCall
 Flow = Generator[Call, Any, None]
 
 
@@ -214,7 +209,7 @@ class _Flight:
     leases when it started)."""
 
     index: int
-    renew: Renew
+    renew: RenewalBatch
     started: float
     ticket: object
     limit: float
@@ -278,7 +273,7 @@ def batches(calls: list[Campaign | Confirm]) -> list[tuple[Campaign | Confirm, .
     reads: list[Campaign | Confirm] = [c for c in calls if isinstance(c, Confirm)]
     reads += [c for c in calls if isinstance(c, ReadHolder)]
     writes: dict[tuple[object, ...], list[Campaign | Confirm]] = {}
-    for kind in (Takeover, Acquire):
+    for kind in (TakeoverDue, AcquireDue):
         for call in calls:
             if isinstance(call, kind):
                 binding = call.slot.binding
@@ -301,12 +296,15 @@ def _campaign(core: Core, calls: list[Campaign | Confirm]) -> Flow:
         # campaign of thousands of bindings must not rescan them all after every call.
         urgent_at, earliest = core.schedule.urgent_at(), core.schedule.earliest_deadline()
     planned = batches(calls)
-    for k, batch in enumerate(planned):
+    k = 0
+    while k < len(planned):
+        batch = planned[k]
+        k += 1
         started = core.clock()
         with core.lock:
             if core.closing or started >= urgent_at:
                 # Renewals first: the rest waits for the next turn.
-                rest = [c for later in planned[k:] for c in later]
+                rest = [c for later in planned[k - 1:] for c in later]
                 _unclaim_confirms(core, [c.slot for c in rest if isinstance(c, Confirm)])
                 _unclaim(core, [c.slot for c in rest if not isinstance(c, Confirm)])
                 return
@@ -328,11 +326,36 @@ def _campaign(core: Core, calls: list[Campaign | Confirm]) -> Flow:
             core.report(changes)
             if orphan is not None:
                 orphans.append(orphan)
+        read = [c.slot for c in batch if isinstance(c, ReadHolder)]
+        if read:
+            # The takeovers and acquires these reads decided are made next, before the
+            # turn's other reads.
+            with core.lock:
+                writes = core.schedule.writes_due(read, finished)
+            planned[k:k] = batches(list(writes))
         for orphan in orphans:
-            released = yield Release(orphan)
+            released = yield ReleaseWon(orphan)
             if isinstance(released, BaseException):
                 log.warning("mos_lease: could not release the lease of removed binding %s: "
                             "%r; it expires at its ttl", orphan.identity, released)
+
+
+def won(answer: object) -> list[LeaseHandle]:
+    """The leases a campaign call's ``answer`` won (a batched write's results; nothing for a
+    read, an exception or :data:`OVERDUE`)."""
+    if not isinstance(answer, list):
+        return []
+    return [result.lease for result in answer
+            if isinstance(result, LeaseResult) and result.ok and result.lease is not None]
+
+
+def unanswered_released(lease: LeaseHandle, released: LeaseResult | BaseException) -> None:
+    """Log a release of a lease won by an unanswered campaign call that did not succeed (the
+    lease then expires at its ttl)."""
+    if isinstance(released, BaseException) or not released.ok:
+        log.warning("mos_lease: could not release the lease of %s won by a campaign call "
+                    "nobody waited for: %r; it expires at its ttl", lease.identity,
+                    released if isinstance(released, BaseException) else released.reason)
 
 
 def _outcomes(batch: tuple[Campaign | Confirm, ...], answer: Any, timeout: float
@@ -363,38 +386,3 @@ def _confirmed(core: Core, call: Confirm, outcome: Any, finished: float) -> None
     core.report(changes)
     if done is not None:
         done()  # the identity may be confirmed again (one read in flight per identity)
-
-
-def issue_grant(core: Core, identity: LeaseIdentity, scopes: object, ttl: float | timedelta,
-                correlation_id: str | None) -> Generator[IssueGrantCall, Any, GrantResult]:
-    """Mint a grant for the lease held for ``identity``, or refuse locally (no store call, no
-    audit row) when none is held: the one rule of :mod:`mos_lease.held_grant`, the local
-    deadline judged before and after the store call, and a refusal that shows the lease
-    is gone recorded as the binding's loss at once."""
-    return held_grant.issue_grant(_Granting(core, identity), core.clock, scopes, ttl,
-                                  correlation_id)
-
-
-class _Granting:
-    """One binding of the supervisor as :class:`~mos_lease.held_grant.GrantSubject` sees
-    it: the schedule is read under the lock, and the changes found are reported after."""
-
-    __slots__ = ("core", "identity")
-
-    def __init__(self, core: Core, identity: LeaseIdentity) -> None:
-        self.core, self.identity = core, identity
-
-    def held_now(self) -> LeaseHandle | None:
-        with self.core.lock:
-            lease, changes = self.core.schedule.lease(self.identity, self.core.clock())
-        self.core.report(changes)
-        return lease
-
-    def revealed(self, lease: LeaseHandle, loss: LeaseLoss) -> None:
-        with self.core.lock:
-            changes = self.core.schedule.reveal(self.identity, lease, loss)
-        self.core.report(changes)
-
-    def last_loss(self) -> LeaseLoss | None:
-        with self.core.lock:
-            return self.core.schedule.loss(self.identity)

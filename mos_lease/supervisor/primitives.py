@@ -23,10 +23,18 @@ import threading
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
-from mos_lease.bounded import Running, abandon, bounded, bounded_async, bounded_wait, start
+from mos_lease.bounded import (
+    OVERDUE,
+    Running,
+    abandon,
+    bounded,
+    bounded_async,
+    bounded_wait,
+    start,
+)
 from mos_lease.coordinator import AsyncConnectorLeaseCoordinator, ConnectorLeaseCoordinator
 from mos_lease.results import LeaseResult
-from mos_lease.supervisor.slots import Renew
+from mos_lease.supervisor.slots import RenewalBatch
 
 A = TypeVar("A")
 T = TypeVar("T")
@@ -119,13 +127,14 @@ class Calls:
         self._queued: collections.deque[_Batch] = collections.deque()
         self._started: _Batch | None = None  # the batch whose thread may still run
 
-    def bounded(self, call: Callable[[A], T], argument: A, timeout: float
-                ) -> T | BaseException:
+    def bounded(self, call: Callable[[A], T], argument: A, timeout: float,
+                late: Callable[[T], object] | None = None) -> T | BaseException:
         """``call(argument)``'s result, the exception it raised, or
-        :data:`~mos_lease.bounded.OVERDUE` after ``timeout`` seconds."""
-        return bounded(lambda: call(argument), timeout, name=f"{NAME}-campaign")
+        :data:`~mos_lease.bounded.OVERDUE` after ``timeout`` seconds; the result of a
+        call abandoned then goes to ``late``, on its thread, once it ends."""
+        return bounded(lambda: call(argument), timeout, name=f"{NAME}-campaign", late=late)
 
-    def renew(self, coordinator: ConnectorLeaseCoordinator, renew: Renew) -> object:
+    def renew(self, coordinator: ConnectorLeaseCoordinator, renew: RenewalBatch) -> object:
         """Prime the batch ``renew`` and start it if no other runs: its ticket."""
         try:
             batch = _Batch(coordinator.prime_heartbeat_many(renew.leases, ttl=renew.ttl))
@@ -191,11 +200,64 @@ class AsyncCalls:
         self._abandoned: set[asyncio.Future[Any]] = set()
         self._started: set[asyncio.Future[Any]] = set()  # renewals not yet collected
 
-    async def bounded(self, call: Callable[[A], Awaitable[T]], argument: A, timeout: float
+    async def bounded(self, call: Callable[[A], Awaitable[T]], argument: A, timeout: float,
+                      late: Callable[[T], Awaitable[object]] | None = None
                       ) -> T | BaseException:
-        return await bounded_async(call(argument), timeout, self._abandoned)
+        """As :meth:`Calls.bounded`. Given ``late``, a call given up on is not cancelled (a
+        call cancelled mid-write may have committed it; one left to end says what it did):
+        past ``timeout`` it runs on (the store bounds it) and its result goes to ``late``, as
+        a task kept until it ends, as a thread's does; when the caller is cancelled, the
+        cancellation waits until the call has ended and ``late`` has had its result (at
+        most ``timeout`` more), so that nothing it started is still running once it goes
+        on."""
+        if late is None:
+            return await bounded_async(call(argument), timeout, self._abandoned)
+        running = asyncio.ensure_future(call(argument))
+        limit = min(max(timeout, 0.0), 1e9)
+        try:
+            done, _ = await asyncio.wait((running,), timeout=limit)
+        except asyncio.CancelledError:
+            await self._settle(running, late, limit)
+            raise
+        if not done:
+            self._late(running, late)
+            overdue: T | BaseException = OVERDUE
+            return overdue
+        try:
+            return running.result()
+        except Exception as error:
+            return error
 
-    def renew(self, coordinator: AsyncConnectorLeaseCoordinator, renew: Renew) -> object:
+    async def _settle(self, running: asyncio.Future[T],
+                      late: Callable[[T], Awaitable[object]], limit: float) -> None:
+        """Wait (the caller is being cancelled) for ``running`` to end and ``late`` to take
+        its result; left to the background if it takes longer than ``limit``, or if the
+        caller is cancelled once more."""
+        try:
+            done, _ = await asyncio.wait((running,), timeout=limit)
+            if not done:
+                self._late(running, late)
+            elif not running.cancelled() and running.exception() is None:
+                await late(running.result())
+        except asyncio.CancelledError:
+            if not running.done():
+                self._late(running, late)
+            raise
+
+    def _late(self, running: asyncio.Future[T], late: Callable[[T], Awaitable[object]]
+              ) -> None:
+        def after(ended: asyncio.Future[T]) -> None:
+            self._abandoned.discard(ended)
+            if ended.cancelled() or ended.exception() is not None:
+                return
+            follow = asyncio.ensure_future(late(ended.result()))
+            self._abandoned.add(follow)
+            follow.add_done_callback(self._abandoned.discard)
+
+        self._abandoned.add(running)
+        running.add_done_callback(after)
+
+    def renew(self, coordinator: AsyncConnectorLeaseCoordinator, renew: RenewalBatch) -> object:
         running = asyncio.ensure_future(coordinator.heartbeat_many(renew.leases, ttl=renew.ttl))
         self._started.add(running)
         return running

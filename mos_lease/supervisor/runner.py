@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import queue
 import random as _random
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from datetime import timedelta
 
@@ -23,6 +24,7 @@ from mos_lease.events import EventHook
 from mos_lease.fleet.membership import Fleet
 from mos_lease.flowdrive import Drive, outcome_of, outcome_of_async
 from mos_lease.identity import LeaseIdentity
+from mos_lease.keeper.calls import IssueGrantCall
 from mos_lease.results import GrantResult, LeaseResult
 from mos_lease.supervisor.base import _Supervisor
 from mos_lease.supervisor.changes import Change
@@ -32,13 +34,15 @@ from mos_lease.supervisor.flow import (
     Attempt,
     Call,
     Collect,
-    IssueGrantCall,
-    Release,
+    ReleaseWon,
     Sleep,
-    issue_grant,
     turn,
     turn_failed,
+    unanswered_released,
+    won,
 )
+from mos_lease.supervisor.granting import issue_grant
+from mos_lease.supervisor.handover import HandoverResult, handover
 from mos_lease.supervisor.notices import NoticeFeed
 from mos_lease.supervisor.primitives import (
     AsyncCalls,
@@ -48,7 +52,8 @@ from mos_lease.supervisor.primitives import (
     Wakeup,
     Worker,
 )
-from mos_lease.supervisor.slots import Acquire, ReadHolder, Renew, Takeover
+from mos_lease.supervisor.schedule import DRAIN
+from mos_lease.supervisor.slots import AcquireDue, ReadHolder, RenewalBatch, TakeoverDue
 
 
 class AsyncSupervisor(_Supervisor[AsyncConnectorLeaseCoordinator]):
@@ -144,21 +149,34 @@ class AsyncSupervisor(_Supervisor[AsyncConnectorLeaseCoordinator]):
     async def _perform(self, call: Call) -> object:
         if isinstance(call, Sleep):
             return await self._sleep(call.seconds)
-        if isinstance(call, Renew):  # started now, waited for by its Collect
+        if isinstance(call, RenewalBatch):  # started now, waited for by its Collect
             self._counts.renewal(len(call.leases))
             return self._calls.renew(self.renewer, call)
         if isinstance(call, Collect):
             return await self._calls.collect(call.ticket, call.timeout)
         if isinstance(call, Attempt):
-            return await self._calls.bounded(self._campaign, call, call.timeout)
+            return await self._calls.bounded(self._campaign, call, call.timeout,
+                                             self._unanswered)
         if isinstance(call, FleetCall):
             return await self._calls.bounded(self._fleet, call, call.timeout)
-        assert isinstance(call, Release)
+        assert isinstance(call, ReleaseWon)
         self._counts.releases += 1
         try:
             return await self.coordinator.release(call.lease)
         except Exception as error:
             return error
+
+    async def _unanswered(self, answer: object) -> None:
+        """A campaign call's answer that came after its turn stopped waiting for it (the
+        turn was cancelled, or the call ran past its limit): the schedule never saw it, so
+        every lease it won is released here, whether or not its binding is still run."""
+        for lease in won(answer):
+            self._counts.releases += 1
+            try:
+                released: LeaseResult | Exception = await self.coordinator.release(lease)
+            except Exception as error:
+                released = error
+            unanswered_released(lease, released)
 
     async def _fleet(self, call: FleetCall) -> object:
         return await call.run(self.coordinator)
@@ -170,13 +188,13 @@ class AsyncSupervisor(_Supervisor[AsyncConnectorLeaseCoordinator]):
             self._counts.campaign_reads += len(identities)
             return await self.coordinator.current_holders(identities)
         binding = calls[0].slot.binding  # a write batch shares these (flow.batches)
-        if kind is Acquire:
+        if kind is AcquireDue:
             self._counts.acquires += len(identities)
             return await self.coordinator.acquire_many(identities, binding.connector_id,
                                                        scopes=binding.scopes,
                                                        ttl=binding.timing.ttl,
                                                        metadata=binding.metadata)
-        takeovers = [call for call in calls if isinstance(call, Takeover)]
+        takeovers = [call for call in calls if isinstance(call, TakeoverDue)]
         self._counts.takeovers += len(takeovers)
         return await self.coordinator.takeover_many(
             [(call.slot.binding.identity, call.expected_epoch) for call in takeovers],
@@ -198,10 +216,52 @@ class AsyncSupervisor(_Supervisor[AsyncConnectorLeaseCoordinator]):
         return await self.coordinator.issue_grant(call.lease, scopes=call.scopes, ttl=call.ttl,
                                                   correlation_id=call.correlation_id)
 
+    async def handover(self, identity: LeaseIdentity, *, to: str,
+                       drain: float | timedelta = DRAIN) -> HandoverResult:
+        """Hand ``identity``'s lease to ``to``, a connector id (a supervisor or
+        :func:`~mos_lease.hold` running the binding as that connector takes it over) or the
+        member of this supervisor's fleet the placement prefers for it: the agent keeps its
+        identity, the connector changes.
+
+        The policy is asked first, as for ``to``'s takeover of the released lease, with the
+        binding's scopes and ttl: a refusal is the result's ``reason``, and nothing is
+        written. Then no new grant is minted on the lease (:meth:`lease` answers ``None``);
+        the grants minted for it through :meth:`issue_grant` are given until they expire,
+        at most ``drain`` seconds (0 to 30), while it is still renewed; it is released with
+        the correlation id ``handover:<to>`` in its audit row and reported as
+        :class:`~mos_lease.supervisor.changes.Moved`. The successor takes it over at the
+        observed epoch as the release notice arrives (without notices, at its next look);
+        this supervisor campaigns for it again only after the grace period (the fleet's, or
+        5 s outside a fleet), so a successor that never comes leaves it unheld no longer
+        than that. The result is a ``HandoverResult``
+        (``mos_lease.supervisor.handover``); ``docs/fleet.md`` shows the whole step.
+
+        An identity not run or not held here, a ``to`` that is empty, too long or the
+        current holder, and a ``drain`` out of range raise
+        :class:`~mos_lease.errors.InvalidInput` before anything is written or marked; a
+        store error of the release is raised (the lease is then still held)."""
+        drive = Drive(handover(self._core, identity, to, drain,
+                               self.coordinator._flows.verdict), ())
+        for call in drive:
+            drive.send(await self._hand(call))
+        return drive.result
+
+    async def _hand(self, call: Sleep | FleetCall) -> object:
+        if isinstance(call, Sleep):
+            # The caller's own pause: the loop's wait (ended by its wake-ups) is the loop's;
+            # turned by hand, the injected one.
+            pause = asyncio.sleep if self._background else self._sleep
+            return await pause(call.seconds)
+        try:
+            return await call.run(self.coordinator)
+        except Exception as error:
+            return error
+
     async def remove(self, identity: LeaseIdentity, *, release: bool = True
                      ) -> LeaseResult | None:
         """Stop running ``identity`` and release its lease if held and ``release`` (the
-        release result, or ``None``); reports the loss with cause ``STOPPED``."""
+        release result, or ``None``); reports the loss with cause ``STOPPED``. While the
+        supervisor closes, nothing: ``close()`` releases the lease and reports it."""
         lease = self._take(identity)
         if lease is None or not release:
             return None
@@ -217,11 +277,11 @@ class AsyncSupervisor(_Supervisor[AsyncConnectorLeaseCoordinator]):
             self._core.closing = True
         self._wakeup.set()
         await self._worker.stop(timeout)
-        for batch in self._close_all():
+        for batch in self._to_release():
             self._counts.releases += len(batch)
             try:
                 outcome: list[LeaseResult] | Exception = await self.coordinator.release_many(
-                    [lease for lease, _ in batch])
+                    batch)
             except Exception as error:
                 outcome = error
             self._released(batch, outcome)
@@ -352,21 +412,34 @@ class Supervisor(_Supervisor[ConnectorLeaseCoordinator]):
     def _perform(self, call: Call) -> object:
         if isinstance(call, Sleep):
             return self._sleep(call.seconds)
-        if isinstance(call, Renew):  # started now, waited for by its Collect
+        if isinstance(call, RenewalBatch):  # started now, waited for by its Collect
             self._counts.renewal(len(call.leases))
             return self._calls.renew(self.renewer, call)
         if isinstance(call, Collect):
             return self._calls.collect(call.ticket, call.timeout)
         if isinstance(call, Attempt):
-            return self._calls.bounded(self._campaign, call, call.timeout)
+            return self._calls.bounded(self._campaign, call, call.timeout,
+                                       self._unanswered)
         if isinstance(call, FleetCall):
             return self._calls.bounded(self._fleet, call, call.timeout)
-        assert isinstance(call, Release)
+        assert isinstance(call, ReleaseWon)
         self._counts.releases += 1
         try:
             return self.coordinator.release(call.lease)
         except Exception as error:
             return error
+
+    def _unanswered(self, answer: object) -> None:
+        """A campaign call's answer that came after its turn stopped waiting for it (the
+        turn was cancelled, or the call ran past its limit): the schedule never saw it, so
+        every lease it won is released here, whether or not its binding is still run."""
+        for lease in won(answer):
+            self._counts.releases += 1
+            try:
+                released: LeaseResult | Exception = self.coordinator.release(lease)
+            except Exception as error:
+                released = error
+            unanswered_released(lease, released)
 
     def _fleet(self, call: FleetCall) -> object:
         return call.run(self.coordinator)
@@ -378,13 +451,13 @@ class Supervisor(_Supervisor[ConnectorLeaseCoordinator]):
             self._counts.campaign_reads += len(identities)
             return self.coordinator.current_holders(identities)
         binding = calls[0].slot.binding  # a write batch shares these (flow.batches)
-        if kind is Acquire:
+        if kind is AcquireDue:
             self._counts.acquires += len(identities)
             return self.coordinator.acquire_many(identities, binding.connector_id,
                                                  scopes=binding.scopes,
                                                  ttl=binding.timing.ttl,
                                                  metadata=binding.metadata)
-        takeovers = [call for call in calls if isinstance(call, Takeover)]
+        takeovers = [call for call in calls if isinstance(call, TakeoverDue)]
         self._counts.takeovers += len(takeovers)
         return self.coordinator.takeover_many(
             [(call.slot.binding.identity, call.expected_epoch) for call in takeovers],
@@ -406,10 +479,52 @@ class Supervisor(_Supervisor[ConnectorLeaseCoordinator]):
         return self.coordinator.issue_grant(call.lease, scopes=call.scopes, ttl=call.ttl,
                                             correlation_id=call.correlation_id)
 
+    def handover(self, identity: LeaseIdentity, *, to: str,
+                 drain: float | timedelta = DRAIN) -> HandoverResult:
+        """Hand ``identity``'s lease to ``to``, a connector id (a supervisor or
+        :func:`~mos_lease.hold` running the binding as that connector takes it over) or the
+        member of this supervisor's fleet the placement prefers for it: the agent keeps its
+        identity, the connector changes.
+
+        The policy is asked first, as for ``to``'s takeover of the released lease, with the
+        binding's scopes and ttl: a refusal is the result's ``reason``, and nothing is
+        written. Then no new grant is minted on the lease (:meth:`lease` answers ``None``);
+        the grants minted for it through :meth:`issue_grant` are given until they expire,
+        at most ``drain`` seconds (0 to 30), while it is still renewed; it is released with
+        the correlation id ``handover:<to>`` in its audit row and reported as
+        :class:`~mos_lease.supervisor.changes.Moved`. The successor takes it over at the
+        observed epoch as the release notice arrives (without notices, at its next look);
+        this supervisor campaigns for it again only after the grace period (the fleet's, or
+        5 s outside a fleet), so a successor that never comes leaves it unheld no longer
+        than that. The result is a ``HandoverResult``
+        (``mos_lease.supervisor.handover``); ``docs/fleet.md`` shows the whole step.
+
+        An identity not run or not held here, a ``to`` that is empty, too long or the
+        current holder, and a ``drain`` out of range raise
+        :class:`~mos_lease.errors.InvalidInput` before anything is written or marked; a
+        store error of the release is raised (the lease is then still held)."""
+        drive = Drive(handover(self._core, identity, to, drain,
+                               self.coordinator._flows.verdict), ())
+        for call in drive:
+            drive.send(self._hand(call))
+        return drive.result
+
+    def _hand(self, call: Sleep | FleetCall) -> object:
+        if isinstance(call, Sleep):
+            # The caller's own pause: the loop's wait (ended by its wake-ups) is the loop's;
+            # turned by hand, the injected one.
+            pause = time.sleep if self._background else self._sleep
+            return pause(call.seconds)
+        try:
+            return call.run(self.coordinator)
+        except Exception as error:
+            return error
+
     def remove(self, identity: LeaseIdentity, *, release: bool = True
                ) -> LeaseResult | None:
         """Stop running ``identity`` and release its lease if held and ``release`` (the
-        release result, or ``None``); reports the loss with cause ``STOPPED``."""
+        release result, or ``None``); reports the loss with cause ``STOPPED``. While the
+        supervisor closes, nothing: ``close()`` releases the lease and reports it."""
         lease = self._take(identity)
         if lease is None or not release:
             return None
@@ -425,11 +540,11 @@ class Supervisor(_Supervisor[ConnectorLeaseCoordinator]):
             self._core.closing = True
         self._wakeup.set()
         self._worker.stop(timeout)
-        for batch in self._close_all():
+        for batch in self._to_release():
             self._counts.releases += len(batch)
             try:
                 outcome: list[LeaseResult] | Exception = self.coordinator.release_many(
-                    [lease for lease, _ in batch])
+                    batch)
             except Exception as error:
                 outcome = error
             self._released(batch, outcome)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import itertools
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Final, Literal
 
 from mos_lease import events
@@ -53,15 +53,15 @@ from mos_lease.supervisor.changes import (
     NewHolder,
 )
 from mos_lease.supervisor.slots import (
-    Acquire,
+    AcquireDue,
     Binding,
     Campaign,
     Confirm,
     Due,
     ReadHolder,
-    Renew,
+    RenewalBatch,
     Slot,
-    Takeover,
+    TakeoverDue,
 )
 from mos_lease.supervisor.timeline import Timeline
 from mos_lease.vocabulary import LeaseState, Reason
@@ -79,6 +79,11 @@ COALESCE: Final = 0.5
 interval (``ttl * renew_fraction``) before its own renewal is due. Renewing early is safe (the
 deadline only moves later: it is counted from the start of the renewing call), and it is what
 gathers the leases of a process into one tick instead of one round trip per lease."""
+
+
+DRAIN: Final = 5.0
+"""Seconds a hand-off waits at most for the grants minted for the lease to expire, before
+its release: the default of ``handover(drain=...)``, and the bound of a fleet's hand-offs."""
 
 
 # --- the schedule ----------------------------------------------------------------------------
@@ -125,6 +130,9 @@ class Schedule:
         # The waiting slots a notice came for less than max_backoff after their last read:
         # read at once by look_now(), in a confirming turn of the notice confirmer.
         self._soon: set[Slot] = set()
+        # The held slots the fleet hands over once their grants have expired (until when,
+        # at the latest): no new grant on them meanwhile.
+        self._draining: dict[Slot, float] = {}
 
     def __len__(self) -> int:
         return len(self.slots)
@@ -246,32 +254,62 @@ class Schedule:
         but not sooner than ``max_backoff`` after its last read, so that a peer releasing
         thousands of leases costs a few batched reads and no confirming turns. Answers
         ``"moved"`` if the read moved earlier; ``"soon"`` if the binding read less than
-        ``max_backoff`` ago: the notice is still a reason to look now, as a confirming turn
-        of the notice confirmer, whose bound for the process keeps a flood, forged or not,
-        cheap (the read is moved to ``max_backoff`` after the last one meanwhile);
-        ``"no"`` if nothing is to be done (a call is in flight, or an acquire or takeover is
-        due already); ``"held"`` if it is not a waiting binding (held, or not registered: a
-        held one's notice is confirmed by :meth:`notice`)."""
+        ``max_backoff`` ago, or its read is in flight: the notice is still a reason to look
+        now, as a confirming turn of the notice confirmer, whose bound for the process keeps
+        a flood, forged or not, cheap (the read is moved to ``max_backoff`` after the last
+        one meanwhile); but a fleet member awaiting the binding's hand-off moves its read to
+        a short pause after the last one (``Membership.notice_pause``), or while its read
+        is in flight to once its answer is in, ``"moved"``, with no confirming turn;
+        ``"no"`` if nothing is to be done (its read or an acquire or takeover is due
+        already, or in flight, or in a fleet the binding is preferred to another member);
+        ``"held"`` if it is not a waiting binding (held, or not registered: a held one's
+        notice is confirmed by :meth:`notice`)."""
         slot = self.slots.get(identity)
         if slot is None and self.fleet is not None and self.fleet.noticed(identity, now):
             return "moved"  # a member lease changed: the member set is read in the next turn
         if slot is None or slot.holding:
             return "held"
+        backoff = pause = slot.binding.timing.max_backoff
+        if self.fleet is not None:  # a hand-off to this member is awaited: read it sooner
+            fleet_pause = self.fleet.notice_pause(identity, backoff)
+            if fleet_pause is None:
+                return "no"  # another member's to act on
+            pause = fleet_pause
         if slot.busy:
-            slot.hinted = True  # the read in flight may predate the change: look again
-            return "no"
+            if slot.step is not ReadHolder:
+                # An acquire or takeover in flight: its answer settles what the notice may
+                # tell (often of that very takeover), so no read is worth making.
+                return "no"
+            # The read in flight may predate the change: look again once it is in. An
+            # awaited hand-off's read is made again as soon as the answer is in (hinted: at
+            # most one more read per notice, a short pause apart); any other as a
+            # confirming turn (look_now), so that a flood cannot keep it reading.
+            if pause < backoff:
+                slot.hinted = True
+                return "moved"
+            self._soon.add(slot)
+            return "soon"
         if slot.step is not ReadHolder:
             return "no"  # an acquire or a takeover is due already
-        pause = slot.binding.timing.max_backoff
-        if self.fleet is not None:  # a hand-off to this member is awaited: read it sooner
-            pause = self.fleet.notice_pause(identity, pause)
         at = max(now, slot.looked + pause)
-        if at >= slot.try_at:
-            return "no"
-        slot.try_at = at
-        self._index(slot)
         if at <= now:
+            if slot.try_at <= now:
+                return "no"  # due already
+            slot.try_at = now
+            self._index(slot)
             return "moved"
+        if at < slot.try_at:
+            slot.try_at = at
+            self._index(slot)
+            if pause < backoff:
+                # An awaited hand-off read a moment ago: its read comes a short pause after
+                # that one, which the turn's sleep now ends for; no confirming turn is
+                # needed, so a share of thousands released at once is no flood.
+                return "moved"
+        elif pause < backoff:
+            return "no"  # its read comes that soon already
+        # Read less than max_backoff ago (its next read may come sooner by its backoff): the
+        # notice is still a reason to look now, within the confirmer's bound.
         self._soon.add(slot)
         return "soon"
 
@@ -285,7 +323,9 @@ class Schedule:
             if slot.removed or slot.holding or slot.step is not ReadHolder:
                 continue
             if slot.busy:
-                slot.hinted = True
+                # Its read is in flight: the view it brings is acted on at once (_observe),
+                # and this turn ends once the next turn is over.
+                slot.hinted = moved = True
             elif slot.try_at > now:
                 slot.try_at, moved = now, True
                 self._index(slot)
@@ -307,7 +347,10 @@ class Schedule:
         """After the member read of the fleet: its views, or what it raised. The campaigning
         bindings the placement now prefers to this member read their holder again at once.
         Returns the held bindings to hand over, each with its
-        successor, marked busy and ``handing`` (:meth:`lease` answers ``None`` for them)."""
+        successor, marked busy and ``handing`` (:meth:`lease` answers ``None`` for them);
+        a binding with grants minted and not yet expired is marked ``handing`` at once and
+        returned by the first member read after they have expired (at most :data:`DRAIN`
+        seconds), if the placement still prefers another member for it."""
         fleet = self.fleet
         assert fleet is not None
         if isinstance(views, BaseException):
@@ -321,13 +364,29 @@ class Schedule:
                 slot.try_at = now
                 self._index(slot)
         held = [slot.binding.identity for slot in self.slots.values()
-                if slot.holding and not slot.busy]
+                if slot.holding and not slot.busy and not slot.handing]
         moves = []
         for identity, successor in fleet.hand_offs(held).items():
             slot = self.slots[identity]
-            slot.busy = slot.handing = True
+            slot.handing = True
+            if slot.granted_until > now:  # grants in flight: they may finish first
+                self._draining[slot] = min(slot.granted_until, now + DRAIN)
+                continue
+            slot.busy = True
             self._index(slot)
             moves.append((slot, successor))
+        for slot, until in list(self._draining.items()):
+            if slot.busy or now < until:
+                continue
+            del self._draining[slot]
+            drained = fleet.hand_offs([slot.binding.identity] if slot.holding
+                                      and not slot.removed else []).get(slot.binding.identity)
+            if drained is None:  # lost, removed, or preferred here again: not handed
+                slot.handing = False
+                continue
+            slot.busy = True
+            self._index(slot)
+            moves.append((slot, drained))
         return moves
 
     @staticmethod
@@ -335,17 +394,24 @@ class Schedule:
         """The lease of a slot being handed over."""
         return _held(slot).lease
 
+    def claim(self, slot: Slot) -> None:
+        """``slot``'s lease is about to be released by a hand-off: no renewal or confirming
+        read of it is planned until :meth:`handed`."""
+        slot.busy = True
+        self._index(slot)
+
     def handed(self, slot: Slot, outcome: LeaseResult | BaseException | None,
-               successor: str, now: float) -> list[Change]:
+               successor: str, now: float, hold_off: float | None = None) -> list[Change]:
         """After the release that hands ``slot``'s lease to ``successor`` (its result, what
         it raised, or ``None``: not sent). Released: a :class:`Moved` change, and the binding
-        waits like any other preferred elsewhere (its next read after the grace period).
-        Otherwise the lease is still held and renewed, and the next member read tries again;
-        a lease lost meanwhile is found by its renewal, as any loss is."""
+        leaves that release to the successor for ``hold_off`` seconds (default: the fleet's
+        grace period) before it campaigns again, notices or not.
+        Otherwise the lease is still held and renewed (and, in a fleet, the next member read
+        tries again); a lease lost meanwhile is found by its renewal, as any loss is."""
         slot.busy = slot.handing = False
         state = slot.state
         fleet = self.fleet
-        if slot.removed or state is None or state.loss is not None or fleet is None \
+        if slot.removed or state is None or state.loss is not None \
                 or not isinstance(outcome, LeaseResult) or not outcome.ok:
             if outcome is not None and not slot.removed:
                 log.warning("mos_lease: could not hand %s over to %s: %r",
@@ -353,13 +419,17 @@ class Schedule:
                             outcome.reason if isinstance(outcome, LeaseResult) else outcome)
             self._index(slot)
             return []
+        if hold_off is None:
+            assert fleet is not None
+            hold_off = fleet.fleet.grace.total_seconds()
         slot.state = lose(state, LeaseLoss(LossCause.STOPPED, Reason.LEASE_RELEASED, now))
         slot.step, slot.observed, slot.hinted = ReadHolder, None, False
-        slot.try_at = now + fleet.fleet.grace.total_seconds()
-        fleet.handed += 1
+        slot.try_at = now + hold_off
+        slot.held_off = (state.lease.epoch, slot.try_at)
+        if fleet is not None:
+            fleet.handed += 1
         self._index(slot)
-        log.info("mos_lease: %s handed over to fleet member %s", slot.binding.identity,
-                 successor)
+        log.info("mos_lease: %s handed over to %s", slot.binding.identity, successor)
         return [Moved(slot.binding.identity, state.lease, successor)]
 
     # -- deciding -----------------------------------------------------------------------------
@@ -371,7 +441,8 @@ class Schedule:
         held leases whose deadline has passed (lost), whose renewal or coalescing window has
         come (when one renewal is due, the others of its window go with it), the
         campaigning slots whose try has come, and those with a confirming read asked for.
-        The answer is the one a look at every slot would give, in registration order."""
+        The answer is the one a look at every slot would give, in registration order (a
+        fleet member's campaign calls for the bindings preferred to it first)."""
         live = len(self.slots)
         for timeline in (self._deadlines, self._renewals, self._windows, self._tries):
             timeline.compact(live)  # once a turn: the stale entries of the last one's changes
@@ -404,13 +475,18 @@ class Schedule:
                 confirms.append(Confirm(slot, None))
             elif now >= slot.try_at:
                 campaigns.append(self._campaign(slot))
-        renewals: list[Renew] = []
+        fleet = self.fleet
+        if fleet is not None:
+            # A fleet member's reads of the bindings preferred to it first (a share it
+            # gains, to take over as soon as it is released), then its looks at the others.
+            campaigns.sort(key=lambda call: not fleet.preferred_here(call.slot.binding.identity))
+        renewals: list[RenewalBatch] = []
         for ttl, members in groups.items():
             for first in range(0, len(members), BATCH):
                 batch = tuple(members[first:first + BATCH])
                 for slot in batch:
                     slot.busy = True
-                renewals.append(Renew(batch, tuple(_held(s).lease for s in batch), ttl,
+                renewals.append(RenewalBatch(batch, tuple(_held(s).lease for s in batch), ttl,
                                       math.inf, now))
         # The next renewal of the held leases left free (the early ones wait for the first
         # that is strictly due); a held one with a confirming read counts, as it is only
@@ -435,7 +511,7 @@ class Schedule:
         long any call may keep the driver waiting."""
         return self._deadlines.first()
 
-    def limits(self, renewals: Sequence[Renew]) -> tuple[float, list[float]]:
+    def limits(self, renewals: Sequence[RenewalBatch]) -> tuple[float, list[float]]:
         """For a tick sending ``renewals``: the earliest deadline of the held leases outside
         them, and of each batch's. The time limit of batch ``k`` is the least of the first,
         of the batches from ``k`` on, and of the leases of earlier batches that are still
@@ -515,18 +591,34 @@ class Schedule:
             self.ended[slot.binding.identity] = state.loss
         return BindingLost(slot.binding.identity, state.lease, state.loss)
 
+    def writes_due(self, slots: Iterable[Slot], now: float) -> list[Campaign]:
+        """The acquires and takeovers due at ``now`` among ``slots``, whose reads were just
+        judged, claimed (busy) for the turn that read them to make at once: a write decided
+        on a read is made right after it, not after the rest of that turn's reads (a member
+        whose share grows reads a few thousand bindings in a turn, the ones it gains among
+        them)."""
+        calls: list[Campaign] = []
+        for slot in slots:
+            if slot.busy or slot.removed or slot.holding or slot.step is ReadHolder \
+                    or slot.try_at > now:
+                continue
+            calls.append(self._campaign(slot))
+            slot.busy = True
+            self._index(slot)  # off the tries timeline while its call is made
+        return calls
+
     def _campaign(self, slot: Slot) -> Campaign:
         step = slot.step
-        if step is Acquire:
-            return Acquire(slot)
+        if step is AcquireDue:
+            return AcquireDue(slot)
         if step is ReadHolder:
             return ReadHolder(slot)
         assert isinstance(step, int)
-        return Takeover(slot, step, slot.observed)
+        return TakeoverDue(slot, step, slot.observed)
 
     # -- outcomes -----------------------------------------------------------------------------
 
-    def renewed(self, call: Renew, outcome: Sequence[LeaseResult] | BaseException | None,
+    def renewed(self, call: RenewalBatch, outcome: Sequence[LeaseResult] | BaseException | None,
                 started: float, finished: float, limit: float = -math.inf) -> list[Change]:
         """After a ``heartbeat_many`` that started at ``started`` and returned at
         ``finished``: its results (in order), the exception it raised, or ``None`` if it was
@@ -607,8 +699,8 @@ class Schedule:
             return self._observe(slot, outcome, finished, pause=False), None
         assert isinstance(outcome, LeaseResult)
         if won is not None:
-            if self.fleet is not None and slot.binding.identity == self.fleet.identity:
-                self.fleet.joined(finished)  # read the member set with this member in it
+            if self.fleet is not None:  # counted, and its own lease read with it at once
+                self.fleet.won(slot.binding.identity, slot.observed, won, finished)
             slot.state = held(slot.binding.timing, won, started, self._draw())
             slot.failures = 0
             slot.gives_up_at = None  # the wait is over: after a loss, campaign until removed
@@ -677,6 +769,12 @@ class Schedule:
         # PREEMPT), an expired or released one is taken over at the epoch just read, so of
         # several campaigners one wins.
         slot.looked = now
+        held_off = slot.held_off
+        if held_off is not None and view is not None and view.state is LeaseState.RELEASED \
+                and view.epoch == held_off[0] and now < held_off[1]:
+            # Its own hand-off's release: the successor's to take over until the hold-off
+            # ends, whatever notice brought this read forward.
+            return changes + self._gated(slot, view, now, held_off[1] - now)
         if self.fleet is not None and slot.binding.identity != self.fleet.identity:
             # The fleet's campaign gate first: never against an active lease, at once for a
             # binding preferred to this member, after the grace period for any other.
@@ -687,12 +785,12 @@ class Schedule:
         if isinstance(planned, Reason):
             slot.reason, slot.error, slot.observed = planned, None, view
             changes += self._pause(slot, now, ReadHolder, view)
-            if slot.hinted:  # a notice came while this view was read
-                slot.try_at = min(slot.try_at, now + slot.binding.timing.max_backoff)
+            if slot.hinted:  # a confirmed notice came while this view was read: look again
+                slot.try_at = now
             slot.hinted = False
             return changes
         slot.hinted = False
-        step: type[Acquire] | int = Acquire if planned == ACQUIRE else planned
+        step: type[AcquireDue] | int = AcquireDue if planned == ACQUIRE else planned
         if pause:
             changes += self._pause(slot, now, step, view)
         else:
@@ -700,7 +798,7 @@ class Schedule:
         slot.observed = view
         return changes
 
-    def _pause(self, slot: Slot, now: float, step: type[Acquire] | type[ReadHolder] | int,
+    def _pause(self, slot: Slot, now: float, step: type[AcquireDue] | type[ReadHolder] | int,
                view: HolderView | None) -> list[Change]:
         """Try ``step`` again after a backoff, never past the end of the binding's wait;
         give up (the changes to report) if that end has come."""
@@ -722,6 +820,10 @@ class Schedule:
         timing = slot.binding.timing
         if not self.noticed:
             wait = min(wait, timing.max_backoff)
+        if slot.hinted:
+            # A notice came while this view was read (a release, maybe, that the view
+            # predates): read again at once, as an ungated campaign does.
+            wait = 0.0
         slot.reason, slot.error, slot.observed, slot.hinted = Reason.LEASE_HELD, None, view, False
         slot.step, slot.try_at = ReadHolder, now + max(wait, timing.min_backoff)
         if slot.gives_up_at is not None:

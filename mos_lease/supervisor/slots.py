@@ -53,9 +53,10 @@ class Slot:
     changes the schedule's timelines have seen (:mod:`~mos_lease.supervisor.timeline`: an
     entry of an older version is stale)."""
 
-    __slots__ = ("binding", "busy", "confirm", "error", "failures", "gives_up_at", "handing",
-                 "hinted", "looked", "observed", "order", "preempt_refused", "reason", "removed",
-                 "seen", "state", "step", "try_at", "version")
+    __slots__ = ("binding", "busy", "confirm", "error", "failures", "gives_up_at",
+                 "granted_until", "handing", "held_off", "hinted", "looked", "observed", "order",
+                 "preempt_refused", "reason", "removed", "seen", "state", "step", "try_at",
+                 "version")
 
     def __init__(self, binding: Binding, now: float, order: int = 0) -> None:
         self.binding = binding
@@ -65,7 +66,7 @@ class Slot:
         # A new binding reads its holder first, as after a loss: a binding held elsewhere
         # costs no write and no audit row, and the ones never held are then acquired
         # together (the reads and acquires of a turn are batched: flow.batches).
-        self.step: type[Acquire] | type[ReadHolder] | int = ReadHolder  # int: take over at it
+        self.step: type[AcquireDue] | type[ReadHolder] | int = ReadHolder  # int: take over at it
         self.observed: HolderView | None = None  # the view a takeover acts on
         self.try_at = now
         self.looked = -math.inf  # when the campaign last read the holder
@@ -75,7 +76,13 @@ class Slot:
         self.busy = False
         self.confirm = False  # a notice asked for a confirming read (mos_lease.notice_gate)
         self.removed = False
-        self.handing = False  # its release to another fleet member is in flight
+        self.handing = False  # being handed over: drained, or its release in flight
+        # When the grants minted for its lease have all expired, at the latest: a hand-off's
+        # drain waits for them (mos_lease.supervisor.handover).
+        self.granted_until = -math.inf
+        # After a hand-off of the lease at an epoch: until when (monotonic) its release at
+        # that epoch is left for the successor to take over, not campaigned for.
+        self.held_off: tuple[int, float] | None = None
         # The first campaign's end (Binding.wait), and what a give-up then reports: the last
         # reason the lease could not be had, the last store error, whether a preemption
         # was refused (PREEMPT then waits like EXPIRED).
@@ -93,12 +100,12 @@ class Slot:
 
 
 @attrs.frozen(slots=True, eq=False)
-class Acquire:
+class AcquireDue:
     slot: Slot
 
 
 @attrs.frozen(slots=True, eq=False)
-class Takeover:
+class TakeoverDue:
     """Take over at ``expected_epoch``, passing ``observed`` (the coordinator's own view at
     that epoch, so the takeover needs no read of its own)."""
 
@@ -112,7 +119,7 @@ class ReadHolder:
     slot: Slot
 
 
-Campaign = Acquire | Takeover | ReadHolder
+Campaign = AcquireDue | TakeoverDue | ReadHolder
 
 
 @attrs.frozen(slots=True, eq=False)
@@ -127,7 +134,7 @@ class Confirm:
 
 
 @attrs.frozen(slots=True, eq=False)
-class Renew:
+class RenewalBatch:
     """One ``heartbeat_many`` call for ``leases`` (of ``slots``, in order) with ``ttl``; it
     must return within ``timeout`` seconds of its start, when the earliest local deadline of
     the held leases comes (set by the turn as the call starts). The driver starts it and
@@ -148,7 +155,7 @@ class Due:
     and when to look again if nothing happens."""
 
     changes: list[Change]
-    renewals: list[Renew]
+    renewals: list[RenewalBatch]
     campaigns: list[Campaign]
     wake_at: float
     confirms: list[Confirm] = attrs.field(factory=list)

@@ -8,7 +8,10 @@ plus a way to move its time authority forward) and run:
 * :func:`run_store_contract` — the write-guard contract of :class:`~mos_lease.ports.LeaseStore`;
 * :func:`make_supervisor_machine` — the supervisor's stateful specification: several
   bindings in one :class:`~mos_lease.supervisor.Supervisor`, with rival takeovers, releases,
-  notices (:class:`ManualNoticeFeed`), store failures and time passing.
+  notices (:class:`ManualNoticeFeed`), store failures and time passing;
+* :func:`make_fleet_machine` — the fleet's stateful specification: several supervisors
+  with ``fleet=`` over the same bindings, joining, leaving, crashing, rejoining,
+  disagreeing about the member set and handing bindings over.
 
 A resource guard of your own is checked by :func:`run_guard_contract`.
 
@@ -22,6 +25,7 @@ store's harnesses are ``mos_lease_memory.MemoryHarness`` and
 
 from mos_lease.testing.contract import run_store_contract
 from mos_lease.testing.driver import EventLoopThread
+from mos_lease.testing.fleet_machine import make_fleet_machine
 from mos_lease.testing.guard_contract import GuardFactory, run_guard_contract
 from mos_lease.testing.harness import (
     AsyncInspectableStore,
@@ -45,6 +49,7 @@ __all__ = [
     "ManualNoticeFeed",
     "Oracle",
     "StoreHarness",
+    "make_fleet_machine",
     "make_lease_machine",
     "make_supervisor_machine",
     "run_guard_contract",

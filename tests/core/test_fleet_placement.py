@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from mos_lease import InvalidInput, LeaseIdentity
 from mos_lease.fleet.placement import (
     PLACEMENT_SLACK,
+    Placer,
     binding_digest,
     caps,
     member_digest,
@@ -45,6 +46,37 @@ def test_same_answer_for_any_order(members: set[str], bindings: list[LeaseIdenti
     other = place(shuffled_members, shuffled_bindings)
     assert one.assignment() == other.assignment()
     assert set(one.assignment()) == set(bindings)
+
+
+weight_maps = st.dictionaries(names, st.sampled_from([0.5, 1, 2, 3.5]), min_size=1, max_size=5)
+
+
+@settings(max_examples=100)
+@given(binding_lists, st.lists(member_sets | weight_maps, min_size=1, max_size=6))
+def test_a_placer_kept_across_member_sets_answers_as_place(
+        bindings: list[LeaseIdentity], member_sets_seen: list[set[str] | dict[str, float]]
+        ) -> None:
+    # A fleet member keeps one Placer while members join, leave and change weight: each of
+    # its answers must be place()'s, whatever columns it kept from the sets before.
+    placer = Placer(bindings)
+    for members in member_sets_seen:
+        assert placer.place(members).assignment() == place(members, bindings).assignment()
+
+
+def test_a_placer_scores_again_past_its_column_cache() -> None:
+    bindings = _bindings(50)
+    placer = Placer(bindings)
+    many = [f"m{k}" for k in range(Placer.COLUMNS + 10)]
+    for first in range(0, len(many), 7):
+        members = many[first:first + 7]
+        assert placer.place(members).assignment() == place(members, bindings).assignment()
+    assert placer.place(many).assignment() == place(many, bindings).assignment()
+
+
+def test_a_placer_refuses_bad_members_like_place() -> None:
+    with pytest.raises(InvalidInput) as caught:
+        Placer(_bindings(3)).place({"a": 0})
+    assert caught.value.field == "members['a']"
 
 
 @settings(max_examples=150)

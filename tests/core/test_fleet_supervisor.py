@@ -13,6 +13,7 @@ import math
 from collections import Counter
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 
@@ -27,11 +28,18 @@ from mos_lease import (
 )
 from mos_lease.fleet.members import member_identity
 from mos_lease.fleet.membership import EXPIRY_MARGIN, HANDOFF_PREFIX, Fleet, Membership
-from mos_lease.results import HolderView
+from mos_lease.fleet.placement import place
+from mos_lease.machine import Rotate, Write, apply_write
+from mos_lease.machine import write_outcome as guarded
+from mos_lease.notice_confirmer import NoticeConfirmer
+from mos_lease.records import LeaseRow
+from mos_lease.results import HolderView, LeaseResult
 from mos_lease.supervisor import AsyncSupervisor, BindingLost, Change, Moved, Supervisor
+from mos_lease.testing.notice_feed import ManualNoticeFeed
 from mos_lease.vocabulary import LeaseState, Outcome
 from mos_lease_memory import AsyncInMemoryLeaseStore
 from tests.fleet_check import Watching, active_holder, epochs_step_by_one
+from tests.fleet_race import Race
 from tests.helpers import Time
 
 START = datetime(2030, 1, 1, tzinfo=UTC)
@@ -52,11 +60,12 @@ class Fleetrun:
         self.unheld_since: dict[LeaseIdentity, datetime] = {}
         self.longest_unheld = timedelta(0)
 
-    def start(self, name: str, members: Sequence[str] = NAMES) -> Supervisor:
+    def start(self, name: str, members: Sequence[str] = NAMES,
+              notices: ManualNoticeFeed | None = None) -> Supervisor:
         changes = self.changes.setdefault(name, [])
         supervisor = Supervisor(ConnectorLeaseCoordinator(self.store, AllowAllPolicy()),
                                 clock=self.time, background=False, sleep=lambda _: None,
-                                on_change=changes.append,
+                                on_change=changes.append, notices=notices,
                                 fleet=Fleet("edge", name, members=members, ttl=TTL,
                                             grace=GRACE, look=LOOK, endpoint=f"{name}:8443"))
         for identity in self.bindings:
@@ -151,6 +160,155 @@ def test_a_join_moves_each_binding_once_after_members_that_started_together() ->
     moved = run.store.takeovers - before
     assert moved and set(moved.values()) == {1}, moved
     run.check_safety()
+
+
+def test_release_notices_of_awaited_hand_offs_take_no_confirming_turns() -> None:
+    """A member that joins reads every holder, then its share's releases arrive at once, a
+    notice each: each moves its binding's read to a moment after the read just made
+    (``NOTICED_PAUSE``) and takes no confirming turn, so a hand-off of thousands is not
+    warned of as a flood of notices (the confirmer's bound is for notices it cannot
+    foresee); the hand-offs then complete as usual."""
+    run = Fleetrun()
+    run.start("m1")
+    run.run(3)
+    confirmer = NoticeConfirmer(rate=1, burst=1)
+    feed = ManualNoticeFeed(confirmer)
+    m2 = run.start("m2", notices=feed)
+    for _ in range(4):  # its member lease, the member set, every holder read
+        m2.turn()
+    placement = place({"m1": 1.0, "m2": 1.0}, BINDINGS)
+    awaited = [b for b in BINDINGS if placement.preferred(b) == "m2"]
+    assert len(awaited) > 30
+    for identity in awaited:  # as m1's releases would send them, before any is read
+        feed.send(identity, 1, "release")
+    assert m2.stats().notices == len(awaited)  # each acted on: its read moved
+    assert confirmer.stats().notices == 0
+    run.run(4)
+    assert {b for b in BINDINGS if active_holder(run.store, b, run.time.wall.now()) == "m2"} \
+        == set(awaited)
+    run.check_safety()
+
+
+def test_notices_of_bindings_preferred_to_another_member_cost_no_read() -> None:
+    """A member's shutdown releases thousands and the others take them over, a notice each:
+    a member acts only on those of the share it gains. The notices of bindings preferred to
+    another member move no read and take no confirming turn; that member's takeover is its
+    own, and the binding stays unheld here."""
+    run = Fleetrun()
+    for name in ("m1", "m2"):
+        run.start(name)
+    feed = ManualNoticeFeed(NoticeConfirmer(rate=1, burst=1))
+    m3 = run.start("m3", notices=feed)
+    run.run(6)
+    placement = place(dict.fromkeys(NAMES, 1.0), BINDINGS)
+    assert {b: active_holder(run.store, b, run.time.wall.now()) for b in BINDINGS} \
+        == {b: placement.preferred(b) for b in BINDINGS}
+    others = [b for b in BINDINGS if placement.preferred(b) != "m3"]
+    reads: list[int] = []  # a read of each binding (the member set is read too)
+    read = m3.coordinator.current_holders
+
+    def counted(identities: Sequence[LeaseIdentity]) -> list[HolderView | None]:
+        reads.extend(1 for identity in identities if identity in BINDINGS)
+        return read(identities)
+
+    m3.coordinator.current_holders = counted  # type: ignore[method-assign]
+    before = m3.stats().notices
+    for identity in others:
+        feed.send(identity, 2, "release")
+        feed.send(identity, 3, "takeover")
+    for _ in range(3):
+        m3.turn()
+    assert m3.stats().notices == before
+    assert feed.confirmer.stats().notices == 0
+    assert reads == []
+
+
+def test_notices_during_a_members_own_writes_take_no_confirming_turn() -> None:
+    """The notices of a member's own acquires and takeovers may come before their answers:
+    the answers settle what they tell, so none takes a confirming turn (thousands of them,
+    as a member takes its share over, were warned of as a flood)."""
+    run = Fleetrun()
+    feed = ManualNoticeFeed(NoticeConfirmer(rate=1, burst=1))
+    m1 = run.start("m1", notices=feed)
+    acquire = m1.coordinator.acquire_many
+
+    def noticed_meanwhile(identities: Sequence[LeaseIdentity], *args: Any, **kwargs: Any
+                          ) -> list[LeaseResult]:
+        results = acquire(identities, *args, **kwargs)
+        for result in results:
+            if result.lease is not None:
+                feed.send(result.lease.identity, result.lease.epoch, "takeover")
+        return results
+
+    m1.coordinator.acquire_many = noticed_meanwhile  # type: ignore[method-assign]
+    run.run(3)
+    assert run.shares() == {"m1": 90}
+    assert feed.confirmer.stats().notices == 0
+
+
+def test_a_member_reads_the_bindings_preferred_to_it_before_its_other_looks() -> None:
+    """When a member's reads of bindings it awaits and its looks at the others are due in
+    one turn, the awaited ones are read (and taken over) first."""
+    run = Fleetrun()
+    run.start("m1")
+    run.run(3)
+    m2 = run.start("m2")
+    for _ in range(8):  # m2 alone turns: m1 holds everything, and hands nothing over yet
+        m2.turn()
+        run.time.advance(STEP / 2)
+    schedule = m2._core.schedule
+    now = m2._core.clock()
+    for slot in schedule.slots.values():
+        if not slot.holding and not slot.busy:
+            slot.try_at = now
+            schedule._index(slot)
+    mine = {b for b in BINDINGS if place({"m1": 1.0, "m2": 1.0}, BINDINGS).preferred(b) == "m2"}
+    due = schedule.due(now)
+    read = [call.slot.binding.identity for call in due.campaigns
+            if call.slot.binding.identity in BINDINGS]
+    assert 0 < len(mine) < len(read)
+    assert set(read[:len(mine)]) == mine, "the bindings it awaits are read first"
+
+
+def test_a_release_noticed_while_its_holder_read_is_in_flight_is_read_again_at_once() -> None:
+    """The read in flight may have been made before the release its notice tells of: a
+    member awaiting that hand-off reads again as soon as the answer is in, not a ``look``
+    later as for an active lease preferred to it that no notice spoke of."""
+    run = Fleetrun()
+    m1 = run.start("m1")
+    run.run(3)
+    feed = ManualNoticeFeed(NoticeConfirmer(rate=1, burst=1))
+    m2 = run.start("m2", notices=feed)
+    for _ in range(8):  # m2 alone turns: m1 has not seen it yet, and hands nothing over
+        m2.turn()
+        run.time.advance(STEP / 2)
+    awaited = next(b for b in BINDINGS if place({"m1": 1.0, "m2": 1.0}, BINDINGS
+                                               ).preferred(b) == "m2")
+    read = m2.coordinator.current_holders
+    released: list[LeaseResult] = []
+
+    def released_meanwhile(identities: Sequence[LeaseIdentity]) -> list[HolderView | None]:
+        views = read(identities)  # made before the release below: it shows m1's lease
+        lease = m1.lease(awaited)
+        if awaited in identities and lease is not None and not released:
+            released.append(m1.coordinator.release(lease))
+            feed.send(awaited, lease.epoch, "release")
+        return views
+
+    m2.coordinator.current_holders = released_meanwhile  # type: ignore[method-assign]
+    for _ in range(4):  # its next look at the bindings m1 holds for it
+        run.time.advance(STEP)
+        m2.turn()
+        if released:
+            break
+    m2.coordinator.current_holders = read  # type: ignore[method-assign]
+    assert [r.ok for r in released] == [True]
+    assert active_holder(run.store, awaited, run.time.wall.now()) is None
+    run.time.advance(STEP)
+    for _ in range(3):
+        m2.turn()
+    assert m2.lease(awaited) is not None  # a look (1 s) later before: unheld that long
+    assert run.store.takeovers[awaited] == 1
 
 
 def test_the_grace_period_counts_from_the_start_of_this_unheld_stretch() -> None:
@@ -354,3 +512,36 @@ def test_a_supervisor_refuses_what_is_not_a_fleet() -> None:
     coordinator = ConnectorLeaseCoordinator(Watching(), AllowAllPolicy())
     with pytest.raises(ConfigurationError, match="fleet must be a Fleet"):
         Supervisor(coordinator, background=False, fleet="edge")  # type: ignore[arg-type]
+
+
+def _race() -> Watching:
+    time = Time()
+    store = Watching(time.wall)
+    race = Race("edge", {"m1": store, "m2": store}, BINDINGS[:12], time, time.advance)
+    try:
+        race.play(lambda identity: store.audit(identity, limit=10_000))
+    finally:
+        race.close()
+    return store
+
+
+def test_members_that_see_only_themselves_never_have_two_epochs_valid_at_once() -> None:
+    """Each member sees only itself: both campaign for every binding at once, and again
+    after both stall past the ttl (tests/fleet_race.py). At every turn at most one grant per
+    binding validates, the current epoch's; the older epochs' are refused."""
+    assert _race().preempted == []
+
+
+def test_the_race_catches_a_takeover_without_compare_and_set(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A store that applies a takeover whatever the epoch and the lease's state (a planted
+    flaw): the member that read the binding unheld and wrote second takes it from the
+    first, and both count it as their own."""
+    def write_outcome(write: Write, row: LeaseRow | None, now: datetime) -> LeaseRow | None:
+        if isinstance(write, Rotate) and row is not None:
+            return apply_write(write, row, now)
+        return guarded(write, row, now)
+
+    monkeypatch.setattr("mos_lease_memory.store.write_outcome", write_outcome)
+    with pytest.raises(AssertionError, match="held by both members at once"):
+        _race()

@@ -42,7 +42,7 @@ from mos_lease.supervisor import (
     Supervisor,
 )
 from mos_lease.supervisor.schedule import BATCH, Schedule
-from mos_lease.supervisor.slots import Acquire, Due, ReadHolder, Renew, Takeover
+from mos_lease.supervisor.slots import AcquireDue, Due, ReadHolder, RenewalBatch, TakeoverDue
 from mos_lease.vocabulary import LeaseState, Outcome
 from mos_lease_memory import AsyncInMemoryLeaseStore, InMemoryLeaseStore
 from tests.helpers import Time
@@ -69,6 +69,7 @@ class Counting(InMemoryLeaseStore):
     def __init__(self, clock: ManualClock) -> None:
         super().__init__(clock)
         self.calls: dict[str, int] = {}
+        self.order: list[str] = []  # the calls, in the order they were made
         self.rows_read = 0  # by load and load_many: how many holders were read
         self.down = False
         self.held: set[LeaseIdentity] = set()
@@ -76,6 +77,7 @@ class Counting(InMemoryLeaseStore):
 
     def _count(self, name: str) -> None:
         self.calls[name] = self.calls.get(name, 0) + 1
+        self.order.append(name)
         if self.down:
             raise StoreUnavailable(f"{name}: connection refused")
 
@@ -125,6 +127,7 @@ class Counting(InMemoryLeaseStore):
 
     def reset(self) -> None:
         self.calls.clear()
+        self.order.clear()
         self.rows_read = 0
 
     def total(self) -> int:
@@ -630,7 +633,7 @@ def test_the_schedule_under_any_outcomes(data: st.DataObject) -> None:
             assert not slot.busy
 
 
-def _renewal_outcome(data: st.DataObject, renew: Renew, now: float,
+def _renewal_outcome(data: st.DataObject, renew: RenewalBatch, now: float,
                      limit: float) -> tuple[Any, float]:
     """An outcome for ``renew``; abandoned (``None``) at ``limit``, the earliest deadline."""
     kind = data.draw(st.sampled_from(["ok", "denied", "down", "overdue"]))
@@ -646,7 +649,7 @@ def _renewal_outcome(data: st.DataObject, renew: Renew, now: float,
             for _ in renew.leases], finished
 
 
-def _campaign_outcome(data: st.DataObject, call: Acquire | Takeover | ReadHolder) -> Any:
+def _campaign_outcome(data: st.DataObject, call: AcquireDue | TakeoverDue | ReadHolder) -> Any:
     outcome = data.draw(st.sampled_from(["win", "held", "down", "none"]))
     if outcome == "down":
         return StoreUnavailable("down")
@@ -657,7 +660,7 @@ def _campaign_outcome(data: st.DataObject, call: Acquire | Takeover | ReadHolder
         epoch = data.draw(st.integers(1, 5))
         return HolderView("gw-b", epoch, state, START + timedelta(seconds=5), START)
     if outcome == "win":
-        epoch = 1 if isinstance(call, Acquire) else call.expected_epoch + 1
+        epoch = 1 if isinstance(call, AcquireDue) else call.expected_epoch + 1
         return LeaseResult(Outcome.ACQUIRED, None, "c",
                            lease=_handle(call.slot.binding.identity, epoch))
     return LeaseResult(Outcome.DENIED, Reason.LEASE_HELD, "c")
@@ -682,7 +685,7 @@ def _acquire_all(schedule: Schedule, due: Due) -> None:
     for call in due.campaigns:
         schedule.campaigned(call, None, 0.0, 0.0)
     for call in schedule.due(0.0).campaigns:
-        assert isinstance(call, Acquire)
+        assert isinstance(call, AcquireDue)
         handle = _handle(call.slot.binding.identity)
         schedule.campaigned(call, LeaseResult(Outcome.ACQUIRED, None, "c", lease=handle),
                             0.0, 0.0)
@@ -793,14 +796,14 @@ def test_a_turn_keeps_at_most_in_flight_batches_started_and_waits_within_the_dea
     core = _held_core(2500)
     earliest = core.schedule.earliest_deadline()
     flow = turn(core, in_flight)
-    started: list[Renew] = []
+    started: list[RenewalBatch] = []
     flying = 0
     kinds: list[str] = []
     answer: Any = None
     with pytest.raises(StopIteration):
         while True:
             call = flow.send(answer)
-            if isinstance(call, Renew):
+            if isinstance(call, RenewalBatch):
                 flying += 1
                 assert flying <= in_flight
                 assert 10.0 + call.timeout <= earliest
@@ -813,7 +816,7 @@ def test_a_turn_keeps_at_most_in_flight_batches_started_and_waits_within_the_dea
                 flying -= 1
                 kinds.append("collect")
                 renew = call.ticket
-                assert isinstance(renew, Renew)
+                assert isinstance(renew, RenewalBatch)
                 answer = [LeaseResult(Outcome.RENEWED, None, "c", lease=lease)
                           for lease in renew.leases]
     expected = {1: ["renew", "collect"] * 3,
@@ -829,9 +832,9 @@ def test_batches_in_flight_when_the_supervisor_closes_are_collected_and_judged()
     core = _held_core(2500)
     flow = turn(core, 2)
     first = flow.send(None)
-    assert isinstance(first, Renew)
+    assert isinstance(first, RenewalBatch)
     second = flow.send(first)
-    assert isinstance(second, Renew)
+    assert isinstance(second, RenewalBatch)
     core.closing = True  # close() while two batches are in flight
     collect = flow.send(second)
     assert isinstance(collect, Collect) and collect.ticket is first

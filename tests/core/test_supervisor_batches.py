@@ -5,6 +5,7 @@ reports each binding's loss once its release is written."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from mos_lease import AllowAllPolicy, AsyncConnectorLeaseCoordinator, LeaseIdentity
 from mos_lease.results import HolderView
@@ -33,6 +34,19 @@ def test_new_bindings_are_read_then_acquired_one_call_per_thousand() -> None:
     assert rig.store.rows_read == N
 
 
+def test_the_writes_a_batch_of_reads_decides_are_made_right_after_it() -> None:
+    """One turn reads a batch, makes the acquires it decided, then reads the next batch: a
+    binding read early is held before the others are read, not a turn later (a gateway
+    taking over a few thousand released bindings holds the first thousand a few reads
+    sooner)."""
+    rig = Rig()
+    for i in range(N):
+        rig.supervisor.add(ident(i), "gw-a", scopes=SCOPES, ttl=TTL)
+    rig.supervisor.turn()
+    assert rig.store.order == ["load_many", "acquire_many"] * 3
+    assert len(rig.of(BindingStarted)) == N
+
+
 def test_close_releases_one_call_per_thousand_and_reports_each_loss_after_its_release(
         ) -> None:
     rig = Rig()
@@ -51,6 +65,35 @@ def test_close_releases_one_call_per_thousand_and_reports_each_loss_after_its_re
     rig.supervisor.close()
     assert rig.store.calls == {"release_many": 3}
     assert len(seen) == N and all(seen)
+
+
+def test_close_releases_every_lease_before_it_drops_a_binding_and_remove_waits_for_it(
+        ) -> None:
+    """The releases go out first (the members taking the bindings over wait for them, not
+    for the CPU of dropping thousands of bindings); during them no lease is handed out and
+    ``remove()`` does nothing (``close()`` releases the lease and reports it, once)."""
+    rig = Rig()
+    for i in range(N):
+        rig.supervisor.add(ident(i), "gw-a", scopes=SCOPES, ttl=TTL)
+    rig.settle()
+    during: list[tuple[int, int, object, object]] = []
+    release_many = rig.store.release_many
+
+    def watched(items: Any) -> Any:
+        supervisor = rig.supervisor
+        during.append((len(supervisor.bindings), len(rig.of(BindingLost)),
+                       supervisor.lease(ident(N - 1)), supervisor.remove(ident(0))))
+        return release_many(items)
+
+    rig.store.release_many = watched  # type: ignore[method-assign]
+    rig.store.reset()
+    rig.supervisor.close()
+    assert during == [(N, 0, None, None)] * 3
+    assert rig.store.calls == {"release_many": 3}
+    lost = rig.of(BindingLost)
+    assert len(lost) == N and len({change.identity for change in lost}) == N
+    assert all(_released(rig.store, ident(i)) for i in range(N))
+    assert rig.supervisor.bindings == []
 
 
 def test_the_asyncio_supervisor_closes_in_batches_too() -> None:

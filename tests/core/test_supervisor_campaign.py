@@ -268,11 +268,11 @@ def test_an_abandoned_renewal_is_lost_at_its_own_deadline_and_retried_before_it(
 def test_the_keeper_and_the_supervisor_mint_grants_by_one_rule(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Both grant through mos_lease.held_grant.issue_grant (the local deadline judged before
-    and after the store call), each only saying what it holds; and the supervisor's flow
-    names no class like a machine command for it."""
+    and after the store call), each only saying what it holds; and the supervisor's grant
+    module names no class like a machine command for it."""
     from mos_lease import held_grant
     from mos_lease.keeper import LeaseKeeper
-    from mos_lease.supervisor import flow
+    from mos_lease.supervisor import granting
 
     subjects: list[str] = []
     real = held_grant.issue_grant
@@ -289,5 +289,5 @@ def test_the_keeper_and_the_supervisor_mint_grants_by_one_rule(
     keeper = LeaseKeeper(rig.coordinator, ttl=30, background=False, clock=rig.time)
     assert keeper.acquire(ident(1), "gw-a", scopes=SCOPES).ok
     assert keeper.issue_grant(scopes=SCOPES, ttl=5).ok
-    assert subjects == ["mos_lease.supervisor.flow", "mos_lease.keeper.thread_keeper"]
-    assert not hasattr(flow, "IssueGrant")
+    assert subjects == ["mos_lease.supervisor.granting", "mos_lease.keeper.thread_keeper"]
+    assert not hasattr(granting, "IssueGrant")

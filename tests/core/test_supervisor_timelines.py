@@ -29,14 +29,14 @@ from mos_lease.supervisor import Binding
 from mos_lease.supervisor.changes import Change
 from mos_lease.supervisor.schedule import BATCH, Schedule, _held
 from mos_lease.supervisor.slots import (
-    Acquire,
+    AcquireDue,
     Campaign,
     Confirm,
     Due,
     ReadHolder,
-    Renew,
+    RenewalBatch,
     Slot,
-    Takeover,
+    TakeoverDue,
 )
 from mos_lease.vocabulary import LeaseState, Outcome
 
@@ -78,14 +78,14 @@ class ScanSchedule(Schedule):
                 campaigns.append(self._campaign(slot))
             else:
                 wake_at = min(wake_at, slot.try_at)
-        renewals: list[Renew] = []
+        renewals: list[RenewalBatch] = []
         if renewing:
             for ttl, members in groups.items():
                 for first in range(0, len(members), BATCH):
                     batch = tuple(members[first:first + BATCH])
                     for slot in batch:
                         slot.busy = True
-                    renewals.append(Renew(batch, tuple(_held(s).lease for s in batch), ttl,
+                    renewals.append(RenewalBatch(batch, tuple(_held(s).lease for s in batch), ttl,
                                           math.inf, now))
         else:
             for members in groups.values():
@@ -102,7 +102,7 @@ class ScanSchedule(Schedule):
         return min((s.state.deadline for s in self.slots.values()
                     if s.state is not None and s.state.loss is None), default=math.inf)
 
-    def limits(self, renewals: Sequence[Renew]) -> tuple[float, list[float]]:
+    def limits(self, renewals: Sequence[RenewalBatch]) -> tuple[float, list[float]]:
         claimed = {id(slot) for renew in renewals for slot in renew.slots}
         rest = min((s.state.deadline for s in self.slots.values()
                     if id(s) not in claimed and s.state is not None and s.state.loss is None),
@@ -133,8 +133,8 @@ def due_view(due: Due) -> tuple[Any, ...]:
         [([s.binding.identity for s in r.slots], r.leases, r.ttl, r.tick, r.timeout)
          for r in due.renewals],
         [(type(c).__name__, c.slot.binding.identity,
-          c.expected_epoch if isinstance(c, Takeover) else None,
-          c.observed if isinstance(c, Takeover) else None) for c in due.campaigns],
+          c.expected_epoch if isinstance(c, TakeoverDue) else None,
+          c.observed if isinstance(c, TakeoverDue) else None) for c in due.campaigns],
         [(c.slot.binding.identity, c.held) for c in due.confirms],
         due.wake_at,
     )
@@ -193,7 +193,7 @@ class TimelineMachine(RuleBasedStateMachine):
         k = data.draw(st.integers(0, len(self.flying) - 1))
         mine, reference, started = self.flying.pop(k)
         finished = max(self.now, started) + data.draw(st.sampled_from([0.0, 0.2, 3.0]))
-        if isinstance(mine, Renew):
+        if isinstance(mine, RenewalBatch):
             outcome: Any = renewal_outcome(data, mine)
         elif isinstance(mine, Confirm):
             outcome = read_outcome(data)
@@ -209,11 +209,11 @@ class TimelineMachine(RuleBasedStateMachine):
         flying, self.flying = self.flying, []
         for mine, reference, started in flying:
             outcome: Any = None  # a confirming read or a first read: no lease
-            if isinstance(mine, Renew):
+            if isinstance(mine, RenewalBatch):
                 outcome = [LeaseResult(Outcome.RENEWED, None, "c", lease=lease)
                            for lease in mine.leases]
-            elif isinstance(mine, Acquire | Takeover):
-                epoch = 1 if isinstance(mine, Acquire) else mine.expected_epoch + 1
+            elif isinstance(mine, AcquireDue | TakeoverDue):
+                epoch = 1 if isinstance(mine, AcquireDue) else mine.expected_epoch + 1
                 outcome = LeaseResult(Outcome.ACQUIRED, None, "c",
                                       lease=handle(mine.slot.binding.identity, epoch))
             self.answer(mine, reference, outcome, started, max(self.now, started))
@@ -223,7 +223,7 @@ class TimelineMachine(RuleBasedStateMachine):
         """Both schedules judge ``outcome`` of their call, and say the same."""
         answers: list[Any] = []
         for schedule, call in ((self.indexed, mine), (self.scan, reference)):
-            if isinstance(call, Renew):
+            if isinstance(call, RenewalBatch):
                 answers.append(schedule.renewed(call, outcome, started, finished))
             elif isinstance(call, Confirm):
                 answers.append(schedule.confirmed(call, outcome, finished))
@@ -238,7 +238,7 @@ class TimelineMachine(RuleBasedStateMachine):
         k = data.draw(st.integers(0, len(self.flying) - 1))
         mine, reference, _ = self.flying.pop(k)
         for schedule, call in ((self.indexed, mine), (self.scan, reference)):
-            slots = call.slots if isinstance(call, Renew) else (call.slot,)
+            slots = call.slots if isinstance(call, RenewalBatch) else (call.slot,)
             for slot in slots:
                 schedule.free(slot, confirm=isinstance(call, Confirm))
 
@@ -267,11 +267,11 @@ class TimelineMachine(RuleBasedStateMachine):
         loss = LeaseLoss(LossCause.DENIED, Reason.LEASE_REPLACED, self.now)
         self.both(lambda s: s.reveal(ident(n), lease, loss))
 
-    @precondition(lambda self: any(isinstance(a, Renew) for a, _, _ in self.flying))
+    @precondition(lambda self: any(isinstance(a, RenewalBatch) for a, _, _ in self.flying))
     @rule(data=st.data())
     def loss_revealed_in_flight(self, data: st.DataObject) -> None:
         """A grant refused while the lease's renewal is in flight: the loss comes first."""
-        renewals = [a for a, _, _ in self.flying if isinstance(a, Renew)]
+        renewals = [a for a, _, _ in self.flying if isinstance(a, RenewalBatch)]
         renew = data.draw(st.sampled_from(renewals))
         k = data.draw(st.integers(0, len(renew.slots) - 1))
         identity, lease = renew.slots[k].binding.identity, renew.leases[k]
@@ -285,8 +285,8 @@ class TimelineMachine(RuleBasedStateMachine):
 
     @invariant()
     def the_same_limits(self) -> None:
-        mine = [a for a, _, _ in self.flying if isinstance(a, Renew)]
-        reference = [b for _, b, _ in self.flying if isinstance(b, Renew)]
+        mine = [a for a, _, _ in self.flying if isinstance(a, RenewalBatch)]
+        reference = [b for _, b, _ in self.flying if isinstance(b, RenewalBatch)]
         assert self.indexed.limits(mine) == self.scan.limits(reference)
 
     @invariant()
@@ -301,7 +301,7 @@ def handle(identity: LeaseIdentity, epoch: int) -> LeaseHandle:
     return LeaseHandle(identity, "gw-a", uuid4(), epoch, SCOPES, START)
 
 
-def renewal_outcome(data: st.DataObject, call: Renew) -> Any:
+def renewal_outcome(data: st.DataObject, call: RenewalBatch) -> Any:
     kind = data.draw(st.sampled_from(["each", "down", "bug", "abandoned", "short"]))
     if kind == "down":
         return StoreUnavailable("down")
@@ -346,7 +346,7 @@ def campaign_outcome(data: st.DataObject, call: Campaign) -> Any:
     if isinstance(call, ReadHolder):
         return view_of(data)
     if kind == "win":
-        epoch = 1 if isinstance(call, Acquire) else call.expected_epoch + 1
+        epoch = 1 if isinstance(call, AcquireDue) else call.expected_epoch + 1
         return LeaseResult(Outcome.ACQUIRED, None, "c",
                            lease=handle(call.slot.binding.identity, epoch))
     holder = view_of(data) if kind == "refused, seen" else None

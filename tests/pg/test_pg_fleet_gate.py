@@ -1,16 +1,20 @@
-"""Fleet members that disagree about the member set, campaigning by the gate on PostgreSQL
-(each on its own connection, preemption allowed by the policy): none ever takes over an
-active lease, every binding ends up held by a live member, and the audit log shows each
-binding's epochs going up by one per takeover."""
+"""Fleet members that disagree about the member set on PostgreSQL, each on its own
+connection: campaigning by the gate (preemption allowed by the policy), none ever takes over
+an active lease, every binding ends up held by a live member, and the audit log shows each
+binding's epochs going up by one per takeover; and supervisors that each see only
+themselves, campaigning for the same bindings at once, never have two epochs valid at
+once (tests/fleet_race.py)."""
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 
 import pytest
 
 from mos_lease import LeaseIdentity
 from mos_lease.vocabulary import LeaseState, LifecycleEvent, Outcome
+from tests.fleet_race import Race
 from tests.fleet_sim import SimMember
 from tests.pg_fixtures import StoreFactory
 
@@ -57,3 +61,25 @@ def test_disagreeing_members_share_the_bindings_without_preempting(
                    if r.entry.outcome in (Outcome.ACQUIRED, Outcome.TAKEN_OVER)]
         assert written[0].event is LifecycleEvent.ACQUIRE and written[0].epoch == 1
         assert [e.epoch for e in written] == list(range(1, len(written) + 1))
+
+
+def test_members_that_see_only_themselves_never_have_two_epochs_valid_at_once(
+        pg_stores: StoreFactory, pg_tenant: str) -> None:
+    stores = {name: pg_stores() for name in ("m1", "m2")}
+    bindings = [LeaseIdentity(pg_tenant, f"agent-{i}", "b") for i in range(8)]
+    # The supervisors' clock moves with the database's: real time, plus what the test adds.
+    start, added = time.monotonic(), [0.0]
+
+    def clock() -> float:
+        return time.monotonic() - start + added[0]
+
+    def advance(seconds: float) -> None:
+        added[0] += seconds
+        for store in stores.values():
+            store.advance(timedelta(seconds=seconds))
+
+    race = Race(pg_tenant, stores, bindings, clock, advance)
+    try:
+        race.play(lambda identity: stores["m1"].audit(identity, limit=10_000))
+    finally:
+        race.close()

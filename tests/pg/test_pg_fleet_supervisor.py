@@ -18,12 +18,12 @@ import pytest
 
 from mos_lease import ConnectorLeaseCoordinator, LeaseIdentity
 from mos_lease.fleet.membership import HANDOFF_PREFIX, Fleet
-from mos_lease.machine import ALLOW, PolicyVerdict
 from mos_lease.notice_confirmer import NoticeConfirmer
-from mos_lease.policy import PolicyRequest
 from mos_lease.supervisor import Change, Moved, Supervisor
-from mos_lease.vocabulary import LeaseState, LifecycleEvent, Outcome
+from mos_lease.testing.fleet_world import RecordingPolicy
+from mos_lease.vocabulary import Outcome
 from mos_lease_pg import LeaseNotices
+from tests.fleet_check import shares, wait_for_shares
 from tests.pg_fixtures import StoreFactory
 
 pytestmark = pytest.mark.pg
@@ -33,25 +33,12 @@ BINDINGS = 300
 NAMES = ["m1", "m2", "m3"]
 
 
-class Recording:
-    """Allows everything, and records each takeover asked of an active lease."""
-
-    def __init__(self) -> None:
-        self.preemptions: list[PolicyRequest] = []
-
-    def authorize(self, request: PolicyRequest) -> PolicyVerdict:
-        if request.event is LifecycleEvent.TAKEOVER \
-                and request.current_state is LeaseState.ACTIVE:
-            self.preemptions.append(request)
-        return ALLOW
-
-
 class Members:
     def __init__(self, stores: StoreFactory, dsn: str, fleet: str,
                  bindings: list[LeaseIdentity], stack: ExitStack) -> None:
         self.stores, self.dsn, self.fleet, self.bindings = stores, dsn, fleet, bindings
         self.stack = stack
-        self.policy = Recording()
+        self.policy = RecordingPolicy()
         self.running: dict[str, Supervisor] = {}
         self.changes: dict[str, list[Change]] = {}
         self.reader = ConnectorLeaseCoordinator(stores(), self.policy)
@@ -72,19 +59,11 @@ class Members:
         return supervisor
 
     def shares(self) -> Counter[str | None]:
-        views = self.reader.current_holders(self.bindings)
-        return Counter(None if v is None or v.state is not LeaseState.ACTIVE
-                       else v.connector_id for v in views)
+        return shares(self.reader, self.bindings)
 
     def wait_for(self, check: Callable[[Counter[str | None]], bool], timeout: float
                  ) -> Counter[str | None]:
-        end = time.monotonic() + timeout
-        while True:
-            shares = self.shares()
-            if check(shares):
-                return shares
-            assert time.monotonic() < end, f"timed out; shares {shares}"
-            time.sleep(0.05)
+        return wait_for_shares(self.reader, self.bindings, check, timeout)
 
     def taken_over(self) -> Counter[LeaseIdentity]:
         return Counter({b: sum(r.entry.outcome is Outcome.TAKEN_OVER
