@@ -27,7 +27,7 @@ from mos_lease.errors import CommitOutcomeUnknown, MosLeaseError, StoreUnavailab
 from mos_lease_pg.reconcile import IN_DOUBT, UNAUDITED, Lost
 from mos_lease_pg.rows import Row
 from mos_lease_pg.statements import Call, Kind
-from mos_lease_pg.translate import Failure, connection_lost, statement_failure
+from mos_lease_pg.translate import Failure, clock_stepped, connection_lost, statement_failure
 from mos_lease_pg.wire import AnyWire, forgotten
 
 T = TypeVar("T")
@@ -122,6 +122,11 @@ class _Judge:
         # The server forgot a prepared statement: it ran nothing, so any call, a write too,
         # is sent once more (on a fresh connection: the attempt closed this one).
         if again and forgotten(missed.exc, missed.wire):
+            return None
+        # The database clock stepped inside the statement, between its stamp and the
+        # schema's check of it: refused and rolled back, so it is sent once more, a write
+        # too; that attempt reads the clock again (and a step back is refused clock_behind).
+        if again and clock_stepped(missed.exc):
             return None
         failure = self._failure(missed)
         # Only a call that cannot change anything twice is sent again, and only when the

@@ -110,6 +110,12 @@ def parse_lease_rows(rows: Sequence[Row]) -> list[LeaseRow]:
     return [lease_row(LeaseIdentity(*row[:3]), row[3:]) for row in rows]
 
 
+def parse_timed_lease_rows(rows: Sequence[Row]) -> tuple[datetime, list[LeaseRow]]:
+    """The database time every row carries first, and the lease rows after it (none when
+    the one row that came back has no lease: its columns are NULL)."""
+    return _utc(rows[0][0]), parse_lease_rows([row[1:] for row in rows if row[1] is not None])
+
+
 def audit_record(row: Row) -> AuditRecord:
     """Map one ``audit.sql`` row to an :class:`AuditRecord`."""
     (seq, event_id, event, outcome, reason, tenant_id, agent_id, binding_id, connector_id,

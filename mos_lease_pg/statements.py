@@ -33,6 +33,7 @@ from uuid import UUID
 import attrs
 
 from mos_lease.errors import InvalidInput
+from mos_lease.fleet.members import FLEET_TENANT
 from mos_lease.identity import LeaseIdentity
 from mos_lease.machine import Close, Insert, Renew, Rotate, Write
 from mos_lease.metadata import Metadata
@@ -47,6 +48,7 @@ from mos_lease_pg.rows import (
     parse_renewals,
     parse_snapshot,
     parse_time,
+    parse_timed_lease_rows,
     parse_write_outcome,
 )
 from mos_lease_pg.sql_files import (
@@ -137,6 +139,7 @@ EVENT_COMMITTED: Final = _statement("event_committed.sql")
 END_LOST_BACKEND: Final = _statement("end_lost_backend.sql")
 NOW: Final = _statement("now.sql")
 LEASES: Final = _statement("leases.sql")
+FLEET_LEASES: Final = _statement("fleet_leases.sql")
 AUDIT: Final = _statement("audit.sql")
 RENEW_MANY: Final = _renew_many(audit=True)
 WRITES: Final[Mapping[type[Write], Template]] = {
@@ -352,6 +355,13 @@ def now(offset: timedelta, *, schema: str = DEFAULT_SCHEMA) -> Call[datetime]:
 
 def leases(tenant_id: str | None, *, schema: str = DEFAULT_SCHEMA) -> Call[list[LeaseRow]]:
     return Call("lease listing", LEASES.at(schema), {"tenant_id": tenant_id}, parse_lease_rows)
+
+
+def fleet_leases(fleet: str, tenant_id: str | None, offset: timedelta, *,
+                 schema: str = DEFAULT_SCHEMA) -> Call[tuple[datetime, list[LeaseRow]]]:
+    params = {"fleet": fleet, "fleet_tenant": FLEET_TENANT, "tenant_id": tenant_id,
+              "offset": offset}
+    return Call("fleet listing", FLEET_LEASES.at(schema), params, parse_timed_lease_rows)
 
 
 def audit(*, tenant_id: str | None, logical_agent_id: str | None, binding_id: str | None,

@@ -36,7 +36,7 @@ from mos_lease.checks import check_entries
 from mos_lease.clock import MonotonicClock, default_clock
 from mos_lease.errors import CommitOutcomeUnknown, MosLeaseError
 from mos_lease.flowdrive import Drive, outcome_of, outcome_of_async
-from mos_lease.identity import LeaseIdentity
+from mos_lease.identity import LeaseIdentity, check_id
 from mos_lease.machine import Close, Insert, Renew, Rotate, Write
 from mos_lease.records import AuditEntry, AuditRecord, LeaseRow, Snapshot, WriteOutcome
 from mos_lease.sleep import Sleep
@@ -240,6 +240,16 @@ class PostgresLeaseStore(_StoreCore):
         return self._run(statements.leases(_check_optional_id("tenant_id", tenant_id),
                                            schema=self._schema))
 
+    def fleet_leases(self, fleet: str, tenant_id: str | None = None
+                     ) -> tuple[datetime, Sequence[LeaseRow]]:
+        """The database time and, read with it in one statement, fleet ``fleet``'s member
+        leases and every lease (of ``tenant_id`` only, if given) whose last holder is one of
+        their connectors: what :func:`mos_lease.fleet.census.census` judges
+        (``mos-lease status --fleet``)."""
+        return self._run(statements.fleet_leases(
+            check_id("fleet", fleet), _check_optional_id("tenant_id", tenant_id),
+            self._offset, schema=self._schema))
+
     def audit(self, identity: LeaseIdentity | None = None, *, after_seq: int = 0,
               limit: int = 1000) -> Sequence[AuditRecord]:
         """Audit records in sequence order, oldest first (after ``after_seq``, of
@@ -435,6 +445,13 @@ class AsyncPostgresLeaseStore(_StoreCore):
         """As :meth:`PostgresLeaseStore.leases`."""
         return await self._run(statements.leases(
             _check_optional_id("tenant_id", tenant_id), schema=self._schema))
+
+    async def fleet_leases(self, fleet: str, tenant_id: str | None = None
+                           ) -> tuple[datetime, Sequence[LeaseRow]]:
+        """As :meth:`PostgresLeaseStore.fleet_leases`."""
+        return await self._run(statements.fleet_leases(
+            check_id("fleet", fleet), _check_optional_id("tenant_id", tenant_id),
+            self._offset, schema=self._schema))
 
     async def audit(self, identity: LeaseIdentity | None = None, *, after_seq: int = 0,
                     limit: int = 1000) -> Sequence[AuditRecord]:

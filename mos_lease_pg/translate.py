@@ -129,6 +129,24 @@ def _already_applied(exc: psycopg.Error) -> bool:
     return name == EVENT_CLAIM or _EVENT_INDEX.fullmatch(name) is not None
 
 
+# The schema's checks of a row's stamp against the clock, in their refusals' text: an audit
+# row's (migration 0004), and a lease row's (0002, and 0007 after it).
+_STAMPS_OFF_THE_CLOCK: Final = ("audit rows are stamped by the database clock",
+                                "a write is stamped no later than the database clock")
+
+
+def clock_stepped(exc: psycopg.Error) -> bool:
+    """Whether the schema refused an audit row because its stamp lies outside the run of
+    its own statement, or a lease row because its stamp lies after the database clock. The
+    library stamps every row with the database clock inside that statement, so this is the
+    clock stepping back (or forward) while the statement ran, between the stamp and the
+    check; the server reported it, so the statement rolled back and wrote nothing, and
+    sending it once more reads the clock again."""
+    message = exc.diag.message_primary or ""
+    return (isinstance(exc, psycopg.errors.RestrictViolation)
+            and any(text in message for text in _STAMPS_OFF_THE_CLOCK))
+
+
 def _event_id_refused(exc: psycopg.Error) -> bool:
     return (isinstance(exc, psycopg.errors.CheckViolation)
             and exc.diag.constraint_name == EVENT_TIME)
@@ -160,6 +178,13 @@ def statement_failure(exc: psycopg.Error, *, what: str, write_event: UUID | None
             "minted within a day of the database clock's month: give the coordinator an "
             "id_source of such ids (the default, mos_lease.ids.uuid7) and keep the gateway's "
             f"clock near the database's (`mos-lease check` reports the offset): {detail}")
+    elif clock_stepped(exc):
+        # Nothing was written; a step back is answered clock_behind by the next attempt.
+        # Refused again (this is the resent statement's refusal): the clock stepped once
+        # more, or the stamps run ahead of it, as no statement of the library's does.
+        error = StoreUnavailable(f"{what} refused: its stamps lie outside the database "
+                                 f"clock (it stepped while the statement ran; nothing was "
+                                 f"written): {detail}")
     elif isinstance(exc, psycopg.IntegrityError):
         error = InternalInconsistency(f"the schema refused the {what}: {detail}")
     elif exc.sqlstate == _SHARED_SESSION:

@@ -32,6 +32,7 @@
 
 from __future__ import annotations
 
+import argparse
 import secrets
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -46,6 +47,7 @@ from psycopg import sql
 from mos_lease.identity import LeaseIdentity
 from mos_lease_pg import ConnectionSettings
 from mos_lease_pg.admin import migrate
+from mos_lease_pg.admin.cli import register
 from mos_lease_pg.admin.roles import DEFAULT_GATEWAY_ROLE, DEFAULT_OWNER_ROLE, set_up
 from mos_lease_pg.sql_files import DEFAULT_SCHEMA
 from tests.pg_clock import ShiftedPostgresLeaseStore
@@ -254,3 +256,13 @@ def pg_set_up(pg_own_cluster: PgServer) -> Iterator[SetUpDatabase]:
                             with_params(admin_dsn, user=DEFAULT_GATEWAY_ROLE))
     finally:
         drop_database(pg_own_cluster.dsn, name)
+
+
+def run_cli(*argv: str) -> int:
+    """``mos-lease ARGV...`` in this process, as the console script parses it: its exit
+    status (what it prints goes to the captured stdout and stderr)."""
+    parser = argparse.ArgumentParser(prog="mos-lease")
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    code: int = args.func(args)
+    return code

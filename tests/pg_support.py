@@ -61,6 +61,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from mos_lease.ids import uuid7_of
 from tests.helpers import MINTED_MS
+from tests.ports import free_port
 
 # The rule itself lives in tests/tools.py, which imports no psycopg: tests/conftest.py reads it.
 from tests.tools import ENV_REQUIRE_PG
@@ -193,13 +194,6 @@ def _version_key(path: str) -> tuple[int, ...]:
     return tuple(int(n) for n in re.findall(r"\d+", path))
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 def _installed_programs() -> ServerPrograms | str:
     found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"), key=_version_key)
     if not found:
@@ -279,7 +273,7 @@ def _throwaway_cluster(programs: ServerPrograms | str) -> PgServer | str:
     base = tempfile.mkdtemp(prefix="mos-lease-pg-")
     if programs.owner is not None:
         os.chown(base, programs.owner.pw_uid, programs.owner.pw_gid)
-    data, log, port = os.path.join(base, "data"), os.path.join(base, "log"), _free_port()
+    data, log, port = os.path.join(base, "data"), os.path.join(base, "log"), free_port()
 
     def stop() -> None:
         with contextlib.suppress(subprocess.SubprocessError, OSError):

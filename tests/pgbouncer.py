@@ -30,7 +30,7 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from tests import tools
-from tests.pg_support import _free_port
+from tests.ports import free_port
 
 POOL_SIZE: Final = 2
 START_SECONDS: Final = 10.0
@@ -87,7 +87,7 @@ class PgBouncer:
                owner: pwd.struct_passwd | None, extra: dict[str, str]) -> int:
         # A free port can be taken between choosing it and binding it: try a few.
         for _ in range(3):
-            port = _free_port()
+            port = free_port()
             config = os.path.join(self.directory, "pgbouncer.ini")
             with open(config, "w") as handle:
                 handle.write(_config(self.directory, port, server, admin, extra))

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from mos_lease.cli import AddCommand, Commands
 from mos_lease.errors import ConfigurationError, MosLeaseError
 from mos_lease.ports import MAX_AUDIT_PAGE
-from mos_lease_pg.admin import audit_cli, check, render, roles
+from mos_lease_pg.admin import audit_cli, check, fleet_cli, render, roles
 from mos_lease_pg.admin.migrations import applied_versions, migrate
 from mos_lease_pg.connection import ConnectionSettings
 from mos_lease_pg.sql_files import DEFAULT_SCHEMA, check_schema
@@ -177,10 +177,17 @@ def add_check(commands: Commands) -> None:
 def add_status(commands: Commands) -> None:
     """Add ``mos-lease status``: the current lease of every binding."""
     status_parser = commands.add_parser(
-        "status", help="show the current lease of every binding",
-        description="List lease rows with their state judged by the database clock.")
+        "status", help="show the current lease of every binding, or a fleet",
+        description="List lease rows with their state judged by the database clock. With "
+                    "--fleet NAME: that fleet's members (endpoint, epoch, expiry), each "
+                    "member's share (the bindings whose active lease its connector holds) "
+                    "and the bindings last held by a member that no one holds now, the "
+                    "oldest first, from one read. Exit 1 if no member of the fleet ever "
+                    "held its member lease.")
     _add_dsn(status_parser)
-    status_parser.add_argument("--tenant", help="only this tenant's leases")
+    status_parser.add_argument("--tenant", help="only this tenant's leases (with --fleet: "
+                                                "only this tenant's bindings)")
+    fleet_cli.register(status_parser)
     status_parser.add_argument("--json", action="store_true", help="machine-readable output")
     status_parser.set_defaults(func=run_status)
 
@@ -296,6 +303,8 @@ def run_check(args: argparse.Namespace) -> int:
 def run_status(args: argparse.Namespace) -> int:
     # The lease UUID is deliberately not shown: together with connector and epoch it is
     # what a heartbeat or release matches.
+    if args.fleet is not None:
+        return fleet_cli.run(args, lambda: _store(args))
     try:
         with _store(args) as store:
             now = store.now()

@@ -1,5 +1,6 @@
-"""How the operator commands print what they read: lease rows and audit records as JSON
-objects, and plain-text tables (``mos-lease status``, ``mos-lease audit``)."""
+"""How the operator commands print what they read: lease rows, a fleet and audit records as
+JSON objects, and plain-text tables (``mos-lease status``, ``mos-lease status --fleet``,
+``mos-lease audit``)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, Final
 
+from mos_lease.fleet.census import FleetCensus, MemberShare, UnheldBinding
 from mos_lease.records import AuditRecord, LeaseRow
 
 
@@ -59,4 +61,64 @@ def audit_json(record: AuditRecord) -> dict[str, Any]:
         "logical_agent_id": entry.identity.logical_agent_id,
         "binding_id": entry.identity.binding_id, "connector_id": entry.connector_id,
         "epoch": entry.epoch, "correlation_id": entry.correlation_id,
+    }
+
+
+def _member_state(member: MemberShare) -> str:
+    if member.live:
+        return "live"
+    if member.rejected is not None:
+        return f"refused: {member.rejected.value}"
+    return member.state.value
+
+
+def _for(since: datetime, now: datetime) -> float:
+    return round(max((now - since).total_seconds(), 0.0), 3)
+
+
+def fleet_text(found: FleetCensus) -> str:
+    """``mos-lease status --fleet``: a summary line, the members and their shares, and the
+    bindings no one holds, the oldest first."""
+    lines = [f"fleet {found.fleet} at database time {found.now.isoformat()}: "
+             f"{found.live} of {len(found.members)} member(s) live; {found.held} binding(s) "
+             f"held, {found.unheld} without a holder"
+             + (f" (the oldest for {_for(found.unheld_since, found.now):g} s)"
+                if found.unheld_since is not None else "")]
+    lines.append(table(
+        ("MEMBER", "STATE", "ENDPOINT", "EPOCH", "EXPIRES", "HELD"),
+        [(m.name, _member_state(m), m.endpoint or "-", str(m.epoch), m.expires_at.isoformat(),
+          str(m.held)) for m in found.members]))
+    if found.oldest:
+        lines.append(f"without a holder, the oldest {len(found.oldest)} of {found.unheld}:")
+        lines.append(table(
+            ("TENANT", "AGENT", "BINDING", "LAST MEMBER", "EPOCH", "STATE", "SINCE", "FOR"),
+            [(b.identity.tenant_id, b.identity.logical_agent_id, b.identity.binding_id,
+              b.member, str(b.epoch), b.state.value, b.since.isoformat(),
+              f"{_for(b.since, found.now):g} s") for b in found.oldest]))
+    return "\n".join(lines)
+
+
+def _unheld_json(binding: UnheldBinding, now: datetime) -> dict[str, Any]:
+    return {"tenant_id": binding.identity.tenant_id,
+            "logical_agent_id": binding.identity.logical_agent_id,
+            "binding_id": binding.identity.binding_id, "member": binding.member,
+            "epoch": binding.epoch, "state": binding.state.value,
+            "since": iso(binding.since), "for_seconds": _for(binding.since, now)}
+
+
+def fleet_json(found: FleetCensus) -> dict[str, Any]:
+    """``mos-lease status --fleet --json``: the same as one JSON object."""
+    return {
+        "fleet": found.fleet, "now": iso(found.now),
+        "members": [{"member": m.name, "connector_id": m.connector_id,
+                     "endpoint": m.endpoint, "epoch": m.epoch, "state": m.state.value,
+                     "live": m.live,
+                     "rejected": None if m.rejected is None else m.rejected.value,
+                     "expires_at": iso(m.expires_at), "held": m.held}
+                    for m in found.members],
+        "held": found.held,
+        "unheld": {"count": found.unheld, "oldest_since": iso(found.unheld_since),
+                   "oldest_for_seconds": (None if found.unheld_since is None
+                                          else _for(found.unheld_since, found.now)),
+                   "oldest": [_unheld_json(b, found.now) for b in found.oldest]},
     }

@@ -27,7 +27,6 @@ import atexit
 import contextlib
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -39,6 +38,7 @@ from psycopg.conninfo import make_conninfo
 
 from tests import tools
 from tests.pg_support import ServerPrograms
+from tests.ports import free_port
 
 SETTINGS = """
 listen_addresses = '127.0.0.1'
@@ -67,13 +67,6 @@ def _tail(path: str, size: int = 2000) -> str:
             return log.read().decode(errors="replace")
     except OSError as error:
         return f"(unreadable: {error})"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 class Node:

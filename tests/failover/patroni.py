@@ -33,8 +33,9 @@ import psycopg
 from psycopg.conninfo import make_conninfo
 
 from tests import tools
-from tests.failover.cluster import ClusterError, free_port
+from tests.failover.cluster import ClusterError
 from tests.pg_support import ServerPrograms
+from tests.ports import free_port
 
 # Short enough for a quick test: the leader key lives TTL seconds after the leader's
 # Patroni last renewed it, and each Patroni looks every LOOP_WAIT seconds.
@@ -139,6 +140,10 @@ class PatroniCluster:
                 "listen": f"127.0.0.1:{node.port}",
                 "connect_address": f"127.0.0.1:{node.port}",
                 "data_dir": node.data, "bin_dir": self.programs.bindir,
+                # The standby that was not synchronous may have received WAL the new leader
+                # never had (both were sent it at once): it then runs but cannot stream from
+                # the new leader. Without this Patroni never looks, and it stays so.
+                "remove_data_directory_on_diverged_timelines": True,
                 "pgpass": os.path.join(self.base, f"{node.name}.pgpass"),
                 "authentication": {"superuser": {"username": "postgres"},
                                    "replication": {"username": "postgres"}},
@@ -217,9 +222,18 @@ class PatroniCluster:
                 if min(streaming, running) >= standbys and synchronous >= 1:
                     return leader
             if time.monotonic() > deadline:
-                raise ClusterError(f"no healthy Patroni cluster: {self.roles()}; see "
-                                   f"{self.base}/*.log")
+                raise ClusterError(f"no healthy Patroni cluster: {self.roles()}; the "
+                                   f"nodes' logs end:\n{self._log_tails()}")
             time.sleep(0.2)
+
+    def _log_tails(self, lines: int = 15) -> str:
+        """The last lines of each node's log: the directory is gone once the test ends."""
+        tails = []
+        for node in self.nodes:
+            with contextlib.suppress(OSError), open(node.log, encoding="utf-8",
+                                                    errors="replace") as log:
+                tails.append(f"-- {node.name}\n" + "".join(log.readlines()[-lines:]))
+        return "\n".join(tails)
 
     def dsn(self, dbname: str) -> str:
         """All three nodes, whichever leads now: what a gateway is given."""

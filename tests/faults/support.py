@@ -38,6 +38,7 @@ from tests.faults.history import (
     read_records,
 )
 from tests.pg_support import PairedRelay, server_programs
+from tests.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -359,13 +360,6 @@ def set_epoch(conn: psycopg.Connection[Any], identity: Ident, epoch: int) -> Non
 
 
 # --- a private cluster that scenarios may stop ---------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 class PrivateCluster:

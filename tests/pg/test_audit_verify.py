@@ -11,7 +11,7 @@ import pytest
 
 from mos_lease_pg.admin import archive as retention
 from mos_lease_pg.admin import archive_files
-from tests.pg.test_pg_cli import run
+from tests.pg_fixtures import run_cli as run
 
 
 def _archived(directory: Path, name: str, first_seq: int, rows: int) -> retention.Entry:

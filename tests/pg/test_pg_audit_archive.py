@@ -19,9 +19,9 @@ from psycopg import sql
 from mos_lease_pg.admin import archive as retention
 from mos_lease_pg.admin import archive_files
 from tests.pg.test_pg_audit_partitions import AUDIT, _insert_old_rows, _partitions, _rows
-from tests.pg.test_pg_cli import run
 from tests.pg.test_pg_roles import Layout, role_layout
 from tests.pg_fixtures import PgSchema
+from tests.pg_fixtures import run_cli as run
 
 pytestmark = pytest.mark.pg
 

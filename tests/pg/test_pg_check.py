@@ -21,7 +21,8 @@ from mos_lease_pg.admin import check, roles
 from mos_lease_pg.admin.check import ClockReading, Facts, Item, Report, Status, evaluate, run_check
 from mos_lease_pg.preflight import SchemaCheck, required_version
 from mos_lease_pg.translate import POOLER_SETTINGS
-from tests.pg.test_pg_cli import Fresh, fresh_database, gateway_works, run
+from tests.pg.test_pg_cli import Fresh, fresh_database, gateway_works
+from tests.pg_fixtures import run_cli as run
 from tests.pg_support import FaultProxy, PgServer, with_params
 
 pytestmark = pytest.mark.pg

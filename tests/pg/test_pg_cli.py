@@ -3,7 +3,6 @@ registered on an argparse parser, run against a real server; ``check`` has its o
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import subprocess
@@ -19,19 +18,11 @@ from mos_lease import AllowAllPolicy, ConnectorLeaseCoordinator, LeaseIdentity
 from mos_lease.errors import ConfigurationError
 from mos_lease_pg import ConnectionSettings, PostgresLeaseStore
 from mos_lease_pg.admin import available_migrations
-from mos_lease_pg.admin.cli import register
 from tests.pg_fixtures import PgSchema, StoreFactory
+from tests.pg_fixtures import run_cli as run
 from tests.pg_support import PgServer, create_database, drop_database, unique_name, with_params
 
 pytestmark = pytest.mark.pg
-
-
-def run(*argv: str) -> int:
-    parser = argparse.ArgumentParser(prog="mos-lease")
-    register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    code: int = args.func(args)
-    return code
 
 
 @pytest.fixture

@@ -11,6 +11,7 @@ back by a minute since the row's last write.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -132,3 +133,81 @@ def test_check_reports_a_clock_behind_the_newest_lease_stamp(
     assert "behind the newest lease stamp" in item.value
     assert item.fix is not None and "clock_behind" in item.fix
     assert code == 1
+
+
+def _once(pg_admin: psycopg.Connection[Any], pg_tenant: str, name: str, table: str,
+          event: str, then: str) -> Iterator[str]:
+    """A trigger that runs ``then`` on the first row of ``pg_tenant`` that ``event`` writes
+    to ``table`` after this. A sequence counts, since the refused statement rolls back
+    everything else it did. Triggers fire in name order: this one (``a_...``) before the
+    schema's checks."""
+    name = f"{name}_{pg_tenant.replace('-', '_')}"
+    pg_admin.execute(f"CREATE SEQUENCE {name}")
+    pg_admin.execute(f"""
+        CREATE FUNCTION {name}() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            IF NEW.tenant_id = '{pg_tenant}' AND nextval('{name}') = 1 THEN
+                {then}
+            END IF;
+            RETURN NEW;
+        END $$""")
+    pg_admin.execute(f"CREATE TRIGGER a_{name} BEFORE {event} ON {table} "
+                     f"FOR EACH ROW EXECUTE FUNCTION {name}()")
+    try:
+        yield name
+    finally:
+        pg_admin.execute(f"DROP TRIGGER a_{name} ON {table}")
+        pg_admin.execute(f"DROP FUNCTION {name}()")
+        pg_admin.execute(f"DROP SEQUENCE {name}")
+
+
+@pytest.fixture
+def stepped_once(pg_admin: psycopg.Connection[Any], pg_tenant: str) -> Iterator[str]:
+    """The database clock seen to step back inside one statement, once: the first audit row
+    of ``pg_tenant`` written after this is stamped a minute before its statement began, as a
+    row stamped just before the clock stepped back looks to the schema's stamp check (which
+    compares the stamp with the clock when the row is inserted)."""
+    yield from _once(pg_admin, pg_tenant, "step_once", "connector_lease_audit_log", "INSERT",
+                     "NEW.recorded_at := NEW.recorded_at - interval '1 minute';")
+
+
+@pytest.fixture
+def row_stepped_once(pg_admin: psycopg.Connection[Any], pg_tenant: str) -> Iterator[str]:
+    """As :func:`stepped_once`, for the lease row: the first update of a lease of
+    ``pg_tenant`` written after this is refused as the schema refuses a row stamped just
+    before the clock stepped back (its check that a write is stamped no later than the
+    database clock, which a trigger's ``WHEN`` makes before any earlier trigger's change to
+    the row is seen, so the refusal itself is what is played here)."""
+    yield from _once(pg_admin, pg_tenant, "row_step_once", "logical_agent_connector_leases",
+                     "UPDATE", "RAISE EXCEPTION 'mos-lease: % on % is refused: %', TG_OP, "
+                     "TG_TABLE_NAME, 'a write is stamped no later than the database clock' "
+                     "USING ERRCODE = 'restrict_violation';")
+
+
+@pytest.mark.parametrize("refusing", ["stepped_once", "row_stepped_once"])
+@pytest.mark.parametrize("call", ["heartbeat", "heartbeat_many", "release"])
+def test_a_step_back_inside_the_statement_sends_the_write_once_more(
+        pg_stores: StoreFactory, pg_tenant: str, pg_admin: psycopg.Connection[Any],
+        call: str, refusing: str, request: pytest.FixtureRequest) -> None:
+    # The schema refuses the audit row (its stamp lies outside the statement's run) or the
+    # lease row (stamped later than the clock), so the statement rolled back and wrote
+    # nothing: the store sends it once more, which reads the clock again. Once it raised
+    # InternalInconsistency, as if the schema had found a bug.
+    coordinator = ConnectorLeaseCoordinator(pg_stores(), AllowAllPolicy())
+    ident = LeaseIdentity(pg_tenant, "agent", f"step-{call}")
+    held = coordinator.acquire(ident, "c1", scopes=SCOPES, ttl=30)
+    assert held.lease is not None
+    name = request.getfixturevalue(refusing)
+    if call == "heartbeat":
+        result = coordinator.heartbeat(held.lease, ttl=30)
+    elif call == "heartbeat_many":
+        [result] = coordinator.heartbeat_many([held.lease], ttl=30)
+    else:
+        result = coordinator.release(held.lease)
+    assert result.ok, result
+    [stepped] = pg_admin.execute(f"SELECT last_value FROM {name}").fetchone() or [None]
+    assert stepped >= 2  # the refused statement and the one sent again
+    # The acquire and this write, once: nothing of the refused statement.
+    outcomes = [r.entry.outcome for r in pg_stores().audit(ident)]
+    assert outcomes == [Outcome.ACQUIRED,
+                        Outcome.RELEASED if call == "release" else Outcome.RENEWED]

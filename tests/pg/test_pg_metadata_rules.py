@@ -28,9 +28,9 @@ from mos_lease_pg import ConnectionSettings, PostgresLeaseStore
 from mos_lease_pg.admin import migrate
 from mos_lease_pg.admin import migrations as migrations_module
 from mos_lease_pg.admin.check import ClockReading, Facts, Status, evaluate, run_check
-from tests.pg.test_pg_cli import run
 from tests.pg.test_pg_roles import Layout
 from tests.pg.test_pg_roles import _apply as apply_roles_file
+from tests.pg_fixtures import run_cli as run
 from tests.pg_support import unique_name, with_params
 
 pytestmark = pytest.mark.pg

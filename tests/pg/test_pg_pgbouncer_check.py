@@ -14,7 +14,8 @@ from mos_lease_pg.admin import roles
 from mos_lease_pg.admin.check import Status, run_check
 from mos_lease_pg.translate import POOLER_SETTINGS
 from tests.pg.test_pg_check import items
-from tests.pg.test_pg_cli import Fresh, fresh_database, run
+from tests.pg.test_pg_cli import Fresh, fresh_database
+from tests.pg_fixtures import run_cli as run
 from tests.pg_support import PgServer
 from tests.pgbouncer import PgBouncer
 
