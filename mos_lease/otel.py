@@ -44,6 +44,7 @@ from mos_lease.events import (
     StoreCall,
     store_system,
 )
+from mos_lease.fleet.membership import FleetStatus
 from mos_lease.stats import CoordinatorStats, StoreStats, SupervisorStats
 
 INSTRUMENTATION_NAME: Final = "mos_lease"
@@ -140,6 +141,10 @@ SOURCE: Final = "mos_lease.source"
 QUEUE: Final = "mos_lease.queue"
 CALL: Final = "mos_lease.call"
 STATE: Final = "mos_lease.binding.state"
+FLEET: Final = "mos_lease.fleet.name"
+MEMBER: Final = "mos_lease.fleet.member"
+FLEET_STATE: Final = "mos_lease.fleet.binding.state"
+DIRECTION: Final = "mos_lease.fleet.direction"
 
 _Watched = tuple[Callable[[], Any], dict[str, AttributeValue]]
 
@@ -151,14 +156,17 @@ class OpenTelemetryStats:
     Nothing is added to any call path: the instruments' callbacks read each watched
     object's ``stats()`` when the SDK collects (its metric reader's interval). Pass each
     object to :meth:`watch` with a ``name`` (the ``mos_lease.source`` attribute) that tells
-    several apart; a watched object is held weakly and dropped once it is gone. Names and
-    attributes are in ``docs/telemetry.md``."""
+    several apart; a watched object is held weakly and dropped once it is gone. A supervisor
+    that is a fleet member (``fleet=``) has its ``fleet_status()`` published too, as the
+    ``mos_lease.fleet.*`` gauges and counters, with the fleet's and the member's names as
+    attributes. Names and attributes are in ``docs/telemetry.md``."""
 
     def __init__(self, meter_provider: MeterProvider | None = None) -> None:
         meter = metrics.get_meter(INSTRUMENTATION_NAME, meter_provider=meter_provider)
         self._stores: list[_Watched] = []
         self._coordinators: list[_Watched] = []
         self._supervisors: list[_Watched] = []
+        self._fleets: list[_Watched] = []  # supervisors' fleet_status(), if in a fleet
         self._lock = threading.Lock()
         counter, gauge = meter.create_observable_counter, meter.create_observable_gauge
         counter("mos_lease.store.round_trips", [self._round_trips], unit="{statement}",
@@ -190,6 +198,20 @@ class OpenTelemetryStats:
               description="Leases in a supervisor's latest renewal batch")
         gauge("mos_lease.supervisor.bindings", [self._bindings], unit="{binding}",
               description="A supervisor's bindings now, registered and held")
+        # A fleet member's view of its fleet (Supervisor.fleet_status()), read the same way.
+        gauge("mos_lease.fleet.bindings", [self._fleet_bindings], unit="{binding}",
+              description="A fleet member's bindings now: held, preferred to it, preferred "
+              "and not held, and seen without any holder")
+        gauge("mos_lease.fleet.unheld.oldest_age", [self._fleet_unheld_age], unit="s",
+              description="How long the oldest binding a fleet member saw without a holder "
+              "has been so (0 if none)")
+        gauge("mos_lease.fleet.members", [self._fleet_members], unit="{member}",
+              description="Live members of the fleet, as a member last read them")
+        counter("mos_lease.fleet.hand_offs", [self._fleet_hand_offs], unit="{binding}",
+                description="Bindings a fleet member handed to another (out) or took over "
+                "after their holder released them (in)")
+        counter("mos_lease.fleet.takeovers", [self._fleet_takeovers], unit="{binding}",
+                description="Bindings a fleet member took over from an expired lease")
 
     def watch(self, source: object, *, name: str = "default") -> None:
         """Publish the counts of ``source``: a lease store, a coordinator or a supervisor
@@ -210,8 +232,14 @@ class OpenTelemetryStats:
             raise ConfigurationError(f"cannot watch {type(source).__name__}: it has no stats() "
                                      "of a store, a coordinator or a supervisor")
         ref: Callable[[], Any] = weakref.WeakMethod(stats)
+        fleet: Any = getattr(source, "fleet_status", None) if kind is self._supervisors \
+            else None
+        status = fleet() if callable(fleet) else None
         with self._lock:
             kind.append((ref, attributes))
+            if isinstance(status, FleetStatus):  # a member of a fleet: its gauges too
+                self._fleets.append((weakref.WeakMethod(fleet), {
+                    **attributes, FLEET: status.fleet, MEMBER: status.member}))
 
     def _read(self, kind: list[_Watched]) -> list[tuple[Any, dict[str, AttributeValue]]]:
         with self._lock:
@@ -287,3 +315,33 @@ class OpenTelemetryStats:
         for stats, attributes in self._read(self._supervisors):
             yield Observation(stats.bindings, {**attributes, STATE: "registered"})
             yield Observation(stats.bindings_held, {**attributes, STATE: "held"})
+
+    def _fleet_statuses(self) -> Iterable[tuple[FleetStatus, dict[str, AttributeValue]]]:
+        for status, attributes in self._read(self._fleets):
+            if isinstance(status, FleetStatus):
+                yield status, attributes
+
+    def _fleet_bindings(self, _options: CallbackOptions) -> Iterable[Observation]:
+        for status, attributes in self._fleet_statuses():
+            for state, n in (("held", status.held), ("preferred", status.preferred),
+                             ("preferred_not_held", status.preferred_not_held),
+                             ("unheld", status.unheld)):
+                yield Observation(n, {**attributes, FLEET_STATE: state})
+
+    def _fleet_unheld_age(self, _options: CallbackOptions) -> Iterable[Observation]:
+        for status, attributes in self._fleet_statuses():
+            yield Observation(status.unheld_for, attributes)
+
+    def _fleet_members(self, _options: CallbackOptions) -> Iterable[Observation]:
+        for status, attributes in self._fleet_statuses():
+            yield Observation(0 if status.view is None else len(status.view.members),
+                              attributes)
+
+    def _fleet_hand_offs(self, _options: CallbackOptions) -> Iterable[Observation]:
+        for status, attributes in self._fleet_statuses():
+            yield Observation(status.hand_offs, {**attributes, DIRECTION: "out"})
+            yield Observation(status.hand_offs_in, {**attributes, DIRECTION: "in"})
+
+    def _fleet_takeovers(self, _options: CallbackOptions) -> Iterable[Observation]:
+        for status, attributes in self._fleet_statuses():
+            yield Observation(status.takeovers, attributes)

@@ -154,3 +154,125 @@ def test_each_count_is_published_under_its_own_name() -> None:
                                                     "release": 17}
     assert values("mos_lease.supervisor.notices") == {"": 19}
     assert values("mos_lease.supervisor.bindings") == {"registered": 23, "held": 29}
+
+
+def test_a_fleet_members_view_is_published_as_gauges() -> None:
+    """Two members of fleet ``edge`` on a manual clock, one watched: the gauges and
+    counters read through the SDK are its ``fleet_status()``, attributed to the fleet and
+    the member, and move with it (a hand-off out after a join)."""
+    from mos_lease.fleet import Fleet
+    from tests.helpers import Time
+
+    reader, published = _rig()
+    time = Time()
+    store = InMemoryLeaseStore(time.wall)
+    bindings = [LeaseIdentity("t", f"a{i}", "b") for i in range(40)]
+
+    def member(name: str) -> Supervisor:
+        supervisor = Supervisor(ConnectorLeaseCoordinator(store, AllowAllPolicy()),
+                                clock=time, background=False, sleep=lambda _s: None,
+                                fleet=Fleet("edge", name, members=["m1", "m2"], ttl=30,
+                                            grace=3, look=1))
+        for identity in bindings:
+            supervisor.add(identity, name, scopes=SCOPES, ttl=30)
+        return supervisor
+
+    def turns(members: list[Supervisor], seconds: float) -> None:
+        for _ in range(round(seconds / 0.25)):
+            for supervisor in members:
+                for _ in range(3):
+                    supervisor.turn()
+            time.advance(0.25)
+
+    m1 = member("m1")
+    published.watch(m1, name="gw")
+    turns([m1], 2)
+    me = (("mos_lease.fleet.member", "m1"), ("mos_lease.fleet.name", "edge"),
+          ("mos_lease.source", "gw"))
+
+    def by(name: str, key: str | None = None) -> dict[Any, Any]:
+        return {dict(k).get(key) if key else None: v for k, v in _points(reader, name).items()
+                if set(me) <= set(k)}
+
+    assert by("mos_lease.fleet.bindings", "mos_lease.fleet.binding.state") == {
+        "held": 40, "preferred": 40, "preferred_not_held": 0, "unheld": 0}
+    assert by("mos_lease.fleet.members") == {None: 1}
+    assert by("mos_lease.fleet.unheld.oldest_age") == {None: 0.0}
+    assert by("mos_lease.fleet.hand_offs", "mos_lease.fleet.direction") == {"out": 0, "in": 0}
+    m2 = member("m2")
+    turns([m1, m2], 4)
+    status = m1.fleet_status()
+    assert status is not None and 0 < status.hand_offs < 40
+    gauges = by("mos_lease.fleet.bindings", "mos_lease.fleet.binding.state")
+    assert gauges == {"held": status.held, "preferred": status.preferred,
+                      "preferred_not_held": status.preferred_not_held,
+                      "unheld": status.unheld}
+    assert gauges["held"] == 40 - status.hand_offs
+    assert by("mos_lease.fleet.members") == {None: 2}
+    assert by("mos_lease.fleet.hand_offs", "mos_lease.fleet.direction") == {
+        "out": status.hand_offs, "in": 0}
+    assert by("mos_lease.fleet.takeovers") == {None: 0}
+    # Each instrument is of the kind the docs name: gauges for what is now, counters
+    # (cumulative sums) for what happened.
+    data = reader.get_metrics_data()
+    assert data is not None
+    kinds = {m.name: type(m.data).__name__ for rm in data.resource_metrics
+             for sm in rm.scope_metrics for m in sm.metrics if m.name.startswith("mos_lease.fleet")}
+    assert kinds == {"mos_lease.fleet.bindings": "Gauge", "mos_lease.fleet.members": "Gauge",
+                     "mos_lease.fleet.unheld.oldest_age": "Gauge",
+                     "mos_lease.fleet.hand_offs": "Sum", "mos_lease.fleet.takeovers": "Sum"}
+    m1.close()
+    m2.close()
+
+
+def test_a_supervisor_outside_a_fleet_publishes_no_fleet_gauge() -> None:
+    reader, published = _rig()
+    supervisor = Supervisor(ConnectorLeaseCoordinator(InMemoryLeaseStore(), AllowAllPolicy()),
+                            background=False, sleep=lambda _s: None)
+    published.watch(supervisor, name="solo")
+    supervisor.add(LeaseIdentity("t", "a", "b"), "c", scopes=SCOPES, ttl=30)
+    supervisor.turn()
+    assert _points(reader, "mos_lease.supervisor.bindings")
+    for name in ("mos_lease.fleet.bindings", "mos_lease.fleet.members",
+                 "mos_lease.fleet.unheld.oldest_age", "mos_lease.fleet.hand_offs",
+                 "mos_lease.fleet.takeovers"):
+        assert _points(reader, name) == {}, name
+    supervisor.close()
+
+
+class _FixedMember(_Fixed):
+    def __init__(self, snapshot: object, status: object) -> None:
+        super().__init__(snapshot)
+        self.status = status
+
+    def fleet_status(self) -> object:
+        return self.status
+
+
+def test_each_fleet_figure_is_published_under_its_own_name() -> None:
+    from mos_lease.fleet.membership import FleetStatus
+
+    reader, published = _rig()
+    status = FleetStatus(None, held=2, preferred=3, preferred_not_held=5, unheld=7,
+                         unheld_since=datetime(2030, 1, 1, tzinfo=UTC), hand_offs=11,
+                         unheld_for=13.5, hand_offs_in=17, takeovers=19, fleet="edge",
+                         member="m9")
+    source = _FixedMember(SupervisorStats(), status)  # watched weakly: kept here
+    published.watch(source, name="v")
+
+    def values(name: str) -> dict[str, Any]:
+        out = {}
+        for key, n in _points(reader, name).items():
+            attributes = dict(key)
+            assert (attributes.pop("mos_lease.fleet.name"), attributes.pop(
+                "mos_lease.fleet.member"), attributes.pop("mos_lease.source")) == (
+                "edge", "m9", "v")
+            out[",".join(attributes.values())] = n
+        return out
+
+    assert values("mos_lease.fleet.bindings") == {"held": 2, "preferred": 3,
+                                                  "preferred_not_held": 5, "unheld": 7}
+    assert values("mos_lease.fleet.unheld.oldest_age") == {"": 13.5}
+    assert values("mos_lease.fleet.members") == {"": 0}  # no member read yet
+    assert values("mos_lease.fleet.hand_offs") == {"out": 11, "in": 17}
+    assert values("mos_lease.fleet.takeovers") == {"": 19}
