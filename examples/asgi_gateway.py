@@ -12,12 +12,18 @@ Each process:
   :class:`~mos_lease.supervisor.AsyncSupervisor`, and adds every binding of its configuration
   (:mod:`examples.recipes.config`) with its own endpoint as holder metadata; on shutdown it
   closes the supervisor, which releases every lease held;
+* with ``"fleet"`` in its configuration, joins the supervisor to that fleet as member
+  ``connector_id`` (``docs/fleet.md``): the processes share the bindings out, each handing
+  over the ones the placement moves to another, and the process's one
+  :class:`~mos_lease_pg.LeaseNotices` listener lets a successor take a binding over as its
+  release is heard;
 * serves ``POST /bindings/{name}/invoke``, one route per configured binding: if it holds the
   binding it issues a grant and runs the work under ``invoke`` (validation, then a fenced
   insert into ``recipes.effects``); if another process holds it, it forwards the request to
   the endpoint in ``current_holder().metadata`` (a real forward with ``http.client`` in a
   worker thread, at most ``max_hops`` times); an unknown name is ``404 unknown_binding``;
-* serves ``GET /status``: each configured binding's ``current_holder()``.
+* serves ``GET /status``: each configured binding's ``current_holder()`` (read in batches
+  of 1,000), and ``GET /fleet``: what the process sees of its fleet (no read of the store).
 
 A request that names a tenant, agent, binding, connector, lease or epoch of its own (query
 string, header or JSON body, in any spelling) is refused ``403 caller_identity`` before the
@@ -48,12 +54,14 @@ from examples.recipes.forward import Relayed, forward
 from examples.recipes.routing import (
     RETRY_AFTER,
     Forward,
+    batches,
     fenced,
+    fleet_json,
     grant_refused,
-    holder_json,
     invoke_refused,
     receipt,
     route,
+    status_json,
     unavailable,
     unknown_binding,
 )
@@ -62,7 +70,7 @@ from mos_lease import AsyncConnectorLeaseCoordinator, StoreUnavailable
 from mos_lease.adapter import run_adapter_async
 from mos_lease.fencing import FencedEffectRefused
 from mos_lease.supervisor import AsyncSupervisor
-from mos_lease_pg import AsyncPostgresLeaseStore
+from mos_lease_pg import AsyncPostgresLeaseStore, LeaseNotices
 from mos_lease_pg.effect_batches import CoalescedEffects
 
 # Errors of the store or the effect's connection: the reply is 503 and nothing is served.
@@ -80,6 +88,7 @@ class AsyncGateway:
     store: AsyncPostgresLeaseStore
     coordinator: AsyncConnectorLeaseCoordinator
     supervisor: AsyncSupervisor
+    notices: LeaseNotices
     pool: AsyncConnectionPool[Any]
     effects: CoalescedEffects
 
@@ -93,19 +102,25 @@ class AsyncGateway:
         # One coordinator for the process: grants are accepted only by the coordinator
         # that minted them (docs/gateway.md, "Threads, processes and stores").
         coordinator = AsyncConnectorLeaseCoordinator(store, config.policy())
-        supervisor = AsyncSupervisor(coordinator, on_change=on_change)
+        # One listener for the process: a release or takeover elsewhere is heard at once
+        # (a fleet's successor takes a handed-over binding on its release's notice).
+        notices = LeaseNotices(dsn)
+        supervisor = AsyncSupervisor(coordinator, on_change=on_change, notices=notices,
+                                     fleet=config.join())
         for binding in config.bindings:
             supervisor.add(binding.identity, config.connector_id, scopes=SCOPES,
                            ttl=config.ttl, clock_step=config.clock_step,
                            metadata=config.metadata)
         emit("started", connector_id=config.connector_id, endpoint=config.endpoint)
-        return cls(config, store, coordinator, supervisor, pool, CoalescedEffects(pool))
+        return cls(config, store, coordinator, supervisor, notices, pool,
+                   CoalescedEffects(pool))
 
     async def close(self) -> None:
         """Release every lease held (the supervisor's close), then disconnect."""
         try:
             await self.supervisor.close()
         finally:
+            self.notices.close()
             await self.pool.close()
             await self.store.aclose()
             emit("stopped", connector_id=self.config.connector_id)
@@ -142,15 +157,12 @@ class AsyncGateway:
                        work.hops)
 
     async def status(self) -> dict[str, object]:
-        """Each configured binding's holder, as the store shows it now."""
-        bindings = []
-        for binding in self.config.bindings:
-            holder = await self.coordinator.current_holder(binding.identity)
-            bindings.append({"name": binding.name,
-                             "held_here": self.supervisor.lease(binding.identity) is not None,
-                             "holder": holder_json(holder)})
-        return {"connector_id": self.config.connector_id, "endpoint": self.config.endpoint,
-                "bindings": bindings}
+        """Each configured binding's holder, as the store shows it now, and the fleet."""
+        holders = [holder for identities in batches(self.config.bindings)
+                   for holder in await self.coordinator.current_holders(identities)]
+        return status_json(self.config, holders,
+                           lambda identity: self.supervisor.lease(identity) is not None,
+                           self.supervisor.fleet_status())
 
 
 def refusal_response(refusal: Refusal) -> JSONResponse:
@@ -174,7 +186,7 @@ async def read_body(request: Request) -> bytes | Refusal:
 
 def build_app(config: GatewayConfig, dsn: str) -> Starlette:
     """The ASGI application: ``POST /bindings/{name}/invoke`` for each configured binding
-    (any other name: ``404 unknown_binding``) and ``GET /status``."""
+    (any other name: ``404 unknown_binding``), ``GET /status`` and ``GET /fleet``."""
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[dict[str, Any]]:
@@ -210,13 +222,16 @@ def build_app(config: GatewayConfig, dsn: str) -> Starlette:
         if isinstance(screened, Refusal) and screened.reason == "caller_identity":
             return refusal_response(screened)
         gateway: AsyncGateway = request.state.gateway
+        if request.url.path == "/fleet":
+            return JSONResponse(fleet_json(config, gateway.supervisor.fleet_status()))
         try:
             return JSONResponse(await gateway.status())
         except DOWN as down:
             return refusal_response(unavailable(down))
 
     routes = [Route("/bindings/{name}/invoke", invoke, methods=["POST"]),
-              Route("/status", status, methods=["GET"])]
+              Route("/status", status, methods=["GET"]),
+              Route("/fleet", status, methods=["GET"])]
     return Starlette(routes=routes, lifespan=lifespan)
 
 

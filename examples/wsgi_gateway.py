@@ -15,8 +15,9 @@ database on the same host, that connection serves the threads' validations one r
 at a time and a pool adds nothing; with a network in between, give it a pool sized to the
 threads that validate at once (``PostgresLeaseStore(pool=make_pool(dsn, settings,
 max_size=k))``); both measured in ``docs/gateway.md``, "Threads, processes and stores". One
-:class:`~mos_lease.supervisor.Supervisor` thread campaigns for and renews every binding.
-Routes, replies and refusals are the ASGI gateway's (``examples/recipes``).
+:class:`~mos_lease.supervisor.Supervisor` thread campaigns for and renews every binding,
+joined to the configuration's fleet if it names one. Routes, replies and refusals are the
+ASGI gateway's (``examples/recipes``).
 """
 
 from __future__ import annotations
@@ -41,12 +42,14 @@ from examples.recipes.forward import Relayed, forward
 from examples.recipes.routing import (
     RETRY_AFTER,
     Forward,
+    batches,
     fenced,
+    fleet_json,
     grant_refused,
-    holder_json,
     invoke_refused,
     receipt,
     route,
+    status_json,
     unavailable,
     unknown_binding,
 )
@@ -55,7 +58,7 @@ from mos_lease import ConnectorLeaseCoordinator, StoreUnavailable
 from mos_lease.adapter import run_adapter
 from mos_lease.fencing import FencedEffectRefused
 from mos_lease.supervisor import Supervisor
-from mos_lease_pg import PostgresLeaseStore
+from mos_lease_pg import LeaseNotices, PostgresLeaseStore
 
 DOWN = (StoreUnavailable, psycopg.OperationalError, TimeoutError)
 StartResponse = Callable[[str, list[tuple[str, str]]], object]
@@ -75,6 +78,7 @@ class ThreadGateway:
     store: PostgresLeaseStore
     coordinator: ConnectorLeaseCoordinator
     supervisor: Supervisor
+    notices: LeaseNotices
     pool: ConnectionPool[Any]
 
     @classmethod
@@ -84,19 +88,22 @@ class ThreadGateway:
         pool: ConnectionPool[Any] = ConnectionPool(dsn, min_size=1, max_size=4, open=False)
         pool.open(wait=True, timeout=30)
         coordinator = ConnectorLeaseCoordinator(store, config.policy())
-        supervisor = Supervisor(coordinator, on_change=on_change)
+        notices = LeaseNotices(dsn)  # one listener for the process, as in the ASGI recipe
+        supervisor = Supervisor(coordinator, on_change=on_change, notices=notices,
+                                fleet=config.join())
         for binding in config.bindings:
             supervisor.add(binding.identity, config.connector_id, scopes=SCOPES,
                            ttl=config.ttl, clock_step=config.clock_step,
                            metadata=config.metadata)
         emit("started", connector_id=config.connector_id, endpoint=config.endpoint)
-        return cls(config, store, coordinator, supervisor, pool)
+        return cls(config, store, coordinator, supervisor, notices, pool)
 
     def close(self) -> None:
         """Release every lease held (the supervisor's close), then disconnect."""
         try:
             self.supervisor.close()
         finally:
+            self.notices.close()
             self.pool.close()
             self.store.close()
             emit("stopped", connector_id=self.config.connector_id)
@@ -132,15 +139,12 @@ class ThreadGateway:
                        work.hops)
 
     def status(self) -> dict[str, object]:
-        """Each configured binding's holder, as the store shows it now."""
-        bindings = []
-        for binding in self.config.bindings:
-            holder = self.coordinator.current_holder(binding.identity)
-            bindings.append({"name": binding.name,
-                             "held_here": self.supervisor.lease(binding.identity) is not None,
-                             "holder": holder_json(holder)})
-        return {"connector_id": self.config.connector_id, "endpoint": self.config.endpoint,
-                "bindings": bindings}
+        """Each configured binding's holder, as the store shows it now, and the fleet."""
+        holders = [holder for identities in batches(self.config.bindings)
+                   for holder in self.coordinator.current_holders(identities)]
+        return status_json(self.config, holders,
+                           lambda identity: self.supervisor.lease(identity) is not None,
+                           self.supervisor.fleet_status())
 
 
 def compact(body: object) -> bytes:
@@ -166,7 +170,7 @@ def read_body(environ: dict[str, Any]) -> bytes | Refusal:
 def make_app(gateway: ThreadGateway) -> Callable[[dict[str, Any], StartResponse],
                                                  Iterable[bytes]]:
     """The WSGI application: ``POST /bindings/{name}/invoke`` for each configured binding
-    (any other name: ``404 unknown_binding``) and ``GET /status``."""
+    (any other name: ``404 unknown_binding``), ``GET /status`` and ``GET /fleet``."""
 
     def reply(start_response: StartResponse, status: int, body: bytes) -> list[bytes]:
         headers = [("Content-Type", "application/json"), ("Content-Length", str(len(body)))]
@@ -181,10 +185,13 @@ def make_app(gateway: ThreadGateway) -> Callable[[dict[str, Any], StartResponse]
     def app(environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         path, method = environ.get("PATH_INFO", ""), environ.get("REQUEST_METHOD", "")
         query = environ.get("QUERY_STRING", "")
-        if path == "/status" and method == "GET":
+        if path in ("/status", "/fleet") and method == "GET":
             screened = screen(query, headers_of(environ), b"{}")
             if isinstance(screened, Refusal) and screened.reason == "caller_identity":
                 return refuse(start_response, screened)
+            if path == "/fleet":
+                return reply(start_response, 200, compact(fleet_json(
+                    gateway.config, gateway.supervisor.fleet_status())))
             try:
                 return reply(start_response, 200, compact(gateway.status()))
             except DOWN as down:

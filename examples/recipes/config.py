@@ -19,6 +19,16 @@ A gateway of many bindings need not list them: ``"generate": {"tenants": 20, "ag
 ``tenants - 1``, ``j`` likewise), beside or instead of ``bindings``; at most
 :data:`MAX_BINDINGS` in all. ``"work": "validate"`` serves a request by validating its grant
 and writing nothing (the default, ``"ledger"``, inserts the fenced row); benchmarks use it.
+
+Several processes run as one **fleet** (``docs/fleet.md``) when each is given
+``"fleet": {"name": "edge", "members": ["gw-a", "gw-b", "gw-c"]}`` (optionally ``"grace"``,
+``"look"`` and ``"weight"``; the library's defaults otherwise): the process joins fleet
+``name`` as member ``connector_id``, which must be one of ``members``, with its
+``endpoint`` in its member lease and its ``ttl`` as the member lease's (a ttl the member
+lease can keep with the library's default safety margin, which covers a step of the
+database's clock). The bindings are then shared out among the live members instead of all
+held by the first to start. The member lease is the one lease under tenant
+``mos-lease.fleet``, which no binding may use.
 """
 
 from __future__ import annotations
@@ -33,19 +43,25 @@ from urllib.parse import urlsplit
 
 import attrs
 
-from mos_lease import InvalidInput, LeaseIdentity, StaticConnectorPolicy
+from mos_lease import ConfigurationError, InvalidInput, LeaseIdentity, StaticConnectorPolicy
+from mos_lease.fleet import FLEET_TENANT, Fleet
 from mos_lease.identity import check_id, check_identity
+from mos_lease.keeper import KeeperTiming
 
 ENV: Final = "MOS_LEASE_GATEWAY_CONFIG"
 SCOPES: Final = ("recipes:write",)
 NAME: Final = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
-MAX_CONFIG_BYTES: Final = 64 * 1024
 MAX_BINDINGS: Final = 10_000
+# Room for MAX_BINDINGS listed at the longest names and ids, indented; still a bound, so a
+# file that is no configuration (a dump, a log) is refused before it is parsed.
+MAX_CONFIG_BYTES: Final = 8 * 1024 * 1024
 WORKS: Final = ("ledger", "validate")
 _KEYS: Final = frozenset({"connector_id", "endpoint", "ttl", "clock_step", "grant_ttl",
-                          "max_hops", "forward_timeout", "bindings", "generate", "work"})
+                          "max_hops", "forward_timeout", "bindings", "generate", "work",
+                          "fleet"})
 _BINDING_KEYS: Final = frozenset({"name", "tenant_id", "logical_agent_id", "binding_id"})
 _GENERATE_KEYS: Final = frozenset({"tenants", "agents", "binding_id"})
+_FLEET_KEYS: Final = frozenset({"name", "members", "grace", "look", "weight"})
 
 
 class ConfigError(ValueError):
@@ -58,6 +74,17 @@ class RouteBinding:
 
     name: str
     identity: LeaseIdentity
+
+
+@attrs.frozen
+class FleetConfig:
+    """The fleet a gateway joins (``"fleet"`` in the configuration): its name, the member
+    names of every process in it, and the options of :class:`~mos_lease.fleet.Fleet` it
+    was given (``grace``, ``look``, ``weight``: the library's defaults for the others)."""
+
+    name: str
+    members: tuple[str, ...]
+    options: tuple[tuple[str, float], ...] = ()
 
 
 @attrs.frozen
@@ -79,6 +106,7 @@ class GatewayConfig:
     max_hops: int = 2
     forward_timeout: float = 10.0
     work: str = "ledger"
+    fleet: FleetConfig | None = None
     # Routes look a binding up by name on every request: a dict, not a scan of thousands.
     _by_name: dict[str, RouteBinding] = attrs.field(init=False, eq=False, repr=False)
 
@@ -100,18 +128,32 @@ class GatewayConfig:
         """The holder metadata of every lease this process takes."""
         return {"endpoint": self.endpoint}
 
+    def join(self) -> Fleet | None:
+        """The fleet this process joins as member ``connector_id`` (``None`` without one):
+        its endpoint in the member lease, renewed with the bindings (the same ttl)."""
+        if self.fleet is None:
+            return None
+        return Fleet(self.fleet.name, self.connector_id, members=self.fleet.members,
+                     endpoint=self.endpoint, ttl=self.ttl, **dict(self.fleet.options))
+
     def binding(self, name: str) -> RouteBinding | None:
         """The configured binding called ``name``, if there is one."""
         return self._by_name.get(name)
 
     def policy(self) -> StaticConnectorPolicy:
-        """This process may hold its own bindings as its own connector, never preempting
-        an active holder: a survivor waits for a dead holder's lease to expire."""
+        """This process may hold its own bindings as its own connector, and in a fleet its
+        own member lease, never preempting an active holder: a survivor waits for a dead
+        holder's lease to expire, and a fleet's successor takes a binding over once its
+        holder has released it."""
+        fleet = self.join()
+        identities = [b.identity for b in self.bindings]
+        if fleet is not None:
+            identities.append(fleet.identity)
         return StaticConnectorPolicy.from_dict({"rules": [{
-            "tenant_id": b.identity.tenant_id, "logical_agent_id": b.identity.logical_agent_id,
-            "binding_id": b.identity.binding_id, "connector_id": self.connector_id,
+            "tenant_id": i.tenant_id, "logical_agent_id": i.logical_agent_id,
+            "binding_id": i.binding_id, "connector_id": self.connector_id,
             "scopes": list(SCOPES), "max_lease_ttl": self.ttl,
-            "max_grant_ttl": self.grant_ttl, "preempt_active": False} for b in self.bindings]})
+            "max_grant_ttl": self.grant_ttl, "preempt_active": False} for i in identities]})
 
 
 def check_endpoint(field: str, value: object) -> str:
@@ -148,6 +190,9 @@ def _binding(index: int, raw: object) -> RouteBinding:
             raw["tenant_id"], raw["logical_agent_id"], raw["binding_id"]))
     except (InvalidInput, TypeError) as bad:
         raise ConfigError(f"{where}: {bad}") from None
+    if identity.tenant_id == FLEET_TENANT:
+        raise ConfigError(f"{where}.tenant_id: {FLEET_TENANT!r} is reserved for the fleet's "
+                          "member leases")
     return RouteBinding(name, identity)
 
 
@@ -209,12 +254,44 @@ def parse_config(text: str) -> GatewayConfig:
     work = raw.get("work", "ledger")
     if work not in WORKS:
         raise ConfigError(f"work: one of {list(WORKS)}, not {work!r}")
-    return GatewayConfig(
+    config = GatewayConfig(
         connector_id, check_endpoint("endpoint", raw.get("endpoint")), checked, ttl=ttl,
         clock_step=_number(raw, "clock_step", 0.0, 0.0, 10.0),
         grant_ttl=_number(raw, "grant_ttl", min(ttl, 2.0), 0.1, min(ttl, 30.0)),
         max_hops=max_hops, forward_timeout=_number(raw, "forward_timeout", 10.0, 0.1, 60.0),
-        work=work)
+        work=work, fleet=_fleet(raw.get("fleet")))
+    try:
+        fleet = config.join()  # the library checks the fleet's options
+        if fleet is not None:
+            # The member lease is kept with the default safety margin (a step of the
+            # database's clock included), whatever clock_step the bindings use.
+            KeeperTiming(fleet.ttl)
+    except ConfigurationError as bad:
+        raise ConfigError(f"ttl: too short for a fleet's member lease: {bad}") from None
+    except InvalidInput as bad:
+        # Named as the configuration names it: "fleet.look", "fleet.members", ...
+        field = "connector_id" if bad.field == "member" else f"fleet.{bad.field}"
+        raise ConfigError(f"{field}: {bad.message}") from None
+    return config
+
+
+def _fleet(raw: object) -> FleetConfig | None:
+    """The fleet ``"fleet"`` describes (see the module's docstring); its values are checked
+    by :class:`~mos_lease.fleet.Fleet` as :func:`parse_config` joins it."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict) or not {"name", "members"} <= set(raw) <= _FLEET_KEYS:
+        raise ConfigError(f"fleet: an object with \"name\" and \"members\", and optionally "
+                          f"{sorted(_FLEET_KEYS - {'name', 'members'})}")
+    members = raw["members"]
+    if not isinstance(members, list):
+        raise ConfigError(f"fleet.members: a list of member names, not {members!r}")
+    options = sorted((key, value) for key, value in raw.items() if key not in {"name",
+                                                                            "members"})
+    for key, value in options:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"fleet.{key}: a number, not {value!r}")
+    return FleetConfig(raw["name"], tuple(members), tuple(options))
 
 
 def load_config(path: str | None) -> GatewayConfig:

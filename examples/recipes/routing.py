@@ -9,14 +9,19 @@ holds the binding is routed again there, up to the configured hop limit.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Sequence
+
 import attrs
 
-from examples.recipes.config import GatewayConfig, check_endpoint
+from examples.recipes.config import GatewayConfig, RouteBinding, check_endpoint
 from examples.recipes.screen import Refusal
+from mos_lease import LeaseIdentity
+from mos_lease.fleet import FleetStatus
 from mos_lease.results import GrantResult, HolderView
 from mos_lease.vocabulary import LeaseState
 
 RETRY_AFTER = 1  # seconds: about the supervisor's backoff while it campaigns
+READ_BATCH = 1_000  # identities per current_holders() call: the most one call reads
 
 
 @attrs.frozen
@@ -41,10 +46,13 @@ def route(config: GatewayConfig, *, held: bool, holder: HolderView | None,
         return Refusal(503, "no_holder",
                        "no gateway holds this binding now; the supervisor is campaigning")
     if holder.connector_id == config.connector_id:
-        # Our own connector id, but not our lease: a previous run of this process, whose
-        # lease has yet to expire. Never forward to ourselves.
+        # Our own connector id, but no lease here: a previous run of this process, whose
+        # lease has yet to expire, or a takeover this supervisor has just committed and
+        # not yet recorded (the read came between the two). Never forward to ourselves.
         return Refusal(503, "not_held_here",
-                       "this gateway's previous lease has not expired yet")
+                       "the store names this gateway as the holder but this process holds "
+                       "no lease yet: a previous run's lease not yet expired, or a takeover "
+                       "being recorded; try again")
     try:
         endpoint = check_endpoint("endpoint", holder.metadata.get("endpoint"))
     except ValueError:
@@ -102,3 +110,37 @@ def holder_json(holder: HolderView | None) -> dict[str, object] | None:
     return {"connector_id": holder.connector_id, "epoch": holder.epoch,
             "state": str(holder.state), "expires_at": holder.expires_at.isoformat(),
             "metadata": dict(holder.metadata)}
+
+
+def batches(bindings: Sequence[RouteBinding]) -> Iterator[list[LeaseIdentity]]:
+    """The bindings' identities, :data:`READ_BATCH` at a time: ``/status`` reads thousands
+    of holders in a few ``current_holders()`` calls, not one round trip each."""
+    for start in range(0, len(bindings), READ_BATCH):
+        yield [b.identity for b in bindings[start:start + READ_BATCH]]
+
+
+def status_json(config: GatewayConfig, holders: Sequence[HolderView | None],
+                held_here: Callable[[LeaseIdentity], bool],
+                fleet: FleetStatus | None) -> dict[str, object]:
+    """``/status``: each configured binding's holder (``holders``, in the configuration's
+    order) and whether this process holds it, and, in a fleet, what this member sees of it:
+    the live members and their endpoints, and its share."""
+    bindings = [{"name": b.name, "held_here": held_here(b.identity),
+                 "holder": holder_json(holder)}
+                for b, holder in zip(config.bindings, holders, strict=True)]
+    return {**fleet_json(config, fleet), "bindings": bindings}
+
+
+def fleet_json(config: GatewayConfig, status: FleetStatus | None) -> dict[str, object]:
+    """``/fleet`` (and the head of ``/status``): this process, and what it sees of its fleet
+    (``null`` without one): the live members and their endpoints, the bindings it holds,
+    those preferred to it, those of them not held yet, those it saw without a holder, and
+    its hand-offs. No read of the store: the supervisor's last member read."""
+    fleet: dict[str, object] | None = None
+    if status is not None:
+        members = [] if status.view is None else [
+            {"name": m.name, "endpoint": m.endpoint} for m in status.view.members]
+        fleet = {"members": members, "held": status.held, "preferred": status.preferred,
+                 "preferred_not_held": status.preferred_not_held, "unheld": status.unheld,
+                 "hand_offs": status.hand_offs}
+    return {"connector_id": config.connector_id, "endpoint": config.endpoint, "fleet": fleet}

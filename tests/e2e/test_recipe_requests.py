@@ -5,6 +5,7 @@ decision and the forward to a holder that does not answer."""
 from __future__ import annotations
 
 import json
+import re
 import socket
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -13,13 +14,22 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from examples.recipes.config import ENV, ConfigError, load_config, parse_config
+from examples.recipes.config import (
+    ENV,
+    MAX_BINDINGS,
+    MAX_CONFIG_BYTES,
+    ConfigError,
+    load_config,
+    parse_config,
+)
 from examples.recipes.forward import forward
 from examples.recipes.routing import Forward, Serve, route
 from examples.recipes.screen import HOPS_HEADER, MAX_BODY_BYTES, Refusal, Work, screen
-from mos_lease import LeaseIdentity
+from mos_lease import ConnectorLeaseCoordinator, LeaseIdentity
+from mos_lease.fleet import FLEET_TENANT, member_identity
 from mos_lease.results import HolderView
-from mos_lease.vocabulary import LeaseState
+from mos_lease.vocabulary import LeaseState, Reason
+from mos_lease_memory import InMemoryLeaseStore
 
 pytestmark = pytest.mark.e2e
 
@@ -96,10 +106,79 @@ def test_a_gateway_of_thousands_of_bindings_generates_them() -> None:
                                                       "binding_id": "main"}}))
 
 
-@pytest.mark.parametrize("text", ["", "[]", "{", "x" * (64 * 1024 + 1)])
+@pytest.mark.parametrize("text", ["", "[]", "{", "x" * (MAX_CONFIG_BYTES + 1)])
 def test_a_configuration_that_is_no_json_object_is_refused(text: str) -> None:
     with pytest.raises(ConfigError):
         parse_config(text)
+
+
+def test_a_file_may_list_every_binding_a_gateway_may_run() -> None:
+    """The most bindings, each at the longest name and ids, indented as an editor saves
+    them, fit in a file; one byte over the bound is refused before it is parsed."""
+    listed = [{"name": f"{n:064d}", "tenant_id": f"{n:0128d}", "logical_agent_id": "a" * 128,
+               "binding_id": "b" * 128} for n in range(MAX_BINDINGS)]
+    text = json.dumps({**GOOD, "bindings": listed}, indent=4)
+    config = parse_config(text)
+    assert len(config.bindings) == MAX_BINDINGS == len(config.policy().rules)
+    assert config.binding(f"{MAX_BINDINGS - 1:064d}") is not None
+    with pytest.raises(ConfigError, match="over"):
+        parse_config(text + " " * (MAX_CONFIG_BYTES + 1 - len(text.encode())))
+
+
+FLEET = {"name": "edge", "members": ["gw-a", "gw-b", "gw-c"]}
+
+
+def test_a_gateway_joins_its_fleet_as_its_connector_with_its_endpoint() -> None:
+    config = parse_config(json.dumps({**GOOD, "ttl": 5, "fleet": {
+        **FLEET, "look": 0.5, "grace": 3, "weight": 2}}))
+    fleet = config.join()
+    assert fleet is not None and CONFIG.join() is None
+    assert (fleet.name, fleet.member, fleet.members, fleet.endpoint, fleet.weight,
+            fleet.ttl, fleet.look, fleet.grace) == (
+        "edge", "gw-a", ("gw-a", "gw-b", "gw-c"), GOOD["endpoint"], 2.0, 5.0, 0.5,
+        timedelta(seconds=3))
+    # The policy lets the process hold its own member lease, and no other member's.
+    gateway = ConnectorLeaseCoordinator(InMemoryLeaseStore(), config.policy())
+    assert gateway.acquire(member_identity("edge", "gw-a"), "gw-a", scopes=[], ttl=5).ok
+    assert gateway.acquire(member_identity("edge", "gw-b"), "gw-a", scopes=[],
+                           ttl=5).reason is Reason.POLICY_DENIED
+    assert gateway.acquire(member_identity("edge", "gw-a"), "gw-b", scopes=[],
+                           ttl=5).reason is Reason.POLICY_DENIED
+
+
+@pytest.mark.parametrize(("fleet", "names"), [
+    ("edge", "fleet"),
+    ({"name": "edge"}, "fleet"),
+    ({**FLEET, "member": "gw-a"}, "fleet"),
+    ({**FLEET, "members": "gw-a"}, "fleet.members"),
+    ({**FLEET, "members": ["gw-b", "gw-c"]}, "fleet.members"),
+    ({**FLEET, "members": ["gw-a", "gw-a"]}, "fleet.members"),
+    ({**FLEET, "name": ""}, "fleet.name"),
+    ({**FLEET, "name": 7}, "fleet.name"),
+    ({**FLEET, "members": [1, "gw-a"]}, "fleet.members"),
+    ({**FLEET, "look": 0}, "fleet.look"),
+    ({**FLEET, "look": True}, "fleet.look"),
+    ({**FLEET, "grace": "1"}, "fleet.grace"),
+    ({**FLEET, "grace": -1}, "fleet.grace"),
+    ({**FLEET, "weight": 0}, "fleet.weight"),
+])
+def test_a_bad_fleet_is_refused_naming_the_field(fleet: object, names: str) -> None:
+    with pytest.raises(ConfigError, match=f"^{re.escape(names)}"):
+        parse_config(json.dumps({**GOOD, "ttl": 5, "fleet": fleet}))
+
+
+def test_a_fleet_needs_a_ttl_its_member_lease_can_keep() -> None:
+    """The member lease keeps the library's default margin (a step of the database's clock
+    covered), whatever ``clock_step`` the bindings use: the recipe's default ttl is too short,
+    refused when the configuration is read, not when the process starts."""
+    with pytest.raises(ConfigError, match=r"^ttl: too short for a fleet.s member lease"):
+        parse_config(json.dumps({**GOOD, "fleet": FLEET}))
+    assert parse_config(json.dumps({**GOOD, "ttl": 4, "fleet": FLEET})).join() is not None
+
+
+def test_no_binding_may_use_the_tenant_of_the_member_leases() -> None:
+    with pytest.raises(ConfigError, match=r"bindings\[0\].tenant_id: 'mos-lease.fleet'"):
+        parse_config(json.dumps({**GOOD, "bindings": [{**BINDING, "tenant_id": FLEET_TENANT}]}))
 
 
 def test_the_configuration_comes_from_a_file_or_the_environment(
