@@ -14,7 +14,8 @@ serve on loopback, each on its own port, side by side for the whole run:
   requests share a transaction, each checked against its own lease row in it);
 * a plain Starlette app doing per request what a gateway without this library would do
   durably: read the binding's row, insert one audit row, commit (one transaction), on a pool
-  of as many connections as the gateway keeps (its store's one and its pool's four);
+  of as many connections as the gateway serves requests with (its store's one and its
+  pool's four; its notice listener's connection only listens);
 * the same plain app also inserting the effect row in that transaction.
 
 ``--clients`` keep-alive HTTP/1.1 connections (asyncio, in this process) post ``{"text":

@@ -69,8 +69,8 @@ def _trial(holder: ConnectorLeaseCoordinator, rival: ConnectorLeaseCoordinator,
 
 
 def run(dsn: str, tenant: str, *, trials: int) -> NoticeResult:
-    # Every trial ends in a loss the keeper logs as a WARNING: expected here, not news.
-    keeper_log = logging.getLogger("mos_lease.keeper")
+    # Every trial ends in a loss the engine logs as a WARNING: expected here, not news.
+    keeper_log = logging.getLogger("mos_lease.supervisor")
     level = keeper_log.level
     keeper_log.setLevel(logging.ERROR)
     try:

@@ -2,7 +2,9 @@
 
 Measures, on 10,000 bindings: the CPU time of ``place()`` over three members (equal weights
 and unequal ones), against a floor measured in the same run, hashing the same bindings once
-(BLAKE2b, as ``place()`` must do at least); the cost of one ``is_preferred`` lookup; and how
+(BLAKE2b, as ``place()`` must do at least); the CPU time of placing the same bindings again
+after a member left, as a fleet member does (a ``Placer`` that keeps the bindings' order and
+each member's scores), over that of ``place()``; the cost of one ``is_preferred`` lookup; and how
 many bindings a join and a leave move, over the fair share of the member that joined or
 left. Prints one JSON object::
 
@@ -21,7 +23,7 @@ from collections.abc import Callable
 import _path  # noqa: F401  (the repository's own mos_lease, before anything imports it)
 
 from mos_lease import LeaseIdentity
-from mos_lease.fleet.placement import binding_digest, place
+from mos_lease.fleet.placement import Placer, binding_digest, place
 
 BINDINGS = 10_000
 
@@ -44,6 +46,9 @@ def run(repeats: int) -> dict[str, float]:
     floor = _cpu_ms(lambda: [binding_digest(b) for b in bindings], repeats)
     even = _cpu_ms(lambda: place(three, bindings), repeats)
     weighted = _cpu_ms(lambda: place({"gw-1": 1, "gw-2": 2, "gw-3": 1.5}, bindings), repeats)
+    placer = Placer(bindings)
+    placer.place(three)  # what a member placed before one left
+    again = _cpu_ms(lambda: placer.place(three[1:]), repeats)
     placement = place(three, bindings)
     start = time.perf_counter_ns()
     for binding in bindings:
@@ -61,6 +66,8 @@ def run(repeats: int) -> dict[str, float]:
         "place_10k_x3_weighted_cpu_ms": round(weighted, 2),
         "hash_10k_floor_cpu_ms": round(floor, 2),
         "place_10k_x3_vs_hash_floor": round(even / floor, 2),
+        "replace_10k_3_to_2_cpu_ms": round(again, 2),
+        "replace_vs_place": round(again / even, 2),
         "is_preferred_lookup_us": round(lookup_us, 3),
         "join_3_to_4_moved_vs_fair": round(moved_join / (BINDINGS / 4), 3),
         "join_3_to_4_moved_between_others": moved_other_join,

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # CI smoke test of the benchmark: runs `bench/run.py --quick` against PostgreSQL (found as
-# the tests find it) and checks that the JSON it writes holds all 29 named figures as finite
+# the tests find it) and checks that the JSON it writes holds all 30 named figures as finite
 # numbers, and the two peer ratios too where Redis answered (the run says when it did not). It checks that the benchmark works, not what it measured: figures from a shared
 # CI machine are noise, so no target is judged here (that is `bench/run.py --check`).
 set -euo pipefail
@@ -28,7 +28,8 @@ KEYS = [
     "audit_archive_rows_per_s", "heartbeat_stamp_checks_vs_before",
     "heartbeat_stamp_checks_vs_before_no_flush", "supervisor_threads_10k",
     "supervisor_renewal_round_trips_10k", "supervisor_leases_per_s",
-    "supervisor_leases_vs_single", "turn_cpu_10k_vs_1k", "coalesced_validate_8_vs_single",
+    "supervisor_leases_vs_single", "turn_cpu_10k_vs_1k", "keep_lines",
+    "coalesced_validate_8_vs_single",
     "coalesced_validate_32_vs_single", "gateway_requests_vs_plain_app",
     "gateway_effect_requests_vs_plain_app",
 ]

@@ -38,6 +38,7 @@ import event_ids
 import fleet
 import gateway_requests
 import grant_memory
+import keep_lines
 import notices
 import peers
 import psycopg
@@ -401,6 +402,11 @@ def _turn_cost(mode: Mode, progress: Callable[[str], None]) -> turn_cost.TurnCos
 
 def _turn_figures(report: Report, turned: turn_cost.TurnCostResult) -> None:
     report.figures["turn_cpu_10k_vs_1k"] = turned.ratio
+    counted = keep_lines.run()
+    report.figures["keep_lines"] = counted.total
+    report.notes.append("keep engine: " + ", ".join(
+        f"{part} {lines:,}" for part, lines in counted.per_part.items())
+        + f"; {counted.total:,} lines in all")
     report.rows.append(Row("turn", f"notice-triggered, {turned.small:,} bindings",
                            1e3 / turned.small_ms, "turns/CPU-s"))
     report.rows.append(Row("turn", f"notice-triggered, {turned.large:,} bindings",
@@ -508,8 +514,9 @@ def _fleet_figures(report: Report, progress: Callable[[str], None]) -> None:
     report.notes.append(f"fleet: shares after 3 x ttl {figures['balance_shares']}; join "
                         f"from the new process's start, p99 "
                         f"{figures['fleet_join_from_start_p99_s']:.2f} s; WARNING lines "
-                        f"{figures['fleet_warnings']}; handover_ms_p50 not measured (no "
-                        "public hand-off yet)")
+                        f"{figures['fleet_warnings']}; hand-offs of one binding between "
+                        f"two processes: p50 {figures['handover_ms_p50']:.1f} ms, p99 "
+                        f"{figures['handover_ms_p99']:.1f} ms over {figures['handovers']}")
 
 
 def _only_section(srv: PgServer, report: Report, tenant: str, only: str,

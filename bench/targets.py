@@ -17,6 +17,7 @@ FLEET_KEYS = (
     "fleet_sigkill_p99_after_expiry_s",
     "fleet_idle_round_trips_10k",
     "fleet_warnings",
+    "handover_ms_p50",
 )
 """The figures of a fleet of member processes (bench/fleet.py)."""
 
@@ -56,6 +57,7 @@ JSON_KEYS = (
     "supervisor_leases_per_s",
     "supervisor_leases_vs_single",
     "turn_cpu_10k_vs_1k",
+    "keep_lines",
     "renewal_vs_redis_extend",
     "validate_vs_redis_check",
     "coalesced_validate_8_vs_single",
@@ -133,6 +135,8 @@ TARGETS = (
     # A supervisor turn costs what is due in it: a notice-triggered turn at 10,000 bindings
     # over the same at 1,000 (bench/turn_cost.py; a turn that looks at every binding: ~10).
     Target("turn_cpu_10k_vs_1k", "<=", 1.5),
+    # The engine that keeps leases alive, with its facades (bench/keep_lines.py): lines.
+    Target("keep_lines", "<=", 2400),
     # Beside redis-py's Lock on the same machine (bench/peers.py): renewals, and validations
     # at 32 concurrent callers against its token check.
     Target("renewal_vs_redis_extend", ">=", 1.5),
@@ -171,6 +175,7 @@ TARGETS = (
     Target("fleet_sigkill_p99_after_expiry_s", "<=", 1.0),
     Target("fleet_idle_round_trips_10k", "<=", 15),
     Target("fleet_warnings", "<=", 0),
+    Target("handover_ms_p50", "<=", 50),
 )
 
 
