@@ -23,7 +23,6 @@ ASGI gateway's (``examples/recipes``).
 from __future__ import annotations
 
 import json
-import signal
 import socketserver
 import sys
 import threading
@@ -235,9 +234,7 @@ class QuietHandler(WSGIRequestHandler):
 
 def serve(config: GatewayConfig, dsn: str) -> int:
     """Serve until SIGTERM or SIGINT, then release every lease and stop."""
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+    stop = command.stop_on_signals()
     gateway = ThreadGateway.start(config, dsn)
     try:
         server = make_server(config.host, config.port, make_app(gateway),
@@ -246,7 +243,7 @@ def serve(config: GatewayConfig, dsn: str) -> int:
         # it cannot be called from the thread serving.
         serving = threading.Thread(target=server.serve_forever, name="wsgi-server")
         serving.start()
-        stop.wait()
+        command.wait_for_stop(stop)
         server.shutdown()
         serving.join()
         server.server_close()

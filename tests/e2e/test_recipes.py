@@ -320,3 +320,27 @@ def test_a_gateway_serves_with_the_recipes_collector_thresholds(tmp_path: Path) 
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == f"(700, 10, 10) {GC_THRESHOLDS} gw-1", done.stdout
+
+
+def test_the_threaded_gateway_stops_on_a_signal_another_thread_received() -> None:
+    # The kernel may deliver a process's SIGTERM to any of its threads; Python runs the
+    # handler in the main thread only once that thread is back in the interpreter. Here the
+    # signal is sent to a thread that is not the main one, as happens to a WSGI gateway
+    # whose request threads are busy: the main thread waiting for the stop must still stop.
+    script = (
+        "import signal, threading, time\n"
+        "from examples.recipes import command\n"
+        "stop = command.stop_on_signals()\n"
+        "def poke():\n"
+        "    time.sleep(0.2)\n"
+        "    signal.pthread_kill(threading.get_ident(), signal.SIGTERM)\n"
+        "threading.Thread(target=poke).start()\n"
+        "command.wait_for_stop(stop)\n"
+        "print('stopped', flush=True)\n")
+    try:
+        done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, check=False,
+                              capture_output=True, text=True, timeout=10)
+    except subprocess.TimeoutExpired:
+        raise AssertionError("the main thread never ran the SIGTERM handler") from None
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "stopped"
