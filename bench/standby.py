@@ -19,6 +19,11 @@ of its own (this script run with ``--child``), a thread :class:`Supervisor` on o
   99th percentile;
 * ``close_10k_s``: the standby's ``close()``, every lease released (``release_many``).
 
+Both processes start with the garbage collector's thresholds of the recipes' gateways
+(``examples/recipes/command.py``: ``tune_gc()``), as the fleet benchmark's members do: a
+process of 10,000 bindings at the default thresholds spends a tenth to a fifth of these
+figures in full collections ("A gateway process at this size" in ``docs/fleet.md``).
+
 Absolute figures on a shared machine are noise. Exit status: 0 ran, 2 could not run (no
 server), 3 a correctness check failed.
 """
@@ -42,6 +47,7 @@ import _path  # noqa: F401  (the repository's own mos_lease, before anything imp
 import psycopg
 from common import SCOPES, BenchError, CorrectnessError, failed, server, throwaway_database
 
+from examples.recipes.command import tune_gc
 from mos_lease import AllowAllPolicy, ConnectorLeaseCoordinator, LeaseIdentity
 from mos_lease.supervisor import BindingStarted, Change, Supervisor
 from mos_lease_pg import LeaseNotices, PostgresLeaseStore
@@ -82,6 +88,7 @@ def say(**fields: object) -> None:
 def child(role: str, dsn: str, n: int, ttl: float) -> None:
     """One process: hold (``holder``) or wait for (``standby``) ``n`` bindings, reporting
     as JSON lines; commands come on stdin (``calls``, ``close``)."""
+    tune_gc()  # as the recipes' gateways do
     store = PostgresLeaseStore(dsn)
     counted = Counted(store)
     coordinator = ConnectorLeaseCoordinator(counted, AllowAllPolicy())
