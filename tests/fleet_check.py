@@ -1,18 +1,21 @@
 """Checks of a fleet run, shared by the fleet tests: a store that records every takeover
 with the row it replaced (a takeover of an active lease is a preemption the fleet must never
 ask for, whatever the policy allows), the audit log read back per binding (epochs +1 per
-takeover), and each connector's share of the bindings, read and waited for (any store)."""
+takeover), each connector's share of the bindings, read and waited for (any store), and a
+rig of members run in this process."""
 
 from __future__ import annotations
 
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
+from contextlib import ExitStack
 from datetime import datetime
 
 from mos_lease import ConnectorLeaseCoordinator, LeaseIdentity
 from mos_lease.machine import Close, Rotate, Write
 from mos_lease.records import AuditEntry, WriteOutcome
+from mos_lease.supervisor import Supervisor
 from mos_lease.vocabulary import LeaseState, Outcome
 from mos_lease_memory import InMemoryLeaseStore
 
@@ -78,3 +81,28 @@ def wait_for_shares(reader: ConnectorLeaseCoordinator, bindings: list[LeaseIdent
             return found
         assert time.monotonic() < end, f"timed out; shares {found}"
         time.sleep(0.05)
+
+
+class MemberRig:
+    """Members of one fleet run in this process over the same ``bindings``, each a
+    :class:`Supervisor` closed with ``stack``, and their shares read by ``reader``."""
+
+    def __init__(self, reader: ConnectorLeaseCoordinator, bindings: list[LeaseIdentity],
+                 ttl: float, stack: ExitStack) -> None:
+        self.reader, self.bindings, self.ttl, self.stack = reader, bindings, ttl, stack
+        self.running: dict[str, Supervisor] = {}
+
+    def join(self, name: str, supervisor: Supervisor) -> Supervisor:
+        """Run ``supervisor`` as member ``name``: every binding added, closed at the end."""
+        self.stack.callback(supervisor.close)
+        for identity in self.bindings:
+            supervisor.add(identity, name, scopes=["tool:run"], ttl=self.ttl)
+        self.running[name] = supervisor
+        return supervisor
+
+    def shares(self) -> Counter[str | None]:
+        return shares(self.reader, self.bindings)
+
+    def wait_for(self, check: Callable[[Counter[str | None]], bool], timeout: float
+                 ) -> Counter[str | None]:
+        return wait_for_shares(self.reader, self.bindings, check, timeout)

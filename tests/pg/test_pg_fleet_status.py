@@ -24,7 +24,7 @@ from mos_lease.fleet.membership import Fleet
 from mos_lease.supervisor import Supervisor
 from mos_lease.vocabulary import Outcome
 from mos_lease_pg import AsyncPostgresLeaseStore
-from tests.fleet_check import shares, wait_for_shares
+from tests.fleet_check import MemberRig
 from tests.pg_fixtures import StoreFactory
 from tests.pg_fixtures import run_cli as run
 
@@ -34,34 +34,22 @@ TTL, LOOK, GRACE = 4.0, 0.5, 2.0
 BINDINGS = 60
 
 
-class Rig:
+class Rig(MemberRig):
     """Three members of fleet ``tenant`` (member names unique to the test: the database is
     shared by the run, and a member's bindings are found by its connector id)."""
 
     def __init__(self, stores: StoreFactory, dsn: str, tenant: str, stack: ExitStack) -> None:
-        self.stores, self.dsn, self.tenant, self.stack = stores, dsn, tenant, stack
+        super().__init__(ConnectorLeaseCoordinator(stores(), AllowAllPolicy()),
+                         [LeaseIdentity(tenant, f"agent-{n}", "main") for n in range(BINDINGS)],
+                         TTL, stack)
+        self.stores, self.dsn, self.tenant = stores, dsn, tenant
         self.names = [f"{tenant}-m{n}" for n in (1, 2, 3)]
-        self.bindings = [LeaseIdentity(tenant, f"agent-{n}", "main") for n in range(BINDINGS)]
-        self.reader = ConnectorLeaseCoordinator(stores(), AllowAllPolicy())
-        self.running: dict[str, Supervisor] = {}
 
     def start(self, name: str) -> Supervisor:
-        supervisor = Supervisor(
+        return self.join(name, Supervisor(
             ConnectorLeaseCoordinator(self.stores(), AllowAllPolicy()),
             fleet=Fleet(self.tenant, name, members=self.names, ttl=TTL, look=LOOK,
-                        grace=GRACE, endpoint=f"{name}.internal:8443"))
-        self.stack.callback(supervisor.close)
-        for identity in self.bindings:
-            supervisor.add(identity, name, scopes=["tool:run"], ttl=TTL)
-        self.running[name] = supervisor
-        return supervisor
-
-    def shares(self) -> Counter[str | None]:
-        return shares(self.reader, self.bindings)
-
-    def wait_for(self, check: Callable[[Counter[str | None]], bool], timeout: float
-                 ) -> Counter[str | None]:
-        return wait_for_shares(self.reader, self.bindings, check, timeout)
+                        grace=GRACE, endpoint=f"{name}.internal:8443")))
 
 
 @pytest.fixture

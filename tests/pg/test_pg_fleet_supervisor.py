@@ -23,7 +23,7 @@ from mos_lease.supervisor import Change, Moved, Supervisor
 from mos_lease.testing.fleet_world import RecordingPolicy
 from mos_lease.vocabulary import Outcome
 from mos_lease_pg import LeaseNotices
-from tests.fleet_check import shares, wait_for_shares
+from tests.fleet_check import MemberRig
 from tests.pg_fixtures import StoreFactory
 
 pytestmark = pytest.mark.pg
@@ -33,37 +33,22 @@ BINDINGS = 300
 NAMES = ["m1", "m2", "m3"]
 
 
-class Members:
+class Members(MemberRig):
     def __init__(self, stores: StoreFactory, dsn: str, fleet: str,
                  bindings: list[LeaseIdentity], stack: ExitStack) -> None:
-        self.stores, self.dsn, self.fleet, self.bindings = stores, dsn, fleet, bindings
-        self.stack = stack
         self.policy = RecordingPolicy()
-        self.running: dict[str, Supervisor] = {}
+        super().__init__(ConnectorLeaseCoordinator(stores(), self.policy), bindings, TTL, stack)
+        self.stores, self.dsn, self.fleet = stores, dsn, fleet
         self.changes: dict[str, list[Change]] = {}
-        self.reader = ConnectorLeaseCoordinator(stores(), self.policy)
 
     def start(self, name: str) -> Supervisor:
         notices = self.stack.enter_context(LeaseNotices(self.dsn, confirmer=NoticeConfirmer()))
         assert notices.listening.wait(5), notices.refused
-        changes = self.changes.setdefault(name, [])
-        supervisor = Supervisor(
+        return self.join(name, Supervisor(
             ConnectorLeaseCoordinator(self.stores(), self.policy), notices=notices,
-            on_change=changes.append,
+            on_change=self.changes.setdefault(name, []).append,
             fleet=Fleet(self.fleet, name, members=NAMES, ttl=TTL, look=LOOK, grace=GRACE,
-                        endpoint=f"{name}.internal:8443"))
-        self.stack.callback(supervisor.close)
-        for identity in self.bindings:
-            supervisor.add(identity, name, scopes=["tool:run"], ttl=TTL)
-        self.running[name] = supervisor
-        return supervisor
-
-    def shares(self) -> Counter[str | None]:
-        return shares(self.reader, self.bindings)
-
-    def wait_for(self, check: Callable[[Counter[str | None]], bool], timeout: float
-                 ) -> Counter[str | None]:
-        return wait_for_shares(self.reader, self.bindings, check, timeout)
+                        endpoint=f"{name}.internal:8443")))
 
     def taken_over(self) -> Counter[LeaseIdentity]:
         return Counter({b: sum(r.entry.outcome is Outcome.TAKEN_OVER
