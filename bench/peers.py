@@ -93,6 +93,10 @@ DEFAULT_REDIS = "redis://127.0.0.1:6379/0"
 GRANT_TTL = 30  # the cap; grants are minted again before every round
 CONNECTOR = "bench-peer"
 TARGETS = {"renewal_vs_redis_extend": 1.5, "validate_vs_redis_check": 1.0}
+# The tick cases' renewal connections (``heartbeat_coordinator``): a supervisor keeps two
+# batches of a tick in flight, and on two connections they run at once (redis-py's side
+# has its clients' connection pools).
+RENEWAL_CONNECTIONS = 2
 
 
 @attrs.frozen
@@ -469,6 +473,11 @@ class _TickClock:
         return self.now
 
 
+def _closer(runner: asyncio.Runner, store: AsyncPostgresLeaseStore) -> Callable[[], None]:
+    """A callback that closes ``store`` on ``runner``'s loop."""
+    return lambda: runner.run(store.aclose())
+
+
 async def _no_sleep(_seconds: float) -> None:
     """A turn with nothing due returns at once: the cases move the clock themselves."""
 
@@ -476,9 +485,10 @@ async def _no_sleep(_seconds: float) -> None:
 def tick_cases(dsn: str, tenant: str, bindings: int, stack: ExitStack,
                runner: asyncio.Runner) -> list[Case]:
     """A :class:`~mos_lease.supervisor.Supervisor` and an :class:`~mos_lease.supervisor.
-    AsyncSupervisor`, each holding ``bindings`` leases on a store of its own (one dedicated
-    connection), driven turn by turn: a case runs whole renewal ticks for its seconds and
-    counts the leases renewed, so the supervisor is measured in the same rounds as
+    AsyncSupervisor`, each holding ``bindings`` leases on stores of its own (one dedicated
+    connection for its campaign, and :data:`RENEWAL_CONNECTIONS` for its renewals, one batch
+    in flight on each), driven turn by turn: a case runs whole renewal ticks for its seconds
+    and counts the leases renewed, so the supervisor is measured in the same rounds as
     ``Lock.extend`` (and under the same load), not minutes apart."""
     interval = LEASE_TTL / 3  # the default renew_fraction, no jitter (the supervisor's)
     lost: list[Change] = []
@@ -490,8 +500,11 @@ def tick_cases(dsn: str, tenant: str, bindings: int, stack: ExitStack,
     names = [LeaseIdentity(tenant, f"tick-{i}", "main") for i in range(bindings)]
     sync_clock, async_clock = _TickClock(), _TickClock()
     store = stack.enter_context(PostgresLeaseStore(dsn))
+    renewers = [ConnectorLeaseCoordinator(stack.enter_context(PostgresLeaseStore(dsn)),
+                                          AllowAllPolicy()) for _ in range(RENEWAL_CONNECTIONS)]
     sync = Supervisor(ConnectorLeaseCoordinator(store, AllowAllPolicy()), clock=sync_clock,
-                      sleep=lambda _s: None, background=False, on_change=tally)
+                      sleep=lambda _s: None, background=False, on_change=tally,
+                      heartbeat_coordinator=renewers)
     stack.callback(sync.close)
     for identity in names:
         sync.add(identity, CONNECTOR, scopes=SCOPES, ttl=LEASE_TTL)
@@ -500,10 +513,15 @@ def tick_cases(dsn: str, tenant: str, bindings: int, stack: ExitStack,
 
     async def open_async() -> AsyncSupervisor:
         astore = AsyncPostgresLeaseStore(dsn)
+        stores = [AsyncPostgresLeaseStore(dsn) for _ in range(RENEWAL_CONNECTIONS)]
         supervisor = AsyncSupervisor(AsyncConnectorLeaseCoordinator(astore, AllowAllPolicy()),
                                      clock=async_clock, sleep=_no_sleep,
-                                     background=False, on_change=tally)
-        stack.callback(lambda: runner.run(astore.aclose()))
+                                     background=False, on_change=tally,
+                                     heartbeat_coordinator=[
+                                         AsyncConnectorLeaseCoordinator(each, AllowAllPolicy())
+                                         for each in stores])
+        for each in [astore, *stores]:
+            stack.callback(_closer(runner, each))
         stack.callback(lambda: runner.run(supervisor.close()))
         for identity in [LeaseIdentity(tenant, f"atick-{i}", "main") for i in range(bindings)]:
             supervisor.add(identity, CONNECTOR, scopes=SCOPES, ttl=LEASE_TTL)

@@ -86,6 +86,7 @@ class _Supervisor(Generic[C]):
     """What both supervisors share: registering, reading, and the core."""
 
     _kind: type[C]
+    _in_flight: int  # renewal batches of a tick in flight at once (the runner's)
     _sleep: Any  # the driver's pause: injected, or its own (_real_sleep)
 
     def __init__(self, coordinator: C, *,
@@ -93,21 +94,20 @@ class _Supervisor(Generic[C]):
                  clock: Callable[[], float] | None = None,
                  random: Callable[[], float] = _random.random,
                  background: bool = True, notices: NoticeFeed | None = None,
-                 heartbeat_coordinator: C | None = None,
+                 heartbeat_coordinator: C | Sequence[C] | None = None,
                  on_event: EventHook | None = None, fleet: Fleet | None = None) -> None:
-        for name, given in (("coordinator", coordinator),
-                            ("heartbeat_coordinator", heartbeat_coordinator)):
-            if given is not None and not isinstance(given, self._kind):
-                raise ConfigurationError(f"{type(self).__name__} needs a "
-                                         f"{self._kind.__name__} as {name}, not "
-                                         f"{type(given).__name__}")
+        if not isinstance(coordinator, self._kind):
+            raise ConfigurationError(f"{type(self).__name__} needs a {self._kind.__name__} as "
+                                     f"coordinator, not {type(coordinator).__name__}")
         if on_change is not None and not callable(on_change):
             raise ConfigurationError("on_change must be callable")
         self.coordinator: C = coordinator
-        # The renewals go through this one (a connection of its own, say, so that a renewal
-        # stuck on it cannot hold up the grants and campaign calls of ``coordinator``).
-        self.renewer: C = coordinator if heartbeat_coordinator is None \
-            else heartbeat_coordinator
+        # The renewals go through these (connections of their own, say, so that a renewal
+        # stuck on one cannot hold up the grants and campaign calls of ``coordinator``),
+        # batch by batch in turn: two batches of a tick in flight on two connections run at
+        # once, where one connection would run them one after the other.
+        self.renewers: tuple[C, ...] = self._renewers(coordinator, heartbeat_coordinator)
+        self._renewed_on = 0  # the index in renewers of the last batch's
         # Counted by the driver where each call is made (mos_lease.stats).
         self._counts = SupervisorCounts()
         # Deadlines are kept on the coordinator's monotonic clock unless told otherwise.
@@ -123,6 +123,28 @@ class _Supervisor(Generic[C]):
         self._notices = (None if feed is None
                          else SupervisorNotices(feed, self._core, self._wake_from_thread,
                                                 self._counts))
+
+    def _renewers(self, coordinator: C, given: object) -> tuple[C, ...]:
+        """``heartbeat_coordinator`` checked: none (renew through ``coordinator``), one
+        coordinator, or a sequence of one or two distinct ones (a batch in flight on each)."""
+        if given is None:
+            return (coordinator,)
+        many = given if isinstance(given, Sequence) else (given,)
+        for item in many:
+            if not isinstance(item, self._kind):
+                raise ConfigurationError(f"{type(self).__name__} needs a {self._kind.__name__}"
+                                         f" or a sequence of them as heartbeat_coordinator, "
+                                         f"not {type(item).__name__}")
+        if not 1 <= len(many) <= self._in_flight or len(set(map(id, many))) != len(many):
+            raise ConfigurationError(
+                f"heartbeat_coordinator: one coordinator, or 1 to {self._in_flight} distinct "
+                f"ones (a renewal batch in flight on each), not {len(many)}")
+        return tuple(many)
+
+    def _next_renewer(self) -> C:
+        """The coordinator of the next renewal batch: each renewer in turn."""
+        self._renewed_on = (self._renewed_on + 1) % len(self.renewers)
+        return self.renewers[self._renewed_on]
 
     def _join(self, fleet: Fleet) -> None:
         """Run ``fleet``'s member lease as one more binding, renewed in the batches of the

@@ -115,17 +115,20 @@ class Calls:
 
     A renewal batch is primed when the turn asks for it (its leases checked and its
     statement built, on the supervisor's thread), and its store call starts only when the
-    one before it was collected, so one renewal thread runs at a time however many batches
-    the turn keeps in flight. With two in flight, the next batch is primed (and the last one
-    judged) on the supervisor's thread while a statement runs: the client's work overlaps the
-    database's, and the library still runs three threads (the supervisor's, one renewal, the
-    PostgreSQL store's watchdog)."""
+    one before it on the same coordinator was collected, so one renewal thread runs per
+    renewal coordinator however many batches the turn keeps in flight. With two in flight,
+    the next batch is primed (and the last one judged) on the supervisor's thread while a
+    statement runs: the client's work overlaps the database's, and the library still runs
+    three threads (the supervisor's, one renewal, the PostgreSQL store's watchdog); given
+    two renewal coordinators (two connections), the two statements run at once as well, on
+    two renewal threads."""
 
     __slots__ = ("_queued", "_started")
 
     def __init__(self) -> None:
         self._queued: collections.deque[_Batch] = collections.deque()
-        self._started: _Batch | None = None  # the batch whose thread may still run
+        # By coordinator (its id): the batch whose thread may still run.
+        self._started: dict[int, _Batch] = {}
 
     def bounded(self, call: Callable[[A], T], argument: A, timeout: float,
                 late: Callable[[T], object] | None = None) -> T | BaseException:
@@ -135,20 +138,23 @@ class Calls:
         return bounded(lambda: call(argument), timeout, name=f"{NAME}-campaign", late=late)
 
     def renew(self, coordinator: ConnectorLeaseCoordinator, renew: RenewalBatch) -> object:
-        """Prime the batch ``renew`` and start it if no other runs: its ticket."""
+        """Prime the batch ``renew`` and start it if no other runs on ``coordinator``: its
+        ticket."""
         try:
-            batch = _Batch(coordinator.prime_heartbeat_many(renew.leases, ttl=renew.ttl))
+            batch = _Batch(coordinator.prime_heartbeat_many(renew.leases, ttl=renew.ttl),
+                           lane=id(coordinator))
         except Exception as error:  # bad input: the batch's outcome, as its call's would be
             return _Batch(None, error)
-        if self._started is None:
-            self._start(batch)
-        else:
+        if batch.lane in self._started:
             self._queued.append(batch)
+        else:
+            self._start(batch)
         return batch
 
     def collect(self, ticket: object, timeout: float) -> object:
         """The batch's results, the exception its call raised, or ``OVERDUE`` (abandoned)
-        after ``timeout`` seconds; the next batch's call starts as soon as this one ends."""
+        after ``timeout`` seconds; the next batch on its coordinator starts as soon as this
+        one ends."""
         assert isinstance(ticket, _Batch)
         if ticket.rest is None:
             return ticket.outcome
@@ -156,34 +162,38 @@ class Calls:
             self._start(self._queued.popleft())
         assert ticket.running is not None
         outcome = ticket.running.wait(timeout)
-        if self._started is ticket:
-            self._started = None
-            if self._queued:
-                self._start(self._queued.popleft())
+        if self._started.get(ticket.lane) is ticket:
+            del self._started[ticket.lane]
+            following = next((b for b in self._queued if b.lane == ticket.lane), None)
+            if following is not None:
+                self._queued.remove(following)
+                self._start(following)
         return outcome
 
     def clear(self) -> None:
         """Forget the batches of a turn that ended without collecting them: a queued one is
         never started, a started one is abandoned (as at its limit)."""
         self._queued.clear()
-        self._started = None
+        self._started.clear()
 
     def _start(self, batch: _Batch) -> None:
         assert batch.rest is not None
         batch.running = start(batch.rest, name=f"{NAME}-renewal")
-        self._started = batch
+        self._started[batch.lane] = batch
 
 
 class _Batch:
     """A renewal batch primed on the supervisor's thread (its leases checked, its statement
-    built), whose store call and judging run on a thread of their own once started."""
+    built), whose store call and judging run on a thread of their own once started, one at
+    a time on its coordinator (``lane``: the coordinator's id)."""
 
-    __slots__ = ("outcome", "rest", "running")
+    __slots__ = ("lane", "outcome", "rest", "running")
 
     def __init__(self, rest: Callable[[], list[LeaseResult]] | None,
-                 outcome: object = None) -> None:
+                 outcome: object = None, lane: int = 0) -> None:
         self.rest = rest  # None: answered already (priming raised ``outcome``)
         self.outcome = outcome
+        self.lane = lane
         self.running: Running[list[LeaseResult]] | None = None
 
 

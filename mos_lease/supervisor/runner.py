@@ -16,7 +16,7 @@ import asyncio
 import queue
 import random as _random
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from datetime import timedelta
 
 from mos_lease.coordinator import AsyncConnectorLeaseCoordinator, ConnectorLeaseCoordinator
@@ -87,9 +87,11 @@ class AsyncSupervisor(_Supervisor[AsyncConnectorLeaseCoordinator]):
     counts the threads and tasks each supervisor runs.
 
     ``heartbeat_coordinator``: renew through this coordinator (a connection of its own),
-    as a keeper does. ``on_event``: the telemetry hook (:mod:`mos_lease.events`), sent a
-    :class:`~mos_lease.events.Renewed` or :class:`~mos_lease.events.RenewalRetry` per lease
-    of each renewal and a :class:`~mos_lease.events.Lost` per loss, as a keeper's is.
+    as a keeper does, or through these two, batch by batch in turn, so that the two
+    batches in flight run at once on two connections. ``on_event``: the telemetry hook
+    (:mod:`mos_lease.events`), sent a :class:`~mos_lease.events.Renewed` or
+    :class:`~mos_lease.events.RenewalRetry` per lease of each renewal and a
+    :class:`~mos_lease.events.Lost` per loss, as a keeper's is.
     """
 
     _kind = AsyncConnectorLeaseCoordinator
@@ -103,7 +105,8 @@ class AsyncSupervisor(_Supervisor[AsyncConnectorLeaseCoordinator]):
                  sleep: Callable[[float], Awaitable[object]] | None = None,
                  random: Callable[[], float] = _random.random,
                  background: bool = True, notices: NoticeFeed | None = None,
-                 heartbeat_coordinator: AsyncConnectorLeaseCoordinator | None = None,
+                 heartbeat_coordinator: AsyncConnectorLeaseCoordinator
+                 | Sequence[AsyncConnectorLeaseCoordinator] | None = None,
                  on_event: EventHook | None = None, fleet: Fleet | None = None) -> None:
         self._wakeup = AsyncWakeup()  # before the notice listener, which may wake it at once
         super().__init__(coordinator, on_change=on_change, clock=clock, random=random,
@@ -151,7 +154,7 @@ class AsyncSupervisor(_Supervisor[AsyncConnectorLeaseCoordinator]):
             return await self._sleep(call.seconds)
         if isinstance(call, RenewalBatch):  # started now, waited for by its Collect
             self._counts.renewal(len(call.leases))
-            return self._calls.renew(self.renewer, call)
+            return self._calls.renew(self._next_renewer(), call)
         if isinstance(call, Collect):
             return await self._calls.collect(call.ticket, call.timeout)
         if isinstance(call, Attempt):
@@ -350,9 +353,11 @@ class Supervisor(_Supervisor[ConnectorLeaseCoordinator]):
     counts the threads and tasks each supervisor runs.
 
     ``heartbeat_coordinator``: renew through this coordinator (a connection of its own),
-    as a keeper does. ``on_event``: the telemetry hook (:mod:`mos_lease.events`), sent a
-    :class:`~mos_lease.events.Renewed` or :class:`~mos_lease.events.RenewalRetry` per lease
-    of each renewal and a :class:`~mos_lease.events.Lost` per loss, as a keeper's is.
+    as a keeper does, or through these two, batch by batch in turn, so that the two
+    batches in flight run at once on two connections. ``on_event``: the telemetry hook
+    (:mod:`mos_lease.events`), sent a :class:`~mos_lease.events.Renewed` or
+    :class:`~mos_lease.events.RenewalRetry` per lease of each renewal and a
+    :class:`~mos_lease.events.Lost` per loss, as a keeper's is.
     """
 
     _kind = ConnectorLeaseCoordinator
@@ -366,7 +371,8 @@ class Supervisor(_Supervisor[ConnectorLeaseCoordinator]):
                  sleep: Callable[[float], object] | None = None,
                  random: Callable[[], float] = _random.random,
                  background: bool = True, notices: NoticeFeed | None = None,
-                 heartbeat_coordinator: ConnectorLeaseCoordinator | None = None,
+                 heartbeat_coordinator: ConnectorLeaseCoordinator
+                 | Sequence[ConnectorLeaseCoordinator] | None = None,
                  on_event: EventHook | None = None, fleet: Fleet | None = None) -> None:
         self._wakeup = Wakeup()  # before the notice listener, which may wake it at once
         super().__init__(coordinator, on_change=on_change, clock=clock, random=random,
@@ -414,7 +420,7 @@ class Supervisor(_Supervisor[ConnectorLeaseCoordinator]):
             return self._sleep(call.seconds)
         if isinstance(call, RenewalBatch):  # started now, waited for by its Collect
             self._counts.renewal(len(call.leases))
-            return self._calls.renew(self.renewer, call)
+            return self._calls.renew(self._next_renewer(), call)
         if isinstance(call, Collect):
             return self._calls.collect(call.ticket, call.timeout)
         if isinstance(call, Attempt):

@@ -124,6 +124,81 @@ def test_renewals_go_through_the_heartbeat_coordinator() -> None:
             AsyncInMemoryLeaseStore()))  # type: ignore[arg-type]
 
 
+def test_renewal_batches_take_turns_over_two_heartbeat_coordinators() -> None:
+    """Given two renewal coordinators, the batches of a tick go to each in turn, and the
+    thread supervisor runs the two batches in flight at once (a renewal thread each): every
+    store call here waits until the other one runs too, which one renewal thread at a time
+    would never reach (its barrier breaks, the batch fails, and a lease is lost)."""
+    rig = Rig()
+    both = threading.Barrier(2, timeout=5)
+    renewers = [Renewer(rig.store, AllowAllPolicy(), monotonic_clock=rig.time)
+                for _ in range(2)]
+    met: list[int] = []
+
+    def meeting(renewer: Renewer) -> Any:
+        prime = renewer.prime_heartbeat_many
+
+        def primed(leases: Sequence[LeaseHandle], **options: Any) -> Any:
+            rest = prime(leases, **options)
+
+            def call() -> Any:
+                met.append(both.wait())
+                return rest()
+            return call
+        return primed
+
+    for renewer in renewers:
+        renewer.prime_heartbeat_many = meeting(renewer)  # type: ignore[method-assign]
+    rig.supervisor.close()
+    rig.supervisor = Supervisor(rig.coordinator, on_change=rig.changes.append,
+                                clock=rig.time, sleep=rig.sleeps.append, random=lambda: 0.5,
+                                background=False, heartbeat_coordinator=renewers)
+    rig.add(2000)  # two batches of 1,000 per tick
+    rig.settle()
+    rig.run(25)  # two ticks
+    assert [renewer.batches for renewer in renewers] == [2, 2]
+    assert sorted(met) == [0, 0, 1, 1]  # both barriers passed by two threads each
+    assert not rig.of(BindingLost)
+    rig.supervisor.close()
+
+
+def test_the_asyncio_supervisor_spreads_its_batches_over_two_heartbeat_coordinators() -> None:
+    async def main() -> None:
+        rig = AsyncRig(AsyncInMemoryLeaseStore)
+        renewers = [AsyncRenewer(rig.store, AllowAllPolicy(), monotonic_clock=rig.time)
+                    for _ in range(2)]
+
+        async def sleep(seconds: float) -> None:
+            rig.sleeps.append(seconds)
+
+        supervisor = AsyncSupervisor(rig.coordinator, on_change=rig.changes.append,
+                                     clock=rig.time, sleep=sleep, random=lambda: 0.5,
+                                     background=False, heartbeat_coordinator=renewers)
+        for i in range(1500):
+            supervisor.add(ident(i), "gw-a", scopes=SCOPES, ttl=TTL)
+        for _ in range(60):
+            await supervisor.turn()
+            rig.time.advance(0.5)
+        assert [renewer.batches for renewer in renewers] == [2, 2]
+        assert not [c for c in rig.changes if isinstance(c, BindingLost)]
+        await supervisor.close()
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("given", ["three", "twice", "empty", "a string", "a wrong kind"])
+def test_heartbeat_coordinators_are_one_or_two_distinct_coordinators(given: str) -> None:
+    rig = Rig()
+    renewers = [Renewer(rig.store, AllowAllPolicy()) for _ in range(3)]
+    bad: object = {"three": renewers, "twice": [renewers[0], renewers[0]], "empty": [],
+                   "a string": "renewer",
+                   "a wrong kind": [renewers[0], AsyncConnectorLeaseCoordinator(
+                       AsyncInMemoryLeaseStore())]}[given]
+    with pytest.raises(ConfigurationError, match="heartbeat_coordinator"):
+        Supervisor(rig.coordinator, heartbeat_coordinator=bad,  # type: ignore[arg-type]
+                   background=False)
+
+
 def test_the_asyncio_supervisor_renews_through_the_heartbeat_coordinator() -> None:
     async def main() -> None:
         rig = AsyncRig(AsyncInMemoryLeaseStore)
