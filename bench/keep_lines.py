@@ -14,9 +14,10 @@ import attrs
 
 ROOT = Path(__file__).resolve().parent.parent
 
-ENGINE = ("mos_lease/keeper", "mos_lease/holder", "mos_lease/supervisor",
-          "mos_lease/held_grant.py")
-"""The engine's folders and modules, relative to the repository."""
+ENGINE = ("mos_lease/keep", "mos_lease/supervisor.py", "mos_lease/keeper.py",
+          "mos_lease/holder.py", "mos_lease/held_grant.py")
+"""The engine's folder, its public modules and the module it alone uses, relative to the
+repository."""
 
 
 @attrs.frozen

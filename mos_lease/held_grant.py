@@ -4,7 +4,7 @@ deadline has passed, whatever the store says or however long it took; a refusal 
 the lease is gone is recorded as the loss at once; and with no lease held the grant is
 refused locally (no store call, no audit row), naming the loss's reason.
 
-:func:`issue_grant` is a generator of one step (:class:`~mos_lease.keeper.calls.
+:func:`issue_grant` is a generator of one step (:class:`~mos_lease.keep.keeper_calls.
 IssueGrantCall`), driven as the keeper's and the supervisor's turns are; what it asks of the
 one who keeps the lease is a :class:`GrantSubject`.
 """
@@ -18,8 +18,8 @@ from datetime import timedelta
 from typing import Any, Protocol
 
 from mos_lease.identity import check_correlation_id
-from mos_lease.keeper.calls import IssueGrantCall
-from mos_lease.keeper.schedule import LeaseLoss, LossCause, grant_loss, local_refusal
+from mos_lease.keep.keeper_calls import IssueGrantCall
+from mos_lease.keep.timing import LeaseLoss, LossCause, grant_loss, local_refusal
 from mos_lease.records import LeaseHandle
 from mos_lease.results import GrantResult
 from mos_lease.vocabulary import Reason

@@ -192,7 +192,7 @@ class OpenTelemetryStats:
                 description="Leases carried by a supervisor's renewal batches")
         counter("mos_lease.supervisor.calls", [self._campaign], unit="{call}",
                 description="A supervisor's campaign calls and releases, by call")
-        counter("mos_lease.supervisor.notices", [self._notices], unit="{notice}",
+        counter("mos_lease.keep.notices", [self._notices], unit="{notice}",
                 description="Lease notices worth a confirming read")
         gauge("mos_lease.supervisor.renewal.last_leases", [self._last_renewed], unit="{lease}",
               description="Leases in a supervisor's latest renewal batch")

@@ -1,5 +1,5 @@
 """Generate each synchronous class from its asyncio source (:data:`TARGETS`): the coordinator
-(``mos_lease/coordinator.py``) and the supervisor (``mos_lease/supervisor/runner.py``).
+(``mos_lease/coordinator.py``) and the supervisor (``mos_lease/keep/runner.py``).
 
     python tools/async_to_sync.py          # rewrite the generated classes
     python tools/async_to_sync.py --check  # exit 1 if one is not current (run by the tests)
@@ -9,7 +9,7 @@ from it: the same text with ``async`` and ``await`` dropped and each asyncio nam
 by its synchronous one (the target's ``names``), so continuation lines aligned under a
 bracket of a changed line move with it. Where threads and asyncio really differ, the source
 calls a primitive whose synchronous twin has the same call shape under another name
-(``mos_lease/supervisor/primitives.py``), so the text itself stays one.
+(``mos_lease/keep/primitives.py``), so the text itself stays one.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ COORDINATOR: Final = Target(ROOT / "mos_lease" / "coordinator.py",
     ("Awaitable[list[LeaseResult]]", "list[LeaseResult]"),
     ("The asyncio coordinator", "The synchronous coordinator"),
 ))
-RUNNER: Final = Target(ROOT / "mos_lease" / "supervisor" / "runner.py",
+RUNNER: Final = Target(ROOT / "mos_lease" / "keep" / "runner.py",
                        "class AsyncSupervisor(", (
     ("AsyncSupervisor", "Supervisor"),
     ("AsyncConnectorLeaseCoordinator", "ConnectorLeaseCoordinator"),

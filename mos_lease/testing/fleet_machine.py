@@ -55,8 +55,8 @@ from mos_lease.fleet.members import member_identities
 from mos_lease.fleet.membership import HANDOFF_PREFIX, Fleet
 from mos_lease.fleet.placement import place
 from mos_lease.identity import LeaseIdentity
+from mos_lease.keep.handover import HANDOVER_PREFIX
 from mos_lease.supervisor import Change, Moved, Supervisor
-from mos_lease.supervisor.handover import HANDOVER_PREFIX
 from mos_lease.testing.fleet_world import (
     AuditTrail,
     MemberProcess,

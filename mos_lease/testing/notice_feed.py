@@ -13,7 +13,7 @@ AnyNoticeCallback = Callable[[LeaseIdentity, int, str], object]
 
 
 class ManualNoticeFeed:
-    """A :class:`~mos_lease.supervisor.notices.NoticeFeed`: :meth:`send` is one notice,
+    """A :class:`~mos_lease.keep.notices.NoticeFeed`: :meth:`send` is one notice,
     true or forged, handed to every subscriber on the calling thread. ``confirmer`` is the
     notice confirmer its subscribers bound their confirming reads with (a new one with the
     default bound unless given)."""

@@ -35,11 +35,11 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from mos_lease.coordinator import ConnectorLeaseCoordinator
 from mos_lease.errors import StoreUnavailable
 from mos_lease.identity import LeaseIdentity
+from mos_lease.keep.turn import IN_FLIGHT
 from mos_lease.notice_confirmer import NoticeConfirmer
 from mos_lease.policy import AllowAllPolicy
 from mos_lease.records import LeaseHandle, Snapshot
 from mos_lease.supervisor import BindingLost, BindingStarted, Change, Supervisor
-from mos_lease.supervisor.flow import IN_FLIGHT
 from mos_lease.testing.harness import StoreHarness
 from mos_lease.testing.notice_feed import ManualNoticeFeed
 from mos_lease.vocabulary import LeaseState
@@ -79,7 +79,7 @@ def make_supervisor_machine(harness_factory: Callable[[], StoreHarness], *,
     """A state machine class running a supervisor of several bindings against stores from
     the factory. Use it as ``TestMySupervisor = make_supervisor_machine(factory).TestCase``.
     ``in_flight``: renewal batches of a tick the supervisor keeps in flight at once (both
-    supervisors keep :data:`~mos_lease.supervisor.flow.IN_FLIGHT`, two: the next batch is
+    supervisors keep :data:`~mos_lease.keep.turn.IN_FLIGHT`, two: the next batch is
     primed while the last one's store call runs; one is the turn's other shape).
     """
 

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, Phase, settings
 
+from mos_lease.keep.schedule import Schedule
 from mos_lease.machine import grant_refusal
-from mos_lease.supervisor.schedule import Schedule
 from mos_lease.testing import make_fleet_machine
 from mos_lease_memory import MemoryHarness
 
@@ -72,6 +72,6 @@ def test_the_specification_catches_a_planted_flaw(monkeypatch: pytest.MonkeyPatc
         # A hand-off drains the grants minted for the lease before its release, so that
         # none is left to validate under the old epoch; without the drain, an old grant is
         # still alive when the successor takes over, which is where the flaw shows.
-        monkeypatch.setattr("mos_lease.supervisor.schedule.DRAIN", 0.0)
+        monkeypatch.setattr("mos_lease.keep.schedule.DRAIN", 0.0)
     with pytest.raises(AssertionError, match=MESSAGES[flaw]):
         _run_flawed()

@@ -31,7 +31,9 @@ from mos_lease import (
 )
 from mos_lease import holder as holder_module
 from mos_lease.holder import HoldTiming
-from mos_lease.keeper import AsyncLeaseKeeper, LeaseKeeper, calls, schedule
+from mos_lease.keep import keeper_calls as calls
+from mos_lease.keep import timing as schedule
+from mos_lease.keeper import AsyncLeaseKeeper, LeaseKeeper
 from mos_lease.records import LeaseHandle
 from mos_lease_memory import AsyncInMemoryLeaseStore, InMemoryLeaseStore
 from tests.core.test_keeper import IDENT, SCOPES, FakeTime
@@ -194,8 +196,8 @@ COORDINATOR_METHODS = {"acquire", "takeover", "heartbeat", "heartbeat_many", "re
                        "issue_grant", "validate", "current_holder", "load"}
 
 
-@pytest.mark.parametrize("module", ["keeper/base.py", "keeper/thread_keeper.py",
-                                    "keeper/asyncio_keeper.py", "holder/holding.py"])
+@pytest.mark.parametrize("module", ["keep/keeper.py", "keep/thread_keeper.py",
+                                    "keep/asyncio_keeper.py", "keep/holding.py"])
 def test_the_drivers_make_no_coordinator_call_of_their_own(module: str) -> None:
     """What the keeper and holder ask of the coordinator is in the steps (written once);
     a thread or asyncio driver only performs them (``step.on(...)``)."""
@@ -212,7 +214,8 @@ def test_no_step_or_decision_is_named_like_a_machine_command() -> None:
                 if inspect.isclass(value) and value.__module__.startswith("mos_lease.")
                 and value.__module__ == getattr(module, "__name__", None)}
 
-    from mos_lease.holder import holding, options
+    from mos_lease.keep import hold_options as options
+    from mos_lease.keep import holding
     ours = classes(calls, schedule, holding, options)
     assert {"AcquireCall", "HeartbeatDue", "ReportLoss", "Holder"} <= ours
     assert classes(machine) & ours == set()

@@ -19,7 +19,7 @@ ALLOWED: dict[str, str] = {
     "mos_lease/coordinator.py": "the two facades and nothing else: the asyncio class, and the "
     "synchronous class tools/async_to_sync.py generates from it, kept in one file so that "
     "--check compares them",
-    "mos_lease/supervisor/runner.py": "the two supervisors and nothing else: the asyncio "
+    "mos_lease/keep/runner.py": "the two supervisors and nothing else: the asyncio "
     "class, and the thread class tools/async_to_sync.py generates from it, kept in one file "
     "so that --check compares them (as the coordinator's facades)",
     "mos_lease/machine.py": "the protocol's state machine: the commands, the writes they plan "
@@ -31,10 +31,10 @@ ALLOWED: dict[str, str] = {
     "mos_lease_pg/coalesce.py": "coalesced calls of one store: the two queues (reads and "
     "audit appends) and the pump that sends each batch, written once for the thread and the "
     "asyncio store, with the rules that keep each caller's answer its own",
-    "mos_lease/holder/holding.py": "hold()'s two holders over the keep engine and nothing "
+    "mos_lease/keep/holding.py": "hold()'s two holders over the keep engine and nothing "
     "else: what both read off the engine's reports, and the thread and asyncio shells, which "
     "differ in how the block waits, is left and is cancelled on loss",
-    "mos_lease/supervisor/schedule.py": "the supervisor's pure schedule: one object deciding, "
+    "mos_lease/keep/schedule.py": "the supervisor's pure schedule: one object deciding, "
     "for every binding, what is due and what each call's outcome means (renewal, campaign, "
     "confirming read); its values live apart in slots and changes",
 }

@@ -18,8 +18,8 @@ from mos_lease import (
     LeaseIdentity,
 )
 from mos_lease.clock import ManualClock
+from mos_lease.keep.schedule import BATCH
 from mos_lease.stats import CoordinatorStats, StoreStats, SupervisorStats
-from mos_lease.supervisor.schedule import BATCH
 from mos_lease_memory import AsyncInMemoryLeaseStore, InMemoryLeaseStore
 from tests.core.test_supervisor import Rig, ident
 

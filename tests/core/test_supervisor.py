@@ -28,6 +28,8 @@ from mos_lease import (
     StoreUnavailable,
 )
 from mos_lease.clock import ManualClock
+from mos_lease.keep.schedule import BATCH, Schedule
+from mos_lease.keep.slots import AcquireDue, Due, ReadHolder, RenewalBatch, TakeoverDue
 from mos_lease.keeper import KeeperTiming
 from mos_lease.machine import Renew as RenewWrite
 from mos_lease.records import AuditEntry, WriteOutcome
@@ -41,8 +43,6 @@ from mos_lease.supervisor import (
     NewHolder,
     Supervisor,
 )
-from mos_lease.supervisor.schedule import BATCH, Schedule
-from mos_lease.supervisor.slots import AcquireDue, Due, ReadHolder, RenewalBatch, TakeoverDue
 from mos_lease.vocabulary import LeaseState, Outcome
 from mos_lease_memory import AsyncInMemoryLeaseStore, InMemoryLeaseStore
 from tests.helpers import Time
@@ -749,7 +749,7 @@ def test_the_batches_of_a_slow_tick_stay_one_tick() -> None:
 
 
 def test_a_turn_that_fails_frees_what_it_claimed(monkeypatch: pytest.MonkeyPatch) -> None:
-    from mos_lease.supervisor.flow import turn_failed
+    from mos_lease.keep.turn import turn_failed
 
     rig = Rig()
     rig.add(3)
@@ -776,7 +776,7 @@ def test_a_turn_that_fails_frees_what_it_claimed(monkeypatch: pytest.MonkeyPatch
 
 def _held_core(n: int) -> Any:
     """A supervisor core holding ``n`` leases acquired at 0, all due at 10 (ttl 30)."""
-    from mos_lease.supervisor.flow import Core
+    from mos_lease.keep.turn import Core
 
     clock = [0.0]
     core = Core(lambda: clock[0], lambda: 0.5, None)
@@ -791,7 +791,7 @@ def _held_core(n: int) -> Any:
 @pytest.mark.parametrize("in_flight", [1, 2])
 def test_a_turn_keeps_at_most_in_flight_batches_started_and_waits_within_the_deadline(
         in_flight: int) -> None:
-    from mos_lease.supervisor.flow import Collect, turn
+    from mos_lease.keep.turn import Collect, turn
 
     core = _held_core(2500)
     earliest = core.schedule.earliest_deadline()
@@ -827,7 +827,7 @@ def test_a_turn_keeps_at_most_in_flight_batches_started_and_waits_within_the_dea
 
 
 def test_batches_in_flight_when_the_supervisor_closes_are_collected_and_judged() -> None:
-    from mos_lease.supervisor.flow import Collect, turn
+    from mos_lease.keep.turn import Collect, turn
 
     core = _held_core(2500)
     flow = turn(core, 2)
@@ -901,7 +901,7 @@ def test_a_thread_supervisor_turn_that_fails_part_way_leaves_no_batch_to_start_l
         ) -> None:
     """A turn that raised (a bug) after priming a batch it never started: the next turn
     starts only its own batches, and the renewals go on."""
-    from mos_lease.supervisor.flow import Collect, turn_failed
+    from mos_lease.keep.turn import Collect, turn_failed
 
     rig = Rig()
     rig.add(2500)

@@ -1,4 +1,4 @@
-"""The campaign rule, written once (``mos_lease/supervisor/campaign.py``), and what the
+"""The campaign rule, written once (``mos_lease/keep/campaign.py``), and what the
 supervisor does with it for one binding as ``hold()`` asks: a takeover policy per binding,
 a wait after which the binding gives up with the last reason and holder view, and refusals
 that waiting cannot change ending the wait at once. In-memory store, fake time, the thread
@@ -19,11 +19,11 @@ from mos_lease import (
     Reason,
     StaticConnectorPolicy,
 )
+from mos_lease.keep.campaign import ACQUIRE, next_try
 from mos_lease.keeper import KeeperTiming, abandoned, held
 from mos_lease.policy import ConnectorLeaseService
 from mos_lease.results import HolderView
 from mos_lease.supervisor import BindingStarted, GaveUp, NewHolder, Supervisor, TakeoverPolicy
-from mos_lease.supervisor.campaign import ACQUIRE, next_try
 from mos_lease.vocabulary import LeaseState, LifecycleEvent, Outcome
 from tests.core.test_supervisor import SCOPES, Counting, Rig, _handle, ident
 from tests.helpers import Time
@@ -241,7 +241,7 @@ def test_bad_takeover_or_wait_is_refused_and_adds_nothing(field: str, value: obj
 
 
 def test_an_abandoned_renewal_is_lost_at_its_own_deadline_and_retried_before_it() -> None:
-    """keeper.schedule.abandoned judges a renewal abandoned at its time limit: lost when that
+    """keep.timing.abandoned judges a renewal abandoned at its time limit: lost when that
     limit was the lease's own deadline (the keeper's case, and the earliest lease of a
     supervisor's batch) or the deadline has come, else retried as a transient failure (a
     lease whose batch was given up at another lease's earlier deadline)."""
@@ -271,8 +271,8 @@ def test_the_keeper_and_the_supervisor_mint_grants_by_one_rule(
     and after the store call), each only saying what it holds; and the supervisor's grant
     module names no class like a machine command for it."""
     from mos_lease import held_grant
+    from mos_lease.keep import granting
     from mos_lease.keeper import LeaseKeeper
-    from mos_lease.supervisor import granting
 
     subjects: list[str] = []
     real = held_grant.issue_grant
@@ -289,5 +289,5 @@ def test_the_keeper_and_the_supervisor_mint_grants_by_one_rule(
     keeper = LeaseKeeper(rig.coordinator, ttl=30, background=False, clock=rig.time)
     assert keeper.acquire(ident(1), "gw-a", scopes=SCOPES).ok
     assert keeper.issue_grant(scopes=SCOPES, ttl=5).ok
-    assert subjects == ["mos_lease.supervisor.granting", "mos_lease.keeper.thread_keeper"]
+    assert subjects == ["mos_lease.keep.granting", "mos_lease.keep.thread_keeper"]
     assert not hasattr(granting, "IssueGrant")

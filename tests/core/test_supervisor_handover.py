@@ -26,6 +26,7 @@ from mos_lease import (
 )
 from mos_lease.fleet.members import member_identity
 from mos_lease.fleet.membership import Fleet
+from mos_lease.keep.handover import HANDOVER_PREFIX, HOLD_OFF, MAX_SUCCESSOR
 from mos_lease.policy import ConnectorLeaseService
 from mos_lease.supervisor import (
     AsyncSupervisor,
@@ -35,7 +36,6 @@ from mos_lease.supervisor import (
     Moved,
     Supervisor,
 )
-from mos_lease.supervisor.handover import HANDOVER_PREFIX, HOLD_OFF, MAX_SUCCESSOR
 from mos_lease.token import format_token, parse_token
 from mos_lease.vocabulary import LeaseState, LifecycleEvent, Outcome
 from mos_lease_memory import AsyncInMemoryLeaseStore, InMemoryLeaseStore

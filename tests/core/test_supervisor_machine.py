@@ -12,9 +12,9 @@ import attrs
 import pytest
 from hypothesis import HealthCheck, Phase, settings
 
+from mos_lease.keep import schedule as schedule_module
+from mos_lease.keep.schedule import Schedule
 from mos_lease.keeper import after_renewal
-from mos_lease.supervisor import schedule as schedule_module
-from mos_lease.supervisor.schedule import Schedule
 from mos_lease.testing import make_supervisor_machine
 from mos_lease_memory import MemoryHarness
 

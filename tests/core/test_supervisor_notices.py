@@ -23,6 +23,7 @@ from mos_lease import (
     LossCause,
     Reason,
 )
+from mos_lease.keep.schedule import superseded
 from mos_lease.notice_confirmer import NoticeConfirmer
 from mos_lease.records import LeaseHandle
 from mos_lease.results import HolderView
@@ -34,7 +35,6 @@ from mos_lease.supervisor import (
     NewHolder,
     Supervisor,
 )
-from mos_lease.supervisor.schedule import superseded
 from mos_lease.testing import ManualNoticeFeed
 from mos_lease.vocabulary import LeaseState
 from mos_lease_memory import AsyncInMemoryLeaseStore, InMemoryLeaseStore

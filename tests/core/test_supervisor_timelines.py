@@ -23,12 +23,9 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from mos_lease import LeaseHandle, LeaseIdentity, LeaseResult, Reason, StoreUnavailable
-from mos_lease.keeper import KeeperTiming, LeaseLoss, LossCause
-from mos_lease.results import HolderView
-from mos_lease.supervisor import Binding
-from mos_lease.supervisor.changes import Change
-from mos_lease.supervisor.schedule import BATCH, Schedule, _held
-from mos_lease.supervisor.slots import (
+from mos_lease.keep.changes import Change
+from mos_lease.keep.schedule import BATCH, Schedule, _held
+from mos_lease.keep.slots import (
     AcquireDue,
     Campaign,
     Confirm,
@@ -38,6 +35,9 @@ from mos_lease.supervisor.slots import (
     Slot,
     TakeoverDue,
 )
+from mos_lease.keeper import KeeperTiming, LeaseLoss, LossCause
+from mos_lease.results import HolderView
+from mos_lease.supervisor import Binding
 from mos_lease.vocabulary import LeaseState, Outcome
 
 START = datetime(2030, 1, 1, tzinfo=UTC)

@@ -152,7 +152,7 @@ def test_each_count_is_published_under_its_own_name() -> None:
     assert values("mos_lease.supervisor.renewal.last_leases") == {"": 5}
     assert values("mos_lease.supervisor.calls") == {"read": 7, "acquire": 11, "takeover": 13,
                                                     "release": 17}
-    assert values("mos_lease.supervisor.notices") == {"": 19}
+    assert values("mos_lease.keep.notices") == {"": 19}
     assert values("mos_lease.supervisor.bindings") == {"registered": 23, "held": 29}
 
 

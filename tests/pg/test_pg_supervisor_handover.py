@@ -23,10 +23,10 @@ import pytest
 
 from mos_lease import AllowAllPolicy, ConnectorLeaseCoordinator, LeaseIdentity, Reason, hold
 from mos_lease.fencing import FencedEffectRefused
-from mos_lease.keeper.schedule import KeeperTiming
+from mos_lease.keep.handover import HANDOVER_PREFIX
+from mos_lease.keep.timing import KeeperTiming
 from mos_lease.notice_confirmer import NoticeConfirmer
 from mos_lease.supervisor import BindingLost, BindingStarted, Change, Moved, Supervisor
-from mos_lease.supervisor.handover import HANDOVER_PREFIX
 from mos_lease.vocabulary import LeaseState, LifecycleEvent, Outcome
 from mos_lease_pg import LeaseNotices
 from mos_lease_pg.effects import fenced_transaction

@@ -5,10 +5,10 @@ turn makes.
 A notice is a hint, never believed (anyone who can log in may send one by the thousand).
 For a binding waiting for a lease held elsewhere it moves the binding's next read of the
 holder into the next turn's batched read, if that read is ``max_backoff`` old
-(:meth:`~mos_lease.supervisor.schedule.Schedule.look`); a notice that comes sooner asks
+(:meth:`~mos_lease.keep.schedule.Schedule.look`); a notice that comes sooner asks
 for one confirming turn shared by all the waiting bindings of the supervisor, which reads
 every binding noticed since the last such turn in the next turn's batched read
-(:meth:`~mos_lease.supervisor.schedule.Schedule.look_now`): a peer releasing thousands of
+(:meth:`~mos_lease.keep.schedule.Schedule.look_now`): a peer releasing thousands of
 leases at shutdown is read in a few round trips and a few turns, not held back as a flood,
 and a forged flood costs a bounded number of such turns. For a held binding, all it may
 cause is a *confirming turn* of the process's
@@ -38,9 +38,9 @@ from typing import Protocol
 
 from mos_lease.errors import ConfigurationError
 from mos_lease.identity import LeaseIdentity
+from mos_lease.keep.turn import Core
 from mos_lease.notice_confirmer import Done, Job, NoticeConfirmer, confirmer_of
 from mos_lease.stats import SupervisorCounts
-from mos_lease.supervisor.flow import Core
 
 AnyNoticeCallback = Callable[[LeaseIdentity, int, str], object]
 """``callback(identity, epoch, kind)``: ``identity``'s lease is now at ``epoch`` (``kind``:

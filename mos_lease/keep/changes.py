@@ -9,7 +9,7 @@ from __future__ import annotations
 import attrs
 
 from mos_lease.identity import LeaseIdentity
-from mos_lease.keeper.schedule import LeaseLoss
+from mos_lease.keep.timing import LeaseLoss
 from mos_lease.records import LeaseHandle
 from mos_lease.results import HolderView
 from mos_lease.vocabulary import Reason

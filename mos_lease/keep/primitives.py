@@ -1,6 +1,6 @@
 """Where the thread and the asyncio supervisor differ, each difference behind one small pair
 with the same call shape, so that the supervisor itself is written once
-(:mod:`mos_lease.supervisor.runner`):
+(:mod:`mos_lease.keep.runner`):
 
 * :class:`Wakeup` / :class:`AsyncWakeup`: the loop's sleep, ended early by an ``add()``, a
   ``close()`` or the notice confirmer's thread (``set_from_thread``);
@@ -33,8 +33,8 @@ from mos_lease.bounded import (
     start,
 )
 from mos_lease.coordinator import AsyncConnectorLeaseCoordinator, ConnectorLeaseCoordinator
+from mos_lease.keep.slots import RenewalBatch
 from mos_lease.results import LeaseResult
-from mos_lease.supervisor.slots import RenewalBatch
 
 A = TypeVar("A")
 T = TypeVar("T")

@@ -21,7 +21,7 @@ import heapq
 import math
 from collections.abc import Callable
 
-from mos_lease.supervisor.slots import Slot
+from mos_lease.keep.slots import Slot
 
 _Entry = tuple[int, Slot]  # the slot's version when pushed, the slot
 

@@ -1,6 +1,6 @@
 """The supervisor's bindings and the calls it makes for them: :class:`Binding` (what the
 gateway registered), :class:`Slot` (one binding's state, held or campaigning) and the calls
-:meth:`~mos_lease.supervisor.schedule.Schedule.due` asks a driver to make (a campaign call
+:meth:`~mos_lease.keep.schedule.Schedule.due` asks a driver to make (a campaign call
 for one slot, a renewal for a batch of them). Plain values, apart from the schedule that
 decides with them.
 """
@@ -12,12 +12,12 @@ import math
 import attrs
 
 from mos_lease.identity import LeaseIdentity
-from mos_lease.keeper.schedule import KeeperState, KeeperTiming
+from mos_lease.keep.campaign import TakeoverPolicy
+from mos_lease.keep.changes import Change
+from mos_lease.keep.timing import KeeperState, KeeperTiming
 from mos_lease.metadata import EMPTY_METADATA, Metadata
 from mos_lease.records import LeaseHandle
 from mos_lease.results import HolderView
-from mos_lease.supervisor.campaign import TakeoverPolicy
-from mos_lease.supervisor.changes import Change
 from mos_lease.vocabulary import Reason
 
 # --- what the gateway registered, and the state of each binding ----------------------------
@@ -28,7 +28,7 @@ class Binding:
     """A binding the supervisor runs: who, as which connector, with which scopes and timing.
     The scopes are those :func:`~mos_lease.identity.normalize_scopes` returned; ``metadata``
     is the holder metadata each of its acquires and takeovers sets. ``takeover`` is the
-    campaign's :class:`~mos_lease.supervisor.campaign.TakeoverPolicy`; ``wait`` the seconds
+    campaign's :class:`~mos_lease.keep.campaign.TakeoverPolicy`; ``wait`` the seconds
     the first campaign may take before the binding gives up (``inf``: no limit, but a refusal
     that waiting cannot change still ends it; ``None``: campaign until removed, whatever is
     refused). ``once``: the lease is held once, as :func:`~mos_lease.hold` holds it: its
@@ -50,7 +50,7 @@ class Slot:
     while a notice's confirming read waits for its turn. Compared by identity: a call whose
     slot was removed (or replaced by a new registration) is stale. ``order`` is its place
     among the registrations (the schedule answers in that order), ``version`` counts the
-    changes the schedule's timelines have seen (:mod:`~mos_lease.supervisor.timeline`: an
+    changes the schedule's timelines have seen (:mod:`~mos_lease.keep.timeline`: an
     entry of an older version is stale)."""
 
     __slots__ = ("binding", "busy", "confirm", "error", "failures", "gives_up_at",
@@ -78,7 +78,7 @@ class Slot:
         self.removed = False
         self.handing = False  # being handed over: drained, or its release in flight
         # When the grants minted for its lease have all expired, at the latest: a hand-off's
-        # drain waits for them (mos_lease.supervisor.handover).
+        # drain waits for them (mos_lease.keep.handover).
         self.granted_until = -math.inf
         # After a hand-off of the lease at an epoch: until when (monotonic) its release at
         # that epoch is left for the successor to take over, not campaigned for.
@@ -139,7 +139,7 @@ class RenewalBatch:
     must return within ``timeout`` seconds of its start, when the earliest local deadline of
     the held leases comes (set by the turn as the call starts). The driver starts it and
     answers at once with a ticket, which the turn waits for later
-    (:class:`~mos_lease.supervisor.flow.Collect`): two batches may be in flight at once."""
+    (:class:`~mos_lease.keep.turn.Collect`): two batches may be in flight at once."""
 
     slots: tuple[Slot, ...]
     leases: tuple[LeaseHandle, ...]
@@ -150,7 +150,7 @@ class RenewalBatch:
 
 @attrs.frozen(slots=True)
 class Due:
-    """What :meth:`~mos_lease.supervisor.schedule.Schedule.due` found: changes to report
+    """What :meth:`~mos_lease.keep.schedule.Schedule.due` found: changes to report
     (losses at their deadline), the renewals, campaign calls and confirming reads to make now,
     and when to look again if nothing happens."""
 

@@ -1,8 +1,8 @@
 """What the two supervisors share: checking the coordinator they are given, registering and
 removing bindings, reading the lease held for one, the core their turns run on, and the one
-notice listener (``notices=``, :mod:`~mos_lease.supervisor.notices`).
-:class:`~mos_lease.supervisor.runner.Supervisor` runs the turns of ``flow.py`` on one thread,
-:class:`~mos_lease.supervisor.runner.AsyncSupervisor` as one asyncio task; each only performs
+notice listener (``notices=``, :mod:`~mos_lease.keep.notices`).
+:class:`~mos_lease.keep.runner.Supervisor` runs the turns of ``turn.py`` on one thread,
+:class:`~mos_lease.keep.runner.AsyncSupervisor` as one asyncio task; each only performs
 the calls a turn yields, which is where threads and asyncio differ.
 """
 
@@ -26,17 +26,17 @@ from mos_lease.identity import (
     normalize_scopes,
     normalize_ttl,
 )
-from mos_lease.keeper.schedule import KeeperTiming, default_clock_step
+from mos_lease.keep.campaign import TakeoverPolicy, check_takeover, check_wait
+from mos_lease.keep.changes import Change
+from mos_lease.keep.notices import NoticeFeed, SupervisorNotices, check_feed
+from mos_lease.keep.schedule import BATCH
+from mos_lease.keep.slots import Binding
+from mos_lease.keep.timing import KeeperTiming, default_clock_step
+from mos_lease.keep.turn import Core
 from mos_lease.metadata import check_metadata
 from mos_lease.records import LeaseHandle
 from mos_lease.results import LeaseResult
 from mos_lease.stats import SupervisorCounts, SupervisorStats
-from mos_lease.supervisor.campaign import TakeoverPolicy, check_takeover, check_wait
-from mos_lease.supervisor.changes import Change
-from mos_lease.supervisor.flow import Core
-from mos_lease.supervisor.notices import NoticeFeed, SupervisorNotices, check_feed
-from mos_lease.supervisor.schedule import BATCH
-from mos_lease.supervisor.slots import Binding
 
 C = TypeVar("C", ConnectorLeaseCoordinator, AsyncConnectorLeaseCoordinator)
 
@@ -189,19 +189,19 @@ class _Supervisor(Generic[C]):
         ``clock_step``. ``metadata`` is the holder metadata every acquire and takeover of
         this binding sets (where to route its requests, say); checked here, like every other
         argument. ``takeover`` is :func:`~mos_lease.hold`'s policy
-        (:class:`~mos_lease.supervisor.campaign.TakeoverPolicy`). ``wait``: seconds the first
+        (:class:`~mos_lease.keep.campaign.TakeoverPolicy`). ``wait``: seconds the first
         campaign may take; when they run out, or at once on a refusal that waiting cannot
         change (the policy's, an exhausted epoch), the binding gives up: it is reported as
-        :class:`~mos_lease.supervisor.changes.GaveUp` and no longer run. ``None`` (the
+        :class:`~mos_lease.keep.changes.GaveUp` and no longer run. ``None`` (the
         default): campaign until removed, whatever is refused. ``once``: hold the lease
         once, as :func:`~mos_lease.hold` does: its loss (reported as
-        :class:`~mos_lease.supervisor.changes.BindingLost`) ends the binding, which is then
+        :class:`~mos_lease.keep.changes.BindingLost`) ends the binding, which is then
         no longer run, instead of starting a new campaign; and a refusal that waiting cannot
         change gives it up at once, even without a ``wait``. ``held``: the binding holds this
         lease already, won by a call the caller made (an acquire or a takeover, as a keeper
         makes them), which started at ``obtained_at`` on the supervisor's clock: it is
         renewed from there as if the supervisor had won it (its deadline counts from
-        ``obtained_at``), reported as :class:`~mos_lease.supervisor.changes.BindingStarted`,
+        ``obtained_at``), reported as :class:`~mos_lease.keep.changes.BindingStarted`,
         and no campaign comes first."""
         start = _held(held, obtained_at, identity, connector_id)
         # Above the coordinator's cap every campaign call would be refused as bad input:

@@ -1,7 +1,7 @@
 """The campaign rule, written once: what a binding without a lease tries after reading its
 holder, which refusals are worth waiting out, and how long to pause before looking again.
 
-Pure: the supervisor's schedule (:meth:`~mos_lease.supervisor.schedule.Schedule.campaigned`)
+Pure: the supervisor's schedule (:meth:`~mos_lease.keep.schedule.Schedule.campaigned`)
 decides with these functions for every binding, :func:`~mos_lease.hold`'s one included.
 """
 
@@ -13,7 +13,7 @@ import math
 from typing import Final
 
 from mos_lease.errors import InvalidInput
-from mos_lease.keeper.schedule import KeeperTiming
+from mos_lease.keep.timing import KeeperTiming
 from mos_lease.results import HolderView
 from mos_lease.vocabulary import LeaseState, Reason
 

@@ -5,9 +5,9 @@ handed to the background once the lease is held (``start()``).
 
 The engine decides everything: the campaign (what to read and try, when to pause, when to
 give up), the renewals, the local deadline, the notice-confirmed loss. A holder only reads its
-reports: :class:`~mos_lease.supervisor.changes.BindingStarted` enters the block,
-:class:`~mos_lease.supervisor.changes.GaveUp` raises :class:`LeaseNotAcquired`,
-:class:`~mos_lease.supervisor.changes.BindingLost` is the loss (``on_lost``, ``lost_event``,
+reports: :class:`~mos_lease.keep.changes.BindingStarted` enters the block,
+:class:`~mos_lease.keep.changes.GaveUp` raises :class:`LeaseNotAcquired`,
+:class:`~mos_lease.keep.changes.BindingLost` is the loss (``on_lost``, ``lost_event``,
 the cancellation under ``cancel_on_loss``). Leaving removes the binding, which releases the
 lease, and closes the engine.
 """
@@ -25,26 +25,26 @@ from typing import Any, Generic, TypeVar
 
 from mos_lease.coordinator import AsyncConnectorLeaseCoordinator, ConnectorLeaseCoordinator
 from mos_lease.errors import InvalidInput
-from mos_lease.holder.options import (
-    HoldOptions,
-    LeaseLost,
-    LeaseNotAcquired,
-    NoticeSource,
-)
 from mos_lease.identity import LeaseIdentity
-from mos_lease.keeper import LeaseLoss, LossCause
-from mos_lease.notice_confirmer import NoticeConfirmer, confirmer_of
-from mos_lease.records import LeaseHandle
-from mos_lease.results import GrantResult, LeaseResult
-from mos_lease.supervisor import AsyncSupervisor, Supervisor
-from mos_lease.supervisor.changes import (
+from mos_lease.keep.changes import (
     BindingLost,
     BindingStarted,
     Change,
     GaveUp,
     NewHolder,
 )
-from mos_lease.supervisor.notices import AnyNoticeCallback
+from mos_lease.keep.hold_options import (
+    HoldOptions,
+    LeaseLost,
+    LeaseNotAcquired,
+    NoticeSource,
+)
+from mos_lease.keep.notices import AnyNoticeCallback
+from mos_lease.keep.runner import AsyncSupervisor, Supervisor
+from mos_lease.keep.timing import LeaseLoss, LossCause
+from mos_lease.notice_confirmer import NoticeConfirmer, confirmer_of
+from mos_lease.records import LeaseHandle
+from mos_lease.results import GrantResult, LeaseResult
 
 log = logging.getLogger("mos_lease.holder")  # the name docs/telemetry.md gives operators
 
@@ -64,7 +64,7 @@ def expiring_check(deadline: float, now: float, within: float) -> tuple[float | 
 
 class _Feed:
     """``hold()``'s push source of one identity's changes as the engine's one subscription
-    takes them (a :class:`~mos_lease.supervisor.notices.NoticeFeed`), naming the source's
+    takes them (a :class:`~mos_lease.keep.notices.NoticeFeed`), naming the source's
     confirmer. :meth:`dispatch` is what a notice does, with or without a source."""
 
     def __init__(self, identity: LeaseIdentity, source: NoticeSource | None) -> None:
@@ -254,7 +254,7 @@ class _Holding(Generic[E]):
     def _notice(self, identity: LeaseIdentity, epoch: int) -> None:
         """What a notice does (the hook of the push source): ``identity``'s lease is now at
         ``epoch``, or so it says. Safe from any thread; the engine only ever confirms it by
-        a read (coalesced and rate-bounded: :mod:`mos_lease.supervisor.notices`)."""
+        a read (coalesced and rate-bounded: :mod:`mos_lease.keep.notices`)."""
         self._feed.dispatch(identity, epoch)
 
     def _wake(self) -> None:
@@ -264,7 +264,7 @@ class _Holding(Generic[E]):
 
 
 class Holder(_Holding[Supervisor]):
-    """:func:`hold` for a :class:`~mos_lease.ConnectorLeaseCoordinator` (``with``)."""
+    """:func:`~mos_lease.hold` for a :class:`~mos_lease.ConnectorLeaseCoordinator` (``with``)."""
 
     _engine_kind = Supervisor
     coordinator: ConnectorLeaseCoordinator
@@ -336,7 +336,7 @@ class Holder(_Holding[Supervisor]):
 
 
 class AsyncHolder(_Holding[AsyncSupervisor]):
-    """:func:`hold` for an :class:`~mos_lease.AsyncConnectorLeaseCoordinator`
+    """:func:`~mos_lease.hold` for an :class:`~mos_lease.AsyncConnectorLeaseCoordinator`
     (``async with``). With ``cancel_on_loss`` the task running the block is cancelled when
     the lease is lost, and the ``async with`` raises :class:`LeaseLost` instead of
     :class:`asyncio.CancelledError` (a cancellation from elsewhere still propagates)."""

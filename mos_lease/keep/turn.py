@@ -27,13 +27,10 @@ import attrs
 from mos_lease.bounded import OVERDUE
 from mos_lease.errors import StoreUnavailable
 from mos_lease.events import Emitter
-from mos_lease.records import LeaseHandle
-from mos_lease.results import LeaseResult
-from mos_lease.sleep import Sleep
-from mos_lease.supervisor import fleet
-from mos_lease.supervisor.changes import Change
-from mos_lease.supervisor.schedule import BATCH, Schedule
-from mos_lease.supervisor.slots import (
+from mos_lease.keep import fleet
+from mos_lease.keep.changes import Change
+from mos_lease.keep.schedule import BATCH, Schedule
+from mos_lease.keep.slots import (
     AcquireDue,
     Campaign,
     Confirm,
@@ -43,6 +40,9 @@ from mos_lease.supervisor.slots import (
     Slot,
     TakeoverDue,
 )
+from mos_lease.records import LeaseHandle
+from mos_lease.results import LeaseResult
+from mos_lease.sleep import Sleep
 
 __all__ = ["IN_FLIGHT", "OVERDUE", "Attempt", "Call", "Collect", "Core", "ReleaseWon", "Sleep",
            "batches", "turn", "turn_failed", "unanswered_released", "won"]

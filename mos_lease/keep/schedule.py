@@ -2,7 +2,7 @@
 
 Pure: no clock is read, no store is called, no randomness is drawn that is not handed in.
 :class:`Schedule` keeps one :class:`Slot` per registered binding. A held binding follows the
-keeper's schedule (:mod:`mos_lease.keeper.schedule`: the same deadline, the same retry and
+keeper's schedule (:mod:`mos_lease.keep.timing`: the same deadline, the same retry and
 the same loss rule as :func:`~mos_lease.hold`); a binding without a lease campaigns, as
 client-go's leader election does: read the holder, acquire an identity never held, take over
 an expired or released lease at the observed epoch, back off with jitter (or, with notices,
@@ -10,11 +10,11 @@ wait out an active lease to its expiry), and campaign again after a loss.
 
 :meth:`Schedule.due` returns the calls due at ``now``: renewals grouped by ttl into batches of
 at most :data:`BATCH` leases (one ``heartbeat_many`` round trip each), and a campaign call per
-binding, which the turn sends in batches (:func:`mos_lease.supervisor.flow.batches`). Each
+binding, which the turn sends in batches (:func:`mos_lease.keep.turn.batches`). Each
 call's outcome goes back, per binding, through :meth:`Schedule.renewed` or
 :meth:`Schedule.campaigned`, which return the changes to report. The values it decides with
-are in :mod:`~mos_lease.supervisor.slots` (the bindings, their slots and the calls) and
-:mod:`~mos_lease.supervisor.changes` (what is reported).
+are in :mod:`~mos_lease.keep.slots` (the bindings, their slots and the calls) and
+:mod:`~mos_lease.keep.changes` (what is reported).
 """
 
 from __future__ import annotations
@@ -30,7 +30,28 @@ from mos_lease.checks import MAX_BATCH
 from mos_lease.errors import InvalidInput, StoreUnavailable
 from mos_lease.fleet.membership import Membership
 from mos_lease.identity import LeaseIdentity
-from mos_lease.keeper.schedule import (
+from mos_lease.keep.campaign import ACQUIRE, RETRY_REASONS, next_try, pause_for
+from mos_lease.keep.changes import (
+    BindingLost,
+    BindingStarted,
+    Change,
+    GaveUp,
+    Moved,
+    NewHolder,
+)
+from mos_lease.keep.slots import (
+    AcquireDue,
+    Binding,
+    Campaign,
+    Confirm,
+    Due,
+    ReadHolder,
+    RenewalBatch,
+    Slot,
+    TakeoverDue,
+)
+from mos_lease.keep.timeline import Timeline
+from mos_lease.keep.timing import (
     KeeperState,
     LeaseLoss,
     LossCause,
@@ -43,27 +64,6 @@ from mos_lease.keeper.schedule import (
 )
 from mos_lease.records import LeaseHandle
 from mos_lease.results import HolderView, LeaseResult
-from mos_lease.supervisor.campaign import ACQUIRE, RETRY_REASONS, next_try, pause_for
-from mos_lease.supervisor.changes import (
-    BindingLost,
-    BindingStarted,
-    Change,
-    GaveUp,
-    Moved,
-    NewHolder,
-)
-from mos_lease.supervisor.slots import (
-    AcquireDue,
-    Binding,
-    Campaign,
-    Confirm,
-    Due,
-    ReadHolder,
-    RenewalBatch,
-    Slot,
-    TakeoverDue,
-)
-from mos_lease.supervisor.timeline import Timeline
 from mos_lease.vocabulary import LeaseState, Reason
 
 log = logging.getLogger("mos_lease.supervisor")
@@ -98,7 +98,7 @@ class Schedule:
         self._coalesce = coalesce
         # Whether notices tell of releases and takeovers (the supervisor has a source): an
         # active lease held elsewhere is then waited out to its expiry, not re-read at
-        # every backoff (holder/waiting.pause_for), and a notice is the reason to look
+        # every backoff (campaign.pause_for), and a notice is the reason to look
         # sooner (look()).
         self.noticed = False
         self.slots: dict[LeaseIdentity, Slot] = {}
@@ -113,7 +113,7 @@ class Schedule:
         # hold nothing (and a grant is refused with that loss) until added again or removed.
         self.ended: dict[LeaseIdentity, LeaseLoss] = {}
         self._order = itertools.count()
-        # The timelines a turn finds what is due on (mos_lease.supervisor.timeline), so that
+        # The timelines a turn finds what is due on (mos_lease.keep.timeline), so that
         # it costs what is due in it, not the number of bindings: the held leases by local
         # deadline (busy ones too: a call in flight is bounded by them), the free held ones
         # by renewal and by the start of their coalescing window, the free campaigning ones
@@ -124,7 +124,7 @@ class Schedule:
         self._windows = Timeline(_free_holding)
         self._tries = Timeline(_free_campaigning)
         self._confirms: set[Slot] = set()
-        # The fleet this supervisor is a member of (mos_lease.supervisor.fleet): its gate
+        # The fleet this supervisor is a member of (mos_lease.keep.fleet): its gate
         # judges every campaign read, and its member lease is one of the slots.
         self.fleet: Membership | None = None
         # The waiting slots a notice came for less than max_backoff after their last read:
@@ -340,7 +340,7 @@ class Schedule:
             self._confirms.add(slot)
         return slot
 
-    # -- the fleet (mos_lease.supervisor.fleet) -----------------------------------------------
+    # -- the fleet (mos_lease.keep.fleet) -----------------------------------------------
 
     def members_read(self, views: Sequence[HolderView | None] | BaseException, now: float
                      ) -> list[tuple[Slot, str]]:
@@ -624,7 +624,7 @@ class Schedule:
         ``finished``: its results (in order), the exception it raised, or ``None`` if it was
         abandoned at its time limit ``limit`` (the earliest deadline when it started). Each
         lease is judged on its own by the keeper's rule (an abandoned one by
-        :func:`~mos_lease.keeper.schedule.abandoned`)."""
+        :func:`~mos_lease.keep.timing.abandoned`)."""
         if not isinstance(outcome, BaseException | None) and len(outcome) != len(call.slots):
             outcome = StoreUnavailable(f"heartbeat_many returned {len(outcome)} results for "
                                        f"{len(call.slots)} leases")

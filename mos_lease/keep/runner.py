@@ -1,5 +1,5 @@
 """The two supervisors, the asyncio one and the thread one: each performs the turn of
-``flow.py`` (a generator of calls), each store call given its time limit, and runs the turn
+``turn.py`` (a generator of calls), each store call given its time limit, and runs the turn
 again when something is due.
 
 :class:`AsyncSupervisor` is the source. :class:`Supervisor` below it is generated from it by
@@ -7,7 +7,7 @@ again when something is due.
 asyncio name), and ``tests/core/test_async_to_sync.py`` fails when the generated text is not
 current. Where threads and asyncio really differ (waiting and waking, a call given a time
 limit, the renewals in flight, the thread or task the loop runs on), the difference is a
-pair of primitives with one call shape (:mod:`mos_lease.supervisor.primitives`).
+pair of primitives with one call shape (:mod:`mos_lease.keep.primitives`).
 """
 
 from __future__ import annotations
@@ -24,12 +24,24 @@ from mos_lease.events import EventHook
 from mos_lease.fleet.membership import Fleet
 from mos_lease.flowdrive import Drive, outcome_of, outcome_of_async
 from mos_lease.identity import LeaseIdentity
-from mos_lease.keeper.calls import IssueGrantCall
-from mos_lease.results import GrantResult, LeaseResult
-from mos_lease.supervisor.base import _Supervisor
-from mos_lease.supervisor.changes import Change
-from mos_lease.supervisor.fleet import FleetCall
-from mos_lease.supervisor.flow import (
+from mos_lease.keep.changes import Change
+from mos_lease.keep.fleet import FleetCall
+from mos_lease.keep.granting import issue_grant
+from mos_lease.keep.handover import HandoverResult, handover
+from mos_lease.keep.keeper_calls import IssueGrantCall
+from mos_lease.keep.notices import NoticeFeed
+from mos_lease.keep.primitives import (
+    AsyncCalls,
+    AsyncWakeup,
+    AsyncWorker,
+    Calls,
+    Wakeup,
+    Worker,
+)
+from mos_lease.keep.schedule import DRAIN
+from mos_lease.keep.slots import AcquireDue, ReadHolder, RenewalBatch, TakeoverDue
+from mos_lease.keep.supervising import _Supervisor
+from mos_lease.keep.turn import (
     IN_FLIGHT,
     Attempt,
     Call,
@@ -41,19 +53,7 @@ from mos_lease.supervisor.flow import (
     unanswered_released,
     won,
 )
-from mos_lease.supervisor.granting import issue_grant
-from mos_lease.supervisor.handover import HandoverResult, handover
-from mos_lease.supervisor.notices import NoticeFeed
-from mos_lease.supervisor.primitives import (
-    AsyncCalls,
-    AsyncWakeup,
-    AsyncWorker,
-    Calls,
-    Wakeup,
-    Worker,
-)
-from mos_lease.supervisor.schedule import DRAIN
-from mos_lease.supervisor.slots import AcquireDue, ReadHolder, RenewalBatch, TakeoverDue
+from mos_lease.results import GrantResult, LeaseResult
 
 
 class AsyncSupervisor(_Supervisor[AsyncConnectorLeaseCoordinator]):
@@ -70,7 +70,7 @@ class AsyncSupervisor(_Supervisor[AsyncConnectorLeaseCoordinator]):
     Every held lease is renewed by one ``heartbeat_many`` round trip per 1,000 leases per
     tick, each judged on its own with the keeper's deadline rule, two batches in flight at
     once. Each store call is given a time limit
-    (:class:`~mos_lease.supervisor.primitives.AsyncCalls`): one hanging past the earliest
+    (:class:`~mos_lease.keep.primitives.AsyncCalls`): one hanging past the earliest
     local deadline is abandoned and that deadline still reported.
     The supervisor's task is started by the first :meth:`add` (call every method on its loop).
     ``on_change`` is called with each :data:`~mos_lease.supervisor.Change`, from the
@@ -79,7 +79,7 @@ class AsyncSupervisor(_Supervisor[AsyncConnectorLeaseCoordinator]):
     the coordinator's ``monotonic``), ``sleep`` and ``random`` are injectable.
 
     ``notices``: one push source of lease changes for every binding (a
-    ``mos_lease_pg.notices.LeaseNotices``; :class:`~mos_lease.supervisor.notices.NoticeFeed`).
+    ``mos_lease_pg.notices.LeaseNotices``; :class:`~mos_lease.keep.notices.NoticeFeed`).
     A notice for a binding is a hint: it asks the source's notice confirmer for a turn
     (coalesced per identity, rate-bounded for the process) in which the supervisor reads the
     holder; a takeover it confirms is reported as the binding's loss at once, and the
@@ -95,7 +95,7 @@ class AsyncSupervisor(_Supervisor[AsyncConnectorLeaseCoordinator]):
     """
 
     _kind = AsyncConnectorLeaseCoordinator
-    # Renewal batches of a tick in flight at once (flow.IN_FLIGHT); the stateful
+    # Renewal batches of a tick in flight at once (turn.IN_FLIGHT); the stateful
     # specification also runs it with one.
     _in_flight = IN_FLIGHT
 
@@ -190,7 +190,7 @@ class AsyncSupervisor(_Supervisor[AsyncConnectorLeaseCoordinator]):
         if kind is ReadHolder:
             self._counts.campaign_reads += len(identities)
             return await self.coordinator.current_holders(identities)
-        binding = calls[0].slot.binding  # a write batch shares these (flow.batches)
+        binding = calls[0].slot.binding  # a write batch shares these (turn.batches)
         if kind is AcquireDue:
             self._counts.acquires += len(identities)
             return await self.coordinator.acquire_many(identities, binding.connector_id,
@@ -232,12 +232,12 @@ class AsyncSupervisor(_Supervisor[AsyncConnectorLeaseCoordinator]):
         the grants minted for it through :meth:`issue_grant` are given until they expire,
         at most ``drain`` seconds (0 to 30), while it is still renewed; it is released with
         the correlation id ``handover:<to>`` in its audit row and reported as
-        :class:`~mos_lease.supervisor.changes.Moved`. The successor takes it over at the
+        :class:`~mos_lease.keep.changes.Moved`. The successor takes it over at the
         observed epoch as the release notice arrives (without notices, at its next look);
         this supervisor campaigns for it again only after the grace period (the fleet's, or
         5 s outside a fleet), so a successor that never comes leaves it unheld no longer
         than that. The result is a ``HandoverResult``
-        (``mos_lease.supervisor.handover``); ``docs/fleet.md`` shows the whole step.
+        (``mos_lease.keep.handover``); ``docs/fleet.md`` shows the whole step.
 
         An identity not run or not held here, a ``to`` that is empty, too long or the
         current holder, and a ``drain`` out of range raise
@@ -336,7 +336,7 @@ class Supervisor(_Supervisor[ConnectorLeaseCoordinator]):
     Every held lease is renewed by one ``heartbeat_many`` round trip per 1,000 leases per
     tick, each judged on its own with the keeper's deadline rule, two batches in flight at
     once. Each store call is given a time limit
-    (:class:`~mos_lease.supervisor.primitives.Calls`): one hanging past the earliest
+    (:class:`~mos_lease.keep.primitives.Calls`): one hanging past the earliest
     local deadline is abandoned and that deadline still reported.
     The supervisor's thread is started by the first :meth:`add`.
     ``on_change`` is called with each :data:`~mos_lease.supervisor.Change`, from the
@@ -345,7 +345,7 @@ class Supervisor(_Supervisor[ConnectorLeaseCoordinator]):
     the coordinator's ``monotonic``), ``sleep`` and ``random`` are injectable.
 
     ``notices``: one push source of lease changes for every binding (a
-    ``mos_lease_pg.notices.LeaseNotices``; :class:`~mos_lease.supervisor.notices.NoticeFeed`).
+    ``mos_lease_pg.notices.LeaseNotices``; :class:`~mos_lease.keep.notices.NoticeFeed`).
     A notice for a binding is a hint: it asks the source's notice confirmer for a turn
     (coalesced per identity, rate-bounded for the process) in which the supervisor reads the
     holder; a takeover it confirms is reported as the binding's loss at once, and the
@@ -361,7 +361,7 @@ class Supervisor(_Supervisor[ConnectorLeaseCoordinator]):
     """
 
     _kind = ConnectorLeaseCoordinator
-    # Renewal batches of a tick in flight at once (flow.IN_FLIGHT); the stateful
+    # Renewal batches of a tick in flight at once (turn.IN_FLIGHT); the stateful
     # specification also runs it with one.
     _in_flight = IN_FLIGHT
 
@@ -456,7 +456,7 @@ class Supervisor(_Supervisor[ConnectorLeaseCoordinator]):
         if kind is ReadHolder:
             self._counts.campaign_reads += len(identities)
             return self.coordinator.current_holders(identities)
-        binding = calls[0].slot.binding  # a write batch shares these (flow.batches)
+        binding = calls[0].slot.binding  # a write batch shares these (turn.batches)
         if kind is AcquireDue:
             self._counts.acquires += len(identities)
             return self.coordinator.acquire_many(identities, binding.connector_id,
@@ -498,12 +498,12 @@ class Supervisor(_Supervisor[ConnectorLeaseCoordinator]):
         the grants minted for it through :meth:`issue_grant` are given until they expire,
         at most ``drain`` seconds (0 to 30), while it is still renewed; it is released with
         the correlation id ``handover:<to>`` in its audit row and reported as
-        :class:`~mos_lease.supervisor.changes.Moved`. The successor takes it over at the
+        :class:`~mos_lease.keep.changes.Moved`. The successor takes it over at the
         observed epoch as the release notice arrives (without notices, at its next look);
         this supervisor campaigns for it again only after the grace period (the fleet's, or
         5 s outside a fleet), so a successor that never comes leaves it unheld no longer
         than that. The result is a ``HandoverResult``
-        (``mos_lease.supervisor.handover``); ``docs/fleet.md`` shows the whole step.
+        (``mos_lease.keep.handover``); ``docs/fleet.md`` shows the whole step.
 
         An identity not run or not held here, a ``to`` that is empty, too long or the
         current holder, and a ``drain`` out of range raise

@@ -25,11 +25,11 @@ from mos_lease.identity import (
     normalize_scopes,
     normalize_ttl,
 )
-from mos_lease.keeper import DEFAULT_CLOCK_STEP, KeeperTiming, LeaseLoss
+from mos_lease.keep.campaign import TakeoverPolicy, check_takeover, check_wait
+from mos_lease.keep.timing import DEFAULT_CLOCK_STEP, KeeperTiming, LeaseLoss
 from mos_lease.metadata import EMPTY_METADATA, Metadata, check_metadata
 from mos_lease.records import LeaseHandle
 from mos_lease.results import HolderView
-from mos_lease.supervisor.campaign import TakeoverPolicy, check_takeover, check_wait
 from mos_lease.vocabulary import Reason
 
 log = logging.getLogger("mos_lease.holder")  # the name docs/telemetry.md gives operators
@@ -37,7 +37,7 @@ log = logging.getLogger("mos_lease.holder")  # the name docs/telemetry.md gives 
 _G = TypeVar("_G", "HoldTiming", "HoldCallbacks")
 
 class LeaseNotAcquired(MosLeaseError):
-    """:func:`hold` gave up: ``wait`` ran out, or the refusal cannot change by waiting.
+    """:func:`~mos_lease.hold` gave up: ``wait`` ran out, or the refusal cannot change by waiting.
 
     ``reason`` is the last reason the lease could not be had; ``holder`` the last view of
     who holds it (``None`` if none was read), with ``connector_id`` and ``epoch`` copied
@@ -141,7 +141,7 @@ class HoldCallbacks:
 
 @attrs.frozen(slots=True)
 class HoldOptions:
-    """Everything :func:`hold` was asked for that does not depend on the coordinator's
+    """Everything :func:`~mos_lease.hold` was asked for that does not depend on the coordinator's
     kind, checked and normalized."""
 
     identity: LeaseIdentity

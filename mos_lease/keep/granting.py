@@ -1,6 +1,6 @@
 """A grant for a supervised binding (``Supervisor.issue_grant``), and the grants of each
 binding's lease still alive, which a hand-off's drain waits for
-(:mod:`mos_lease.supervisor.handover`).
+(:mod:`mos_lease.keep.handover`).
 
 The rule of a grant for a kept lease is :mod:`mos_lease.held_grant`'s, shared with the
 keeper; what is the supervisor's is reading and recording its binding under the lock.
@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING, Any
 
 from mos_lease import held_grant
 from mos_lease.identity import GRANT_TTL_CAP, LeaseIdentity
-from mos_lease.keeper.calls import IssueGrantCall
-from mos_lease.keeper.schedule import LeaseLoss
+from mos_lease.keep.keeper_calls import IssueGrantCall
+from mos_lease.keep.timing import LeaseLoss
 from mos_lease.records import LeaseHandle
 from mos_lease.results import GrantResult
 
 if TYPE_CHECKING:
-    from mos_lease.supervisor.flow import Core
+    from mos_lease.keep.turn import Core
 
 
 def issue_grant(core: Core, identity: LeaseIdentity, scopes: object, ttl: float | timedelta,

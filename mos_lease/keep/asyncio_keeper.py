@@ -14,12 +14,12 @@ from mos_lease.coordinator import AsyncConnectorLeaseCoordinator
 from mos_lease.errors import InvalidInput
 from mos_lease.flowdrive import Drive, outcome_of_async
 from mos_lease.identity import LeaseIdentity
-from mos_lease.keeper.base import _adopted, _Keeper
-from mos_lease.keeper.calls import AcquireCall, IssueGrantCall, TakeoverCall
-from mos_lease.keeper.schedule import Action, ReportLoss
+from mos_lease.keep.keeper import _adopted, _Keeper
+from mos_lease.keep.keeper_calls import AcquireCall, IssueGrantCall, TakeoverCall
+from mos_lease.keep.runner import AsyncSupervisor
+from mos_lease.keep.timing import Action, ReportLoss
 from mos_lease.records import LeaseHandle
 from mos_lease.results import GrantResult, LeaseResult
-from mos_lease.supervisor import AsyncSupervisor
 
 
 class AsyncLeaseKeeper(_Keeper[AsyncConnectorLeaseCoordinator,

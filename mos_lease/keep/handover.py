@@ -1,10 +1,10 @@
 """A planned hand-off of one binding to a named successor (``Supervisor.handover``): the
 runtime portability step, where the agent keeps its identity and the connector changes.
 
-Written once as a generator, as the turn is (:mod:`mos_lease.supervisor.flow`), and driven
+Written once as a generator, as the turn is (:mod:`mos_lease.keep.turn`), and driven
 by the caller of ``handover()`` on the thread or asyncio supervisor alike. Its calls are a
 :class:`~mos_lease.sleep.Sleep` (the drain) and the release, a
-:class:`~mos_lease.supervisor.fleet.FleetCall`::
+:class:`~mos_lease.keep.fleet.FleetCall`::
 
     check the input, ask the policy (the successor's takeover)          -- refused: result
     mark the binding handing: lease() answers None, no new grant        -- at once
@@ -31,18 +31,18 @@ import attrs
 
 from mos_lease.errors import ConfigurationError, InvalidInput
 from mos_lease.identity import GRANT_TTL_CAP, MAX_ID_LENGTH, LeaseIdentity, check_id
+from mos_lease.keep.fleet import FleetCall
+from mos_lease.keep.slots import Slot
+from mos_lease.keep.turn import MAX_CALL
 from mos_lease.machine import PolicyVerdict
 from mos_lease.policy import PolicyRequest
 from mos_lease.records import LeaseHandle
 from mos_lease.results import LeaseResult
 from mos_lease.sleep import Sleep
-from mos_lease.supervisor.fleet import FleetCall
-from mos_lease.supervisor.flow import MAX_CALL
-from mos_lease.supervisor.slots import Slot
 from mos_lease.vocabulary import LeaseState, LifecycleEvent, Reason
 
 if TYPE_CHECKING:
-    from mos_lease.supervisor.flow import Core
+    from mos_lease.keep.turn import Core
 
 HOLD_OFF: Final = 5.0
 """Seconds a supervisor outside a fleet waits after a hand-off before it campaigns for the

@@ -13,12 +13,12 @@ from mos_lease.coordinator import ConnectorLeaseCoordinator
 from mos_lease.errors import InvalidInput
 from mos_lease.flowdrive import Drive, outcome_of
 from mos_lease.identity import LeaseIdentity
-from mos_lease.keeper.base import _adopted, _Keeper
-from mos_lease.keeper.calls import AcquireCall, IssueGrantCall, TakeoverCall
-from mos_lease.keeper.schedule import Action, ReportLoss
+from mos_lease.keep.keeper import _adopted, _Keeper
+from mos_lease.keep.keeper_calls import AcquireCall, IssueGrantCall, TakeoverCall
+from mos_lease.keep.runner import Supervisor
+from mos_lease.keep.timing import Action, ReportLoss
 from mos_lease.records import LeaseHandle
 from mos_lease.results import GrantResult, LeaseResult
-from mos_lease.supervisor import Supervisor
 
 
 class LeaseKeeper(_Keeper[ConnectorLeaseCoordinator, Callable[[float], object]]):
@@ -52,7 +52,8 @@ class LeaseKeeper(_Keeper[ConnectorLeaseCoordinator, Callable[[float], object]])
     through. Give it one on a store (a connection) of its own, with the same policy, so a
     heartbeat stuck on its connection never holds up the grants issued and validated
     through ``coordinator``; acquire, takeover, grants and release use ``coordinator``.
-    The timing options are :class:`KeeperTiming`'s; ``docs/keeping.md`` explains them.
+    The timing options are :class:`~mos_lease.keep.timing.KeeperTiming`'s;
+    ``docs/keeping.md`` explains them.
     """
 
     _kind = ConnectorLeaseCoordinator

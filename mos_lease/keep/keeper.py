@@ -1,7 +1,7 @@
 """What the two keepers share. A keeper is the supervisor engine with one binding held once
 (:class:`~mos_lease.supervisor.Supervisor` or :class:`~mos_lease.supervisor.AsyncSupervisor`,
 ``add(..., once=True, held=...)``): the start call (an acquire or a takeover, made by the
-call itself, ``call.on(coordinator)``, :mod:`mos_lease.keeper.calls`) is the keeper's; the
+call itself, ``call.on(coordinator)``, :mod:`mos_lease.keep.keeper_calls`) is the keeper's; the
 renewals, the deadline, the loss and its report are the engine's, the same as for every
 binding of a supervisor. What is shared here: construction, the read-only view of the kept
 state, the start, the loss report and the grant subject; the shells add what waits.
@@ -24,8 +24,10 @@ from mos_lease.coordinator import (
 from mos_lease.errors import ConfigurationError, InvalidInput
 from mos_lease.events import EventHook
 from mos_lease.identity import LeaseIdentity
-from mos_lease.keeper.calls import AcquireCall, TakeoverCall
-from mos_lease.keeper.schedule import (
+from mos_lease.keep.changes import BindingLost, Change
+from mos_lease.keep.keeper_calls import AcquireCall, TakeoverCall
+from mos_lease.keep.slots import Slot
+from mos_lease.keep.timing import (
     Action,
     KeeperState,
     KeeperTiming,
@@ -35,8 +37,6 @@ from mos_lease.keeper.schedule import (
 )
 from mos_lease.records import LeaseHandle
 from mos_lease.results import LeaseResult
-from mos_lease.supervisor.changes import BindingLost, Change
-from mos_lease.supervisor.slots import Slot
 from mos_lease.vocabulary import Outcome
 
 C = TypeVar("C", ConnectorLeaseCoordinator, AsyncConnectorLeaseCoordinator)

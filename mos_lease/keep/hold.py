@@ -1,6 +1,6 @@
 """Holding a lease: wait until it can be had, keep it renewed, give it back.
 
-:func:`hold` is the loop every gateway needs around the low-level calls::
+:func:`~mos_lease.hold` is the loop every gateway needs around the low-level calls::
 
     with hold(coordinator, identity, "claude-a", scopes=["tool:run"], ttl=30) as held:
         grant = held.issue_grant(scopes=["tool:run"], ttl=10)
@@ -14,8 +14,8 @@
 Holding is the supervisor engine (:mod:`mos_lease.supervisor`) with one binding, held once:
 it campaigns for the lease while the caller waits, then renews it in the background until
 the block is left. The two holders (:class:`Holder`, :class:`AsyncHolder`) are in
-:mod:`~mos_lease.holder.holding`, the options (two groups, :class:`HoldTiming` and
-:class:`HoldCallbacks`) and exceptions in :mod:`~mos_lease.holder.options`.
+:mod:`~mos_lease.keep.holding`, the options (two groups, :class:`HoldTiming` and
+:class:`HoldCallbacks`) and exceptions in :mod:`~mos_lease.keep.hold_options`.
 
 A push source of lease changes (``notices=``, a :class:`NoticeSource` such as
 ``mos_lease_pg.notices.LeaseNotices``) feeds ``_notice(identity, epoch)``: it wakes a waiter
@@ -38,29 +38,15 @@ from mos_lease.coordinator import (
     ConnectorLeaseCoordinator,
 )
 from mos_lease.errors import InvalidInput
-from mos_lease.holder.holding import AsyncHolder, Holder, expiring_check
-from mos_lease.holder.options import (
-    HoldCallbacks,
-    HoldKeywords,
-    HoldOptions,
-    HoldTiming,
-    LeaseLost,
-    LeaseNotAcquired,
-    NoticeCallback,
-    NoticeSource,
-    check_options,
-    latest_healthy_gap,
-)
 from mos_lease.identity import LeaseIdentity
-from mos_lease.keeper import default_clock_step
-from mos_lease.supervisor.campaign import MAX_WAIT, RETRY_REASONS, TakeoverPolicy, pause_for
+from mos_lease.keep.hold_options import (
+    HoldKeywords,
+    check_options,
+)
+from mos_lease.keep.holding import AsyncHolder, Holder
+from mos_lease.keep.timing import default_clock_step
 
-__all__ = [
-    "MAX_WAIT", "RETRY_REASONS", "AsyncHolder", "HoldCallbacks", "HoldKeywords", "HoldOptions",
-    "HoldTiming", "Holder", "LeaseLost", "LeaseNotAcquired", "NoticeCallback", "NoticeSource",
-    "TakeoverPolicy", "check_options", "expiring_check", "hold", "latest_healthy_gap",
-    "pause_for",
-]
+__all__ = ["hold"]
 
 
 C = TypeVar("C", ConnectorLeaseCoordinator, AsyncConnectorLeaseCoordinator)

@@ -3,7 +3,7 @@ and hand over the bindings the placement now prefers to another member.
 
 The decisions are :class:`~mos_lease.fleet.membership.Membership`'s and the schedule's; this
 is the turn's order of calls, written once as a generator like the rest of the turn
-(:mod:`mos_lease.supervisor.flow`), so that the thread and the asyncio supervisor both run
+(:mod:`mos_lease.keep.turn`), so that the thread and the asyncio supervisor both run
 it. Its two calls are :class:`FleetCall`\\ s, which a driver performs the one way for both:
 ``call.run(coordinator)`` bounded by ``call.timeout``, the coordinator's result or
 coroutine being what the driver already knows how to wait for.
@@ -27,12 +27,12 @@ from mos_lease.bounded import OVERDUE
 from mos_lease.errors import StoreUnavailable
 from mos_lease.fleet.membership import handoff_correlation
 from mos_lease.identity import LeaseIdentity
+from mos_lease.keep.schedule import BATCH
+from mos_lease.keep.slots import Slot
 from mos_lease.records import LeaseHandle
-from mos_lease.supervisor.schedule import BATCH
-from mos_lease.supervisor.slots import Slot
 
 if TYPE_CHECKING:
-    from mos_lease.supervisor.flow import Core
+    from mos_lease.keep.turn import Core
 
 
 @attrs.frozen(slots=True, eq=False)
