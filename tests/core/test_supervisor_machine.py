@@ -30,6 +30,13 @@ TestSupervisorMachineOneInFlight.settings = settings(
     max_examples=150, stateful_step_count=50, deadline=None,
     suppress_health_check=[HealthCheck.too_slow])
 
+# Three: what a supervisor renewing on two connections keeps in flight.
+TestSupervisorMachineThreeInFlight = make_supervisor_machine(MemoryHarness,
+                                                             in_flight=3).TestCase
+TestSupervisorMachineThreeInFlight.settings = settings(
+    max_examples=150, stateful_step_count=50, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow])
+
 
 def _run_flawed() -> None:
     machine = make_supervisor_machine(MemoryHarness)

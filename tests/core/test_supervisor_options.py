@@ -158,6 +158,7 @@ def test_renewal_batches_take_turns_over_two_heartbeat_coordinators() -> None:
     rig.run(25)  # two ticks
     assert [renewer.batches for renewer in renewers] == [2, 2]
     assert sorted(met) == [0, 0, 1, 1]  # both barriers passed by two threads each
+    assert rig.supervisor._in_flight == 3  # one batch more than with one connection
     assert not rig.of(BindingLost)
     rig.supervisor.close()
 
