@@ -120,8 +120,8 @@ class Calls:
     the next batch is primed (and the last one judged) on the supervisor's thread while a
     statement runs: the client's work overlaps the database's, and the library still runs
     three threads (the supervisor's, one renewal, the PostgreSQL store's watchdog); given
-    two renewal coordinators (two connections), the two statements run at once as well, on
-    two renewal threads."""
+    two renewal coordinators (two connections), the supervisor keeps three batches in
+    flight and two statements run at once, on two renewal threads."""
 
     __slots__ = ("_queued", "_started")
 
