@@ -55,6 +55,10 @@ class Running(Generic[T]):
         if too_late and self._late is not None and not isinstance(outcome, BaseException):
             self._late(outcome)
 
+    def done(self) -> bool:
+        """Whether the call has ended (its thread has nothing left to run but ``late``)."""
+        return self._done.is_set()
+
     def wait(self, timeout: float) -> T | BaseException:
         """The call's result, the exception it raised, or :data:`OVERDUE` if it is still
         running after ``timeout`` seconds (it is then abandoned: a result that arrives later

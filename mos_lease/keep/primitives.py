@@ -123,12 +123,15 @@ class Calls:
     two renewal coordinators (two connections), the supervisor keeps three batches in
     flight and two statements run at once, on two renewal threads."""
 
-    __slots__ = ("_queued", "_started")
+    __slots__ = ("_hung", "_queued", "_started")
 
     def __init__(self) -> None:
         self._queued: collections.deque[_Batch] = collections.deque()
         # By coordinator (its id): the batch whose thread may still run.
         self._started: dict[int, _Batch] = {}
+        # By coordinator: the last batch given up on at its limit, kept past the turn (see
+        # stuck()).
+        self._hung: dict[int, Running[list[LeaseResult]]] = {}
 
     def bounded(self, call: Callable[[A], T], argument: A, timeout: float,
                 late: Callable[[T], object] | None = None) -> T | BaseException:
@@ -162,6 +165,8 @@ class Calls:
             self._start(self._queued.popleft())
         assert ticket.running is not None
         outcome = ticket.running.wait(timeout)
+        if outcome is OVERDUE:
+            self._hung[ticket.lane] = ticket.running
         if self._started.get(ticket.lane) is ticket:
             del self._started[ticket.lane]
             following = next((b for b in self._queued if b.lane == ticket.lane), None)
@@ -169,6 +174,11 @@ class Calls:
                 self._queued.remove(following)
                 self._start(following)
         return outcome
+
+    def stuck(self, coordinator: object) -> bool:
+        """Whether a batch given up on at its limit still runs on ``coordinator``: its
+        connection is hung or far too slow, and a batch sent there would only wait."""
+        return _still_running(self._hung, coordinator)
 
     def clear(self) -> None:
         """Forget the batches of a turn that ended without collecting them: a queued one is
@@ -180,6 +190,16 @@ class Calls:
         assert batch.rest is not None
         batch.running = start(batch.rest, name=f"{NAME}-renewal")
         self._started[batch.lane] = batch
+
+
+def _still_running(hung: dict[int, Any], coordinator: object) -> bool:
+    """Whether the call given up on last on ``coordinator`` (in ``hung``, by its id) still
+    runs; one that has ended is forgotten."""
+    running = hung.get(id(coordinator))
+    if running is not None and running.done():
+        del hung[id(coordinator)]
+        return False
+    return running is not None
 
 
 class _Batch:
@@ -204,11 +224,13 @@ class AsyncCalls:
     so two batches are in flight together (on two connections, where the store has them). A
     call given up on is cancelled and kept referenced until it ends, never trusted later."""
 
-    __slots__ = ("_abandoned", "_started")
+    __slots__ = ("_abandoned", "_hung", "_started")
 
     def __init__(self) -> None:
         self._abandoned: set[asyncio.Future[Any]] = set()
-        self._started: set[asyncio.Future[Any]] = set()  # renewals not yet collected
+        # Renewals not yet collected, each with its coordinator's id.
+        self._started: dict[asyncio.Future[Any], int] = {}
+        self._hung: dict[int, asyncio.Future[Any]] = {}  # as Calls' (see stuck())
 
     async def bounded(self, call: Callable[[A], Awaitable[T]], argument: A, timeout: float,
                       late: Callable[[T], Awaitable[object]] | None = None
@@ -269,13 +291,20 @@ class AsyncCalls:
 
     def renew(self, coordinator: AsyncConnectorLeaseCoordinator, renew: RenewalBatch) -> object:
         running = asyncio.ensure_future(coordinator.heartbeat_many(renew.leases, ttl=renew.ttl))
-        self._started.add(running)
+        self._started[running] = id(coordinator)
         return running
 
     async def collect(self, ticket: object, timeout: float) -> object:
         assert isinstance(ticket, asyncio.Future)
-        self._started.discard(ticket)
-        return await bounded_wait(ticket, timeout, self._abandoned)
+        lane = self._started.pop(ticket)
+        outcome = await bounded_wait(ticket, timeout, self._abandoned)
+        if outcome is OVERDUE:  # cancelled, but a hung connection may not let it end
+            self._hung[lane] = ticket
+        return outcome
+
+    def stuck(self, coordinator: object) -> bool:
+        """As :meth:`Calls.stuck`."""
+        return _still_running(self._hung, coordinator)
 
     def clear(self) -> None:
         """A turn cut short (cancelled, or a bug) leaves no renewal running unwatched."""

@@ -154,7 +154,7 @@ class AsyncSupervisor(_Supervisor[AsyncConnectorLeaseCoordinator]):
             return await self._sleep(call.seconds)
         if isinstance(call, RenewalBatch):  # started now, waited for by its Collect
             self._counts.renewal(len(call.leases))
-            return self._calls.renew(self._next_renewer(), call)
+            return self._calls.renew(self._next_renewer(self._calls.stuck), call)
         if isinstance(call, Collect):
             return await self._calls.collect(call.ticket, call.timeout)
         if isinstance(call, Attempt):
@@ -420,7 +420,7 @@ class Supervisor(_Supervisor[ConnectorLeaseCoordinator]):
             return self._sleep(call.seconds)
         if isinstance(call, RenewalBatch):  # started now, waited for by its Collect
             self._counts.renewal(len(call.leases))
-            return self._calls.renew(self._next_renewer(), call)
+            return self._calls.renew(self._next_renewer(self._calls.stuck), call)
         if isinstance(call, Collect):
             return self._calls.collect(call.ticket, call.timeout)
         if isinstance(call, Attempt):

@@ -151,9 +151,16 @@ class _Supervisor(Generic[C]):
                 f"(a renewal batch in flight on each), not {len(many)}")
         return tuple(many)
 
-    def _next_renewer(self) -> C:
-        """The coordinator of the next renewal batch: each renewer in turn."""
-        self._renewed_on = (self._renewed_on + 1) % len(self.renewers)
+    def _next_renewer(self, stuck: Callable[[C], bool]) -> C:
+        """The coordinator of the next renewal batch: each renewer in turn, passing over
+        one on which a batch given up on is still running (``stuck``), unless every one
+        is. (Its connection hangs, say: a batch sent there would wait behind the hung
+        statement and lose its leases at their deadlines, tick after tick, while the other
+        connection could renew them.)"""
+        count = len(self.renewers)
+        turns = [(self._renewed_on + step) % count for step in range(1, count + 1)]
+        self._renewed_on = next((i for i in turns if not stuck(self.renewers[i])),
+                                turns[0])
         return self.renewers[self._renewed_on]
 
     def _join(self, fleet: Fleet) -> None:

@@ -6,6 +6,7 @@ with fake time, both drivers turned by hand."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from collections.abc import Sequence
@@ -183,6 +184,101 @@ def test_the_asyncio_supervisor_spreads_its_batches_over_two_heartbeat_coordinat
         assert [renewer.batches for renewer in renewers] == [2, 2]
         assert not [c for c in rig.changes if isinstance(c, BindingLost)]
         await supervisor.close()
+
+    asyncio.run(main())
+
+
+class Hanging:
+    """Makes every renewal batch through a coordinator hang (until ``release``) once
+    ``hang`` is set, as a statement on a half-open connection would."""
+
+    def __init__(self) -> None:
+        self.hang = threading.Event()
+        self.release = threading.Event()
+
+    def wrap(self, renewer: Renewer) -> None:
+        prime = renewer.prime_heartbeat_many
+
+        def primed(leases: Sequence[LeaseHandle], **options: Any) -> Any:
+            rest = prime(leases, **options)
+
+            def call() -> Any:
+                if self.hang.is_set():
+                    self.release.wait(30)
+                return rest()
+            return call
+        renewer.prime_heartbeat_many = primed  # type: ignore[method-assign]
+
+
+def test_renewals_pass_over_a_heartbeat_coordinator_whose_batch_hangs() -> None:
+    """Once a batch on one of two renewal coordinators hangs past its limit, its leases are
+    lost (at their deadlines) and won back, and every later batch goes to the other
+    coordinator while the hung one still runs: each binding is lost once, not every other
+    tick, as it would be if batches kept taking turns over both. Real time, a short ttl."""
+    store = InMemoryLeaseStore()
+    coordinator = ConnectorLeaseCoordinator(store, AllowAllPolicy())
+    renewers = [Renewer(store, AllowAllPolicy()) for _ in range(2)]
+    hanging = Hanging()
+    hanging.wrap(renewers[1])
+    changes: list[Any] = []
+    supervisor = Supervisor(coordinator, on_change=changes.append,
+                            heartbeat_coordinator=renewers)
+    try:
+        for i in range(50):
+            supervisor.add(ident(i), "gw-a", scopes=SCOPES, ttl=1.5)
+        for _ in range(500):
+            if sum(isinstance(c, BindingStarted) for c in changes) == 50:
+                break
+            time.sleep(0.01)
+        hanging.hang.set()
+        time.sleep(4.5)  # three ttls: nine renewal ticks
+        lost = [c for c in changes if isinstance(c, BindingLost)]
+        assert lost and all(c.loss.cause is LossCause.DEADLINE for c in lost)
+        assert len(lost) == 50  # each binding once: the batch that hung
+        assert sum(supervisor.lease(ident(i)) is not None for i in range(50)) == 50
+    finally:
+        hanging.release.set()
+        supervisor.close()
+
+
+def test_the_asyncio_supervisor_passes_over_a_heartbeat_coordinator_whose_batch_hangs(
+        ) -> None:
+    """As above for the asyncio supervisor, whose batch given up on is cancelled: one whose
+    connection will not let the cancellation end it (it waits on) counts as hung until it
+    ends."""
+    hang, release = asyncio.Event(), asyncio.Event()
+
+    class Stuck(AsyncRenewer):
+        async def heartbeat_many(self, leases: Sequence[LeaseHandle], **options: Any) -> Any:
+            if hang.is_set():
+                with contextlib.suppress(asyncio.CancelledError):
+                    await release.wait()
+                await release.wait()
+            return await super().heartbeat_many(leases, **options)
+
+    async def main() -> None:
+        store = AsyncInMemoryLeaseStore()
+        coordinator = AsyncConnectorLeaseCoordinator(store, AllowAllPolicy())
+        renewers = [AsyncRenewer(store, AllowAllPolicy()), Stuck(store, AllowAllPolicy())]
+        changes: list[Any] = []
+        supervisor = AsyncSupervisor(coordinator, on_change=changes.append,
+                                     heartbeat_coordinator=renewers)
+        try:
+            for i in range(50):
+                supervisor.add(ident(i), "gw-a", scopes=SCOPES, ttl=1.5)
+            for _ in range(500):
+                if sum(isinstance(c, BindingStarted) for c in changes) == 50:
+                    break
+                await asyncio.sleep(0.01)
+            hang.set()
+            await asyncio.sleep(4.5)
+            lost = [c for c in changes if isinstance(c, BindingLost)]
+            assert lost and all(c.loss.cause is LossCause.DEADLINE for c in lost)
+            assert len(lost) == 50
+            assert sum(supervisor.lease(ident(i)) is not None for i in range(50)) == 50
+        finally:
+            release.set()
+            await supervisor.close()
 
     asyncio.run(main())
 
