@@ -1,63 +1,35 @@
-"""The calls a keeper makes on its coordinator, written once, and the two loops that make
-them.
-
-A keeper decides in generators of *steps*: each step it yields is a value that
-says what it needs done, and the generator is resumed with the outcome (or thrown the
-failure). The steps are the calls below, each named for the coordinator method it calls,
-and :class:`~mos_lease.sleep.Sleep`::
-
-    def look(identity: LeaseIdentity) -> Steps[HolderView | None]:
-        view = yield CurrentHolderCall(identity)  # decides, performs nothing
-        if view is not None:
-            yield Sleep(1.0)
-        return view
+"""The calls a keeper makes on its coordinator outside the engine's turn, written once for
+both kinds: its start (:class:`AcquireCall`, :class:`TakeoverCall`) and its grants
+(:class:`IssueGrantCall`, which the supervisor's grants use too).
 
 A call knows how it is made: ``call.on(coordinator)`` calls the coordinator's method with
 the call's arguments. On a :class:`~mos_lease.ConnectorLeaseCoordinator` that returns the
 result; on an :class:`~mos_lease.AsyncConnectorLeaseCoordinator` it returns the awaitable
-that the asyncio driver awaits. So which method a step calls, and with what, is written
-here once for both kinds; a thread driver and an asyncio driver only choose how to wait
-(a pause that a notice or a stop may end early) and run the steps with :func:`drive` or
-:func:`drive_async`, which differ only in ``await``::
-
-    view = drive(look(identity), perform)               # perform(step) -> outcome
-    view = await drive_async(look(identity), perform)   # await perform(step) -> outcome
-
-These are not the coordinator's own flows (:mod:`mos_lease.coordinator`), which sit one
-level lower, between the coordinator and its store: a keeper's step is one whole
-coordinator call, with its policy check, its audit row and its retries. A kept lease's
-renewals and release are the supervisor engine's (:mod:`mos_lease.supervisor`), not steps.
+that the asyncio keeper awaits. So which method is called, and with what, is written here
+once; the thread and asyncio keepers only choose how to wait. A kept lease's renewals and
+release are the engine's turn (:mod:`mos_lease.keep.turn`), not calls of a keeper's.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Generator, Mapping
+from collections.abc import Mapping
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from mos_lease.errors import MosLeaseError
-from mos_lease.flowdrive import Drive, outcome_of, outcome_of_async
 from mos_lease.identity import LeaseIdentity
 from mos_lease.records import LeaseHandle
-from mos_lease.sleep import Sleep
 
 if TYPE_CHECKING:
     from mos_lease.coordinator import AsyncConnectorLeaseCoordinator, ConnectorLeaseCoordinator
 
     Coordinator = ConnectorLeaseCoordinator | AsyncConnectorLeaseCoordinator
 
-__all__ = [
-    "AcquireCall", "CoordinatorCall", "CurrentHolderCall", "IssueGrantCall", "Sleep", "Step",
-    "Steps", "TakeoverCall", "drive", "drive_async",
-]
-
-S = TypeVar("S")
-T = TypeVar("T")
+__all__ = ["AcquireCall", "CoordinatorCall", "IssueGrantCall", "TakeoverCall"]
 
 # ``on`` returns ``Any``: the result from a sync coordinator, an awaitable from an asyncio
-# one; the driver of each kind knows which it has.
+# one; the keeper of each kind knows which it has.
 
 
 @attrs.frozen(slots=True)
@@ -113,39 +85,4 @@ class IssueGrantCall:
                                        correlation_id=self.correlation_id)
 
 
-@attrs.frozen(slots=True)
-class CurrentHolderCall:
-    """``coordinator.current_holder``: who holds the lease (a read, no audit row)."""
-
-    identity: LeaseIdentity
-
-    def on(self, coordinator: Coordinator) -> Any:
-        return coordinator.current_holder(self.identity)
-
-
-CoordinatorCall = AcquireCall | TakeoverCall | IssueGrantCall | CurrentHolderCall
-Step = CoordinatorCall | Sleep
-Steps = Generator[Step, Any, T]
-"""A generator of steps that returns a ``T``."""
-
-Thrown = type[BaseException] | tuple[type[BaseException], ...]
-
-
-def drive(steps: Generator[S, Any, T], perform: Callable[[S], object],
-          thrown: Thrown = MosLeaseError) -> T:
-    """Run ``steps`` to its end, performing each step with ``perform``; failures that are
-    instances of ``thrown`` go into the steps, any other is raised (see
-    :class:`~mos_lease.flowdrive.Drive`)."""
-    driving = Drive(steps, thrown)
-    for step in driving:
-        driving.send(outcome_of(perform, step))
-    return driving.result
-
-
-async def drive_async(steps: Generator[S, Any, T], perform: Callable[[S], Awaitable[object]],
-                      thrown: Thrown = MosLeaseError) -> T:
-    """As :func:`drive`, awaiting each ``perform(step)``."""
-    driving = Drive(steps, thrown)
-    for step in driving:
-        driving.send(await outcome_of_async(perform, step))
-    return driving.result
+CoordinatorCall = AcquireCall | TakeoverCall | IssueGrantCall

@@ -77,7 +77,6 @@ def every_call() -> list[calls.CoordinatorCall]:
         calls.AcquireCall(IDENT, "conn-b", SCOPES, 30.0, "corr-1"),
         calls.TakeoverCall(IDENT, "conn-b", SCOPES, 30.0, 4),
         calls.IssueGrantCall(lease, SCOPES, 5.0, "corr-2"),
-        calls.CurrentHolderCall(IDENT),
     ]
 
 
@@ -96,9 +95,9 @@ def test_each_step_calls_the_coordinator_method_of_its_name() -> None:
         call.on(names[type(call)])
     called = {kind.__name__: recording.calls[0][0] for kind, recording in names.items()}
     assert called == {"AcquireCall": "acquire", "TakeoverCall": "takeover",
-                      "IssueGrantCall": "issue_grant", "CurrentHolderCall": "current_holder"}
-    # Every step the union lists is one of these or the one pause.
-    assert set(typing.get_args(calls.Step)) == {*names, calls.Sleep}
+                      "IssueGrantCall": "issue_grant"}
+    # Every call the union lists is one of these.
+    assert set(typing.get_args(calls.CoordinatorCall)) == set(names)
 
 
 KEEPER_CALLS = ("acquire", "heartbeat_many", "issue_grant", "release")
@@ -300,6 +299,6 @@ def test_hold_keeps_its_wait_and_deadline_on_the_coordinators_clock() -> None:
 
 def test_steps_are_values() -> None:
     # Frozen: a step handed to a driver cannot be changed on its way.
-    call = calls.CurrentHolderCall(IDENT)
+    call = calls.AcquireCall(IDENT, "conn-b", SCOPES, 30.0)
     with pytest.raises(attrs.exceptions.FrozenInstanceError):
         call.identity = IDENT  # type: ignore[misc]

@@ -44,7 +44,7 @@ import signal
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -64,6 +64,8 @@ from tests.pg_fixtures import SetUpDatabase
 
 pytestmark = [pytest.mark.e2e, pytest.mark.pg]
 database = test_recipes.database  # the database after setup, the effect table made
+# The gateway processes a test starts, each closed (killed if need be) after it.
+fleet = test_recipes.started
 
 TENANTS, AGENTS = 20, 100
 NAMES = [f"t{i}-a{j}" for i in range(TENANTS) for j in range(AGENTS)]
@@ -312,16 +314,6 @@ def not_handed_over(database: SetUpDatabase, names: list[str], giver: str,
     finally:
         store.close()
     return wrong
-
-
-@pytest.fixture
-def fleet(database: SetUpDatabase) -> Iterator[list[GatewayProcess]]:
-    processes: list[GatewayProcess] = []
-    try:
-        yield processes
-    finally:
-        for process in processes:
-            process.close()
 
 
 def test_a_fleet_of_gateway_processes_shares_and_hands_over_its_bindings(
