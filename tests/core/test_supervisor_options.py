@@ -9,7 +9,7 @@ import asyncio
 import contextlib
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
@@ -21,6 +21,7 @@ from mos_lease import (
     ConnectorLeaseCoordinator,
     InvalidInput,
     LeaseHandle,
+    LeaseIdentity,
     LossCause,
     Reason,
 )
@@ -210,6 +211,24 @@ class Hanging:
         renewer.prime_heartbeat_many = primed  # type: ignore[method-assign]
 
 
+HUNG = 50  # bindings of the hung-connection tests, one renewal batch
+
+
+def all_started(changes: list[Any]) -> bool:
+    return sum(isinstance(c, BindingStarted) for c in changes) == HUNG
+
+
+def lost_once_each_and_held_again(changes: list[Any],
+                                  lease: Callable[[LeaseIdentity], LeaseHandle | None]) -> None:
+    """Every binding was lost once, at its deadline (with the batch that hung), and is held
+    again, renewed since through the other coordinator."""
+    lost = [c for c in changes if isinstance(c, BindingLost)]
+    assert lost and all(c.loss.cause is LossCause.DEADLINE for c in lost)
+    assert sorted(c.identity.logical_agent_id for c in lost) == sorted(
+        ident(i).logical_agent_id for i in range(HUNG))
+    assert sum(lease(ident(i)) is not None for i in range(HUNG)) == HUNG
+
+
 def test_renewals_pass_over_a_heartbeat_coordinator_whose_batch_hangs() -> None:
     """Once a batch on one of two renewal coordinators hangs past its limit, its leases are
     lost (at their deadlines) and won back, and every later batch goes to the other
@@ -224,18 +243,15 @@ def test_renewals_pass_over_a_heartbeat_coordinator_whose_batch_hangs() -> None:
     supervisor = Supervisor(coordinator, on_change=changes.append,
                             heartbeat_coordinator=renewers)
     try:
-        for i in range(50):
+        for i in range(HUNG):
             supervisor.add(ident(i), "gw-a", scopes=SCOPES, ttl=1.5)
         for _ in range(500):
-            if sum(isinstance(c, BindingStarted) for c in changes) == 50:
+            if all_started(changes):
                 break
             time.sleep(0.01)
         hanging.hang.set()
         time.sleep(4.5)  # three ttls: nine renewal ticks
-        lost = [c for c in changes if isinstance(c, BindingLost)]
-        assert lost and all(c.loss.cause is LossCause.DEADLINE for c in lost)
-        assert len(lost) == 50  # each binding once: the batch that hung
-        assert sum(supervisor.lease(ident(i)) is not None for i in range(50)) == 50
+        lost_once_each_and_held_again(changes, supervisor.lease)
     finally:
         hanging.release.set()
         supervisor.close()
@@ -264,18 +280,15 @@ def test_the_asyncio_supervisor_passes_over_a_heartbeat_coordinator_whose_batch_
         supervisor = AsyncSupervisor(coordinator, on_change=changes.append,
                                      heartbeat_coordinator=renewers)
         try:
-            for i in range(50):
+            for i in range(HUNG):
                 supervisor.add(ident(i), "gw-a", scopes=SCOPES, ttl=1.5)
             for _ in range(500):
-                if sum(isinstance(c, BindingStarted) for c in changes) == 50:
+                if all_started(changes):
                     break
                 await asyncio.sleep(0.01)
             hang.set()
             await asyncio.sleep(4.5)
-            lost = [c for c in changes if isinstance(c, BindingLost)]
-            assert lost and all(c.loss.cause is LossCause.DEADLINE for c in lost)
-            assert len(lost) == 50
-            assert sum(supervisor.lease(ident(i)) is not None for i in range(50)) == 50
+            lost_once_each_and_held_again(changes, supervisor.lease)
         finally:
             release.set()
             await supervisor.close()
