@@ -214,8 +214,19 @@ class Hanging:
 HUNG = 50  # bindings of the hung-connection tests, one renewal batch
 
 
+def add_hung(supervisor: Supervisor | AsyncSupervisor) -> None:
+    """The bindings of a hung-connection test, with a short ttl (a renewal every 0.5 s)."""
+    for i in range(HUNG):
+        supervisor.add(ident(i), "gw-a", scopes=SCOPES, ttl=1.5)
+
+
 def all_started(changes: list[Any]) -> bool:
     return sum(isinstance(c, BindingStarted) for c in changes) == HUNG
+
+
+async def all_started_soon(changes: list[Any]) -> None:
+    while not all_started(changes):
+        await asyncio.sleep(0.01)
 
 
 def lost_once_each_and_held_again(changes: list[Any],
@@ -243,11 +254,9 @@ def test_renewals_pass_over_a_heartbeat_coordinator_whose_batch_hangs() -> None:
     supervisor = Supervisor(coordinator, on_change=changes.append,
                             heartbeat_coordinator=renewers)
     try:
-        for i in range(HUNG):
-            supervisor.add(ident(i), "gw-a", scopes=SCOPES, ttl=1.5)
-        for _ in range(500):
-            if all_started(changes):
-                break
+        add_hung(supervisor)
+        deadline = time.monotonic() + 5
+        while not all_started(changes) and time.monotonic() < deadline:
             time.sleep(0.01)
         hanging.hang.set()
         time.sleep(4.5)  # three ttls: nine renewal ticks
@@ -280,12 +289,8 @@ def test_the_asyncio_supervisor_passes_over_a_heartbeat_coordinator_whose_batch_
         supervisor = AsyncSupervisor(coordinator, on_change=changes.append,
                                      heartbeat_coordinator=renewers)
         try:
-            for i in range(HUNG):
-                supervisor.add(ident(i), "gw-a", scopes=SCOPES, ttl=1.5)
-            for _ in range(500):
-                if all_started(changes):
-                    break
-                await asyncio.sleep(0.01)
+            add_hung(supervisor)
+            await asyncio.wait_for(all_started_soon(changes), 5)
             hang.set()
             await asyncio.sleep(4.5)
             lost_once_each_and_held_again(changes, supervisor.lease)
