@@ -13,8 +13,8 @@ engine with one binding already held. The modules:
   fleet (``fleet``), a planned hand-off (``handover``), a grant for a binding
   (``granting``), the one notice subscription (``notices``);
 * the runner (``runner``): the asyncio supervisor, and the thread one generated from it by
-  ``tools/async_to_sync.py``, over the thread and asyncio ``primitives`` and what they share
-  in ``supervising``;
+  ``tools/async_to_sync.py``, over the thread and asyncio ``primitives`` (with the health of
+  their renewal connections in ``lanes``) and what they share in ``supervising``;
 * the facades: ``hold`` (with ``hold_options`` and the two holders of ``holding``) and the
   keepers (``keeper``, ``keeper_calls``, ``thread_keeper``, ``asyncio_keeper``).
 

@@ -33,7 +33,9 @@ from mos_lease.bounded import (
     start,
 )
 from mos_lease.coordinator import AsyncConnectorLeaseCoordinator, ConnectorLeaseCoordinator
+from mos_lease.keep.lanes import Lanes
 from mos_lease.keep.slots import RenewalBatch
+from mos_lease.keep.turn import Ended
 from mos_lease.results import LeaseResult
 
 A = TypeVar("A")
@@ -123,15 +125,14 @@ class Calls:
     two renewal coordinators (two connections), the supervisor keeps three batches in
     flight and two statements run at once, on two renewal threads."""
 
-    __slots__ = ("_hung", "_queued", "_started")
+    __slots__ = ("_clock", "_lanes", "_queued", "_started")
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self._clock = clock
         self._queued: collections.deque[_Batch] = collections.deque()
         # By coordinator (its id): the batch whose thread may still run.
         self._started: dict[int, _Batch] = {}
-        # By coordinator: the last batch given up on at its limit, kept past the turn (see
-        # stuck()).
-        self._hung: dict[int, Running[list[LeaseResult]]] = {}
+        self._lanes = Lanes(clock)  # kept past the turn
 
     def bounded(self, call: Callable[[A], T], argument: A, timeout: float,
                 late: Callable[[T], object] | None = None) -> T | BaseException:
@@ -165,8 +166,7 @@ class Calls:
             self._start(self._queued.popleft())
         assert ticket.running is not None
         outcome = ticket.running.wait(timeout)
-        if outcome is OVERDUE:
-            self._hung[ticket.lane] = ticket.running
+        self._lanes.judge(ticket.lane, outcome, ticket.running, self._clock() - ticket.begun)
         if self._started.get(ticket.lane) is ticket:
             del self._started[ticket.lane]
             following = next((b for b in self._queued if b.lane == ticket.lane), None)
@@ -176,9 +176,8 @@ class Calls:
         return outcome
 
     def stuck(self, coordinator: object) -> bool:
-        """Whether a batch given up on at its limit still runs on ``coordinator``: its
-        connection is hung or far too slow, and a batch sent there would only wait."""
-        return _still_running(self._hung, coordinator)
+        """Whether to send no batch to ``coordinator`` now (:meth:`Lanes.avoided`)."""
+        return self._lanes.avoided(coordinator)
 
     def clear(self) -> None:
         """Forget the batches of a turn that ended without collecting them: a queued one is
@@ -188,18 +187,23 @@ class Calls:
 
     def _start(self, batch: _Batch) -> None:
         assert batch.rest is not None
-        batch.running = start(batch.rest, name=f"{NAME}-renewal")
+        batch.begun = self._clock()
+        batch.running = start(_timed(batch.rest, self._clock), name=f"{NAME}-renewal")
         self._started[batch.lane] = batch
 
 
-def _still_running(hung: dict[int, Any], coordinator: object) -> bool:
-    """Whether the call given up on last on ``coordinator`` (in ``hung``, by its id) still
-    runs; one that has ended is forgotten."""
-    running = hung.get(id(coordinator))
-    if running is not None and running.done():
-        del hung[id(coordinator)]
-        return False
-    return running is not None
+def _timed(call: Callable[[], list[LeaseResult]], clock: Callable[[], float]
+           ) -> Callable[[], Ended]:
+    """``call`` answering :class:`~mos_lease.keep.turn.Ended`: its outcome, and when it
+    returned."""
+    def timed() -> Ended:
+        outcome: object
+        try:
+            outcome = call()
+        except Exception as error:
+            outcome = error
+        return Ended(outcome, clock())
+    return timed
 
 
 class _Batch:
@@ -207,14 +211,15 @@ class _Batch:
     built), whose store call and judging run on a thread of their own once started, one at
     a time on its coordinator (``lane``: the coordinator's id)."""
 
-    __slots__ = ("lane", "outcome", "rest", "running")
+    __slots__ = ("begun", "lane", "outcome", "rest", "running")
 
     def __init__(self, rest: Callable[[], list[LeaseResult]] | None,
                  outcome: object = None, lane: int = 0) -> None:
         self.rest = rest  # None: answered already (priming raised ``outcome``)
         self.outcome = outcome
         self.lane = lane
-        self.running: Running[list[LeaseResult]] | None = None
+        self.running: Running[Ended] | None = None
+        self.begun = 0.0  # when its call started, on the supervisor's clock
 
 
 class AsyncCalls:
@@ -224,13 +229,14 @@ class AsyncCalls:
     so two batches are in flight together (on two connections, where the store has them). A
     call given up on is cancelled and kept referenced until it ends, never trusted later."""
 
-    __slots__ = ("_abandoned", "_hung", "_started")
+    __slots__ = ("_abandoned", "_clock", "_lanes", "_started")
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self._clock = clock
         self._abandoned: set[asyncio.Future[Any]] = set()
-        # Renewals not yet collected, each with its coordinator's id.
-        self._started: dict[asyncio.Future[Any], int] = {}
-        self._hung: dict[int, asyncio.Future[Any]] = {}  # as Calls' (see stuck())
+        # Renewals not yet collected, each with its coordinator's id and its start.
+        self._started: dict[asyncio.Future[Any], tuple[int, float]] = {}
+        self._lanes = Lanes(clock)
 
     async def bounded(self, call: Callable[[A], Awaitable[T]], argument: A, timeout: float,
                       late: Callable[[T], Awaitable[object]] | None = None
@@ -290,21 +296,30 @@ class AsyncCalls:
         running.add_done_callback(after)
 
     def renew(self, coordinator: AsyncConnectorLeaseCoordinator, renew: RenewalBatch) -> object:
-        running = asyncio.ensure_future(coordinator.heartbeat_many(renew.leases, ttl=renew.ttl))
-        self._started[running] = id(coordinator)
+        running = asyncio.ensure_future(self._timed(
+            coordinator.heartbeat_many(renew.leases, ttl=renew.ttl)))
+        self._started[running] = (id(coordinator), self._clock())
         return running
 
     async def collect(self, ticket: object, timeout: float) -> object:
         assert isinstance(ticket, asyncio.Future)
-        lane = self._started.pop(ticket)
+        lane, begun = self._started.pop(ticket)
         outcome = await bounded_wait(ticket, timeout, self._abandoned)
-        if outcome is OVERDUE:  # cancelled, but a hung connection may not let it end
-            self._hung[lane] = ticket
+        # Given up on, it is cancelled, but a hung connection may not let it end.
+        self._lanes.judge(lane, outcome, ticket, self._clock() - begun)
         return outcome
+
+    async def _timed(self, call: Awaitable[list[LeaseResult]]) -> Ended:
+        outcome: object
+        try:
+            outcome = await call
+        except Exception as error:
+            outcome = error
+        return Ended(outcome, self._clock())
 
     def stuck(self, coordinator: object) -> bool:
         """As :meth:`Calls.stuck`."""
-        return _still_running(self._hung, coordinator)
+        return self._lanes.avoided(coordinator)
 
     def clear(self) -> None:
         """A turn cut short (cancelled, or a bug) leaves no renewal running unwatched."""

@@ -44,8 +44,8 @@ from mos_lease.records import LeaseHandle
 from mos_lease.results import LeaseResult
 from mos_lease.sleep import Sleep
 
-__all__ = ["IN_FLIGHT", "OVERDUE", "Attempt", "Call", "Collect", "Core", "ReleaseWon", "Sleep",
-           "batches", "turn", "turn_failed", "unanswered_released", "won"]
+__all__ = ["IN_FLIGHT", "OVERDUE", "Attempt", "Call", "Collect", "Core", "Ended", "ReleaseWon",
+           "Sleep", "batches", "turn", "turn_failed", "unanswered_released", "won"]
 
 log = logging.getLogger("mos_lease.supervisor")
 
@@ -83,11 +83,21 @@ class Attempt:
 @attrs.frozen(slots=True, eq=False)
 class Collect:
     """Wait for the renewal started as ``ticket`` (the driver's answer to its
-    :class:`~.slots.RenewalBatch`) for at most ``timeout`` seconds: its results, the exception it
-    raised, or :data:`OVERDUE` (it is then abandoned)."""
+    :class:`~.slots.RenewalBatch`) for at most ``timeout`` seconds: its results or exception
+    (maybe as :class:`Ended`), or :data:`OVERDUE` (it is then abandoned)."""
 
     ticket: object
     timeout: float
+
+
+@attrs.frozen(slots=True, eq=False)
+class Ended:
+    """A renewal's ``outcome`` and the time ``at`` its call returned (the supervisor's
+    clock), as of which it is judged: collected after an earlier batch was given up on at
+    the deadline, it would otherwise lose leases it renewed in time."""
+
+    outcome: object
+    at: float
 
 
 @attrs.frozen(slots=True)
@@ -257,6 +267,8 @@ def _collect(core: Core, flight: _Flight, rest: float) -> Generator[Call, Any, f
     deadlines of the leases it left to retry."""
     outcome = yield Collect(flight.ticket, max(flight.limit - core.clock(), 0.0))
     finished = core.clock()
+    if isinstance(outcome, Ended):  # judged as of when its call returned
+        finished, outcome = min(outcome.at, finished), outcome.outcome
     with core.lock:
         changes = core.schedule.renewed(flight.renew, None if outcome is OVERDUE else outcome,
                                         flight.started, finished, flight.limit)

@@ -849,6 +849,43 @@ def test_batches_in_flight_when_the_supervisor_closes_are_collected_and_judged()
     assert sum(slot.state.failures == 1 for slot in slots) == 1000
 
 
+
+@pytest.mark.parametrize("answer", ["ended in time", "plain, judged when collected"])
+def test_a_batch_that_returned_in_time_is_judged_as_of_then_not_as_of_its_collection(
+        answer: str) -> None:
+    """Two batches in flight, collected in the order they started: the first hangs until the
+    earliest deadline and is given up on (its leases lost); the second returned at once but
+    is collected only then. Answered as :class:`Ended` (what both drivers answer), its leases
+    are judged as of the time its call returned, and kept; a plain answer is judged as of its
+    collection, past the deadline, and its leases are lost, although they were renewed."""
+    from mos_lease.keep.turn import OVERDUE, Collect, Core, Ended, turn
+
+    clock = [0.0]
+    core = Core(lambda: clock[0], lambda: 0.5, None)
+    for i in range(2000):
+        core.schedule.add(_binding(i), 0.0)
+    _acquire_all(core.schedule, core.schedule.due(0.0))
+    clock[0] = 10.0
+    deadline = core.schedule.earliest_deadline()
+    flow = turn(core, 2)
+    first = flow.send(None)
+    second = flow.send(first)
+    assert isinstance(first, RenewalBatch) and isinstance(second, RenewalBatch)
+    collect = flow.send(second)
+    assert isinstance(collect, Collect) and collect.ticket is first
+    clock[0] = deadline  # the first batch ran until the deadline
+    collect = flow.send(OVERDUE)
+    assert isinstance(collect, Collect) and collect.ticket is second
+    results = [LeaseResult(Outcome.RENEWED, None, "c", lease=lease) for lease in second.leases]
+    with pytest.raises(StopIteration):
+        flow.send(Ended(results, 10.05) if answer == "ended in time" else results)
+    slots = core.schedule.slots.values()
+    held = {slot.binding.identity for slot in slots if slot.holding}
+    assert held == ({lease.identity for lease in second.leases}
+                    if answer == "ended in time" else set())
+    assert sum(slot.state is not None and slot.state.loss is not None for slot in slots) == (
+        2000 - len(held))
+
 class _Overlapping(AsyncInMemoryLeaseStore):
     """Counts how many ``renew_many`` calls are running at once (each yields to the loop
     while it runs, as a real store's round trip would)."""

@@ -24,6 +24,7 @@ from mos_lease import (
     LeaseIdentity,
     LossCause,
     Reason,
+    StoreUnavailable,
 )
 from mos_lease.events import Event, Lost, RenewalRetry, Renewed
 from mos_lease.supervisor import AsyncSupervisor, BindingLost, BindingStarted, Supervisor
@@ -191,11 +192,14 @@ def test_the_asyncio_supervisor_spreads_its_batches_over_two_heartbeat_coordinat
 
 class Hanging:
     """Makes every renewal batch through a coordinator hang (until ``release``) once
-    ``hang`` is set, as a statement on a half-open connection would."""
+    ``hang`` is set, as a statement on a half-open connection would; given ``bound``, each
+    hung call raises after that many seconds, as a store's own call bound ends it (and the
+    next call, on a new connection over the same silent network, hangs again)."""
 
-    def __init__(self) -> None:
+    def __init__(self, bound: float = 30.0) -> None:
         self.hang = threading.Event()
         self.release = threading.Event()
+        self.bound = bound
 
     def wrap(self, renewer: Renewer) -> None:
         prime = renewer.prime_heartbeat_many
@@ -204,8 +208,8 @@ class Hanging:
             rest = prime(leases, **options)
 
             def call() -> Any:
-                if self.hang.is_set():
-                    self.release.wait(30)
+                if self.hang.is_set() and not self.release.wait(self.bound):
+                    raise StoreUnavailable("the call bound passed")
                 return rest()
             return call
         renewer.prime_heartbeat_many = primed  # type: ignore[method-assign]
@@ -240,15 +244,18 @@ def lost_once_each_and_held_again(changes: list[Any],
     assert sum(lease(ident(i)) is not None for i in range(HUNG)) == HUNG
 
 
-def test_renewals_pass_over_a_heartbeat_coordinator_whose_batch_hangs() -> None:
+@pytest.mark.parametrize("bound", [30.0, 1.2], ids=["hung for good", "ended by a bound"])
+def test_renewals_pass_over_a_heartbeat_coordinator_whose_batch_hangs(bound: float) -> None:
     """Once a batch on one of two renewal coordinators hangs past its limit, its leases are
     lost (at their deadlines) and won back, and every later batch goes to the other
-    coordinator while the hung one still runs: each binding is lost once, not every other
-    tick, as it would be if batches kept taking turns over both. Real time, a short ttl."""
+    coordinator while the hung one still runs, and for a pause after it ends (a store's
+    call bound ends it, and the next one would hang again): each binding is lost once, not
+    every other tick, as it would be if batches kept taking turns over both. Real time, a
+    short ttl: a batch's limit is under a second, the pause after a first failure 5 s."""
     store = InMemoryLeaseStore()
     coordinator = ConnectorLeaseCoordinator(store, AllowAllPolicy())
     renewers = [Renewer(store, AllowAllPolicy()) for _ in range(2)]
-    hanging = Hanging()
+    hanging = Hanging(bound)
     hanging.wrap(renewers[1])
     changes: list[Any] = []
     supervisor = Supervisor(coordinator, on_change=changes.append,

@@ -1,0 +1,75 @@
+"""The health of a supervisor's renewal connections (lanes), so that renewal batches go
+around one that hangs: see :class:`Lanes`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from mos_lease.bounded import OVERDUE
+from mos_lease.keep.turn import Ended
+
+
+class Lanes:
+    """The health of each renewal coordinator (a lane, by its id), for a supervisor that
+    renews on two. A lane fails when a batch on it raises, or is given up on at its limit
+    after at least :data:`PATIENCE` seconds (a batch given less, its limit already near when
+    it started, says nothing of its lane). A lane is avoided while a batch given up on still
+    runs there (a thread blocked on a hung connection, a cancelled task that cannot end),
+    and after a failure for a pause that doubles with each failure in a row, from
+    :data:`AVOID` up to :data:`AVOID_CAP` seconds, counted from the end of the failed call;
+    a batch that returns clears it. The pause is needed because a store's own call bound
+    ends a hung call, and a new connection over a network path that stays silent hangs as
+    well: each batch sent there would lose its leases at their deadlines. While one lane
+    is avoided, the other renews every batch (as one connection would); when both are,
+    they take turns as before."""
+
+    __slots__ = ("_clock", "_failing")
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self._clock = clock
+        # lane -> [failures in a row, the call given up on (None once it ended), the pause,
+        #          avoided until (once the call ended)]
+        self._failing: dict[int, list[Any]] = {}
+
+    def judge(self, lane: int, outcome: object, running: Any, given: float) -> None:
+        """A batch on ``lane``, given ``given`` seconds, was collected: its results, its
+        exception or ``OVERDUE`` (``running``: its call, which may still run)."""
+        if isinstance(outcome, Ended):
+            outcome = outcome.outcome
+        if outcome is OVERDUE and given < PATIENCE:
+            if lane in self._failing:
+                self._failing[lane][1] = running
+            else:
+                self._failing[lane] = [0, running, 0.0, 0.0]
+            return
+        if not (outcome is OVERDUE or isinstance(outcome, BaseException)):
+            self._failing.pop(lane, None)
+            return
+        failures = self._failing[lane][0] + 1 if lane in self._failing else 1
+        pause = min(AVOID * 2 ** min(failures - 1, 16), AVOID_CAP)
+        self._failing[lane] = [failures, running if outcome is OVERDUE else None, pause,
+                               self._clock() + pause]
+
+    def avoided(self, coordinator: object) -> bool:
+        """Whether ``coordinator``'s lane is to be passed over now."""
+        failing = self._failing.get(id(coordinator))
+        if failing is None:
+            return False
+        running = failing[1]
+        if running is not None:
+            if not running.done():
+                return True
+            # Ended (seen now, or at the latest at the next batch): the pause counts from here.
+            failing[1], failing[3] = None, self._clock() + failing[2]
+        return bool(self._clock() < failing[3])
+
+
+PATIENCE = 0.25
+"""Seconds a renewal batch must have been given, to count as its lane's failure when it is
+given up on (a batch of 1,000 renewals takes 20-150 ms on PostgreSQL on two cores)."""
+AVOID = 30.0
+"""Seconds a renewal lane is passed over after its first failure in a row (see
+:class:`Lanes`)."""
+AVOID_CAP = 300.0
+"""The longest pause of a failing renewal lane, in seconds."""
