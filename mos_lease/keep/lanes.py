@@ -28,42 +28,54 @@ class Lanes:
 
     def __init__(self, clock: Callable[[], float]) -> None:
         self._clock = clock
-        # lane -> [failures in a row, the call given up on (None once it ended), the pause,
-        #          avoided until (once the call ended)]
-        self._failing: dict[int, list[Any]] = {}
+        self._failing: dict[int, _Failing] = {}
 
     def judge(self, lane: int, outcome: object, running: Any, given: float) -> None:
         """A batch on ``lane``, given ``given`` seconds, was collected: its results, its
         exception or ``OVERDUE`` (``running``: its call, which may still run)."""
         if isinstance(outcome, Ended):
             outcome = outcome.outcome
-        if outcome is OVERDUE and given < PATIENCE:
-            if lane in self._failing:
-                self._failing[lane][1] = running
-            else:
-                self._failing[lane] = [0, running, 0.0, 0.0]
+        failing = self._failing.get(lane)
+        if outcome is OVERDUE and given < PATIENCE:  # no verdict: avoided while it runs
+            if failing is None:
+                failing = self._failing[lane] = _Failing(0, 0.0)
+            failing.running = running
             return
         if not (outcome is OVERDUE or isinstance(outcome, BaseException)):
             self._failing.pop(lane, None)
             return
-        failures = self._failing[lane][0] + 1 if lane in self._failing else 1
-        pause = min(AVOID * 2 ** min(failures - 1, 16), AVOID_CAP)
-        self._failing[lane] = [failures, running if outcome is OVERDUE else None, pause,
-                               self._clock() + pause]
+        failures = 1 if failing is None else failing.failures + 1
+        failing = self._failing[lane] = _Failing(
+            failures, min(AVOID * 2 ** min(failures - 1, 16), AVOID_CAP))
+        if outcome is OVERDUE:
+            failing.running = running  # the pause counts from its end
+        else:
+            failing.until = self._clock() + failing.pause
 
     def avoided(self, coordinator: object) -> bool:
         """Whether ``coordinator``'s lane is to be passed over now."""
         failing = self._failing.get(id(coordinator))
         if failing is None:
             return False
-        running = failing[1]
-        if running is not None:
-            if not running.done():
+        if failing.running is not None:
+            if not failing.running.done():
                 return True
             # Ended (seen now, or at the latest at the next batch): the pause counts from here.
-            failing[1], failing[3] = None, self._clock() + failing[2]
-        return bool(self._clock() < failing[3])
+            failing.running, failing.until = None, self._clock() + failing.pause
+        return self._clock() < failing.until
 
+
+class _Failing:
+    """A lane's failures in a row, the pause they earn, the call given up on while it may
+    still run, and until when the lane is avoided once that call has ended."""
+
+    __slots__ = ("failures", "pause", "running", "until")
+
+    def __init__(self, failures: int, pause: float) -> None:
+        self.failures = failures
+        self.pause = pause
+        self.running: Any = None
+        self.until = 0.0
 
 PATIENCE = 0.25
 """Seconds a renewal batch must have been given, to count as its lane's failure when it is
