@@ -22,12 +22,18 @@ class Lanes:
     ends a hung call, and a new connection over a network path that stays silent hangs as
     well: each batch sent there would lose its leases at their deadlines. While one lane
     is avoided, the other renews every batch (as one connection would); when both are,
-    they take turns as before."""
+    they take turns as before.
 
-    __slots__ = ("_clock", "_failing")
+    A batch sent to a lane before it was found failing is given up on at its collection
+    (:meth:`forsaken`), while another lane is not avoided: its leases are retried there
+    with the time they have left, instead of waiting on the failing lane until their
+    deadlines."""
 
-    def __init__(self, clock: Callable[[], float]) -> None:
+    __slots__ = ("_clock", "_count", "_failing")
+
+    def __init__(self, clock: Callable[[], float], count: int = 1) -> None:
         self._clock = clock
+        self._count = count  # the lanes there are
         self._failing: dict[int, _Failing] = {}
 
     def judge(self, lane: int, outcome: object, running: Any, given: float) -> None:
@@ -52,9 +58,15 @@ class Lanes:
         else:
             failing.until = self._clock() + failing.pause
 
-    def avoided(self, coordinator: object) -> bool:
-        """Whether ``coordinator``'s lane is to be passed over now."""
-        failing = self._failing.get(id(coordinator))
+    def forsaken(self, lane: int) -> bool:
+        """Whether a batch on ``lane`` not yet ended is to be given up on now: the lane is
+        avoided and another is not."""
+        avoided = [other for other in list(self._failing) if self.avoided(other)]
+        return lane in avoided and len(avoided) < self._count
+
+    def avoided(self, lane: int) -> bool:
+        """Whether ``lane`` (a coordinator's id) is to be passed over now."""
+        failing = self._failing.get(lane)
         if failing is None:
             return False
         if failing.running is not None:

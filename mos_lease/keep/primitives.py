@@ -127,12 +127,12 @@ class Calls:
 
     __slots__ = ("_clock", "_lanes", "_queued", "_started")
 
-    def __init__(self, clock: Callable[[], float]) -> None:
+    def __init__(self, clock: Callable[[], float], lanes: int = 1) -> None:
         self._clock = clock
         self._queued: collections.deque[_Batch] = collections.deque()
         # By coordinator (its id): the batch whose thread may still run.
         self._started: dict[int, _Batch] = {}
-        self._lanes = Lanes(clock)  # kept past the turn
+        self._lanes = Lanes(clock, lanes)  # kept past the turn
 
     def bounded(self, call: Callable[[A], T], argument: A, timeout: float,
                 late: Callable[[T], object] | None = None) -> T | BaseException:
@@ -157,27 +157,34 @@ class Calls:
 
     def collect(self, ticket: object, timeout: float) -> object:
         """The batch's results, the exception its call raised, or ``OVERDUE`` (abandoned)
-        after ``timeout`` seconds; the next batch on its coordinator starts as soon as this
-        one ends."""
+        after ``timeout`` seconds, or at once if its coordinator has failed meanwhile and the
+        other has not (:meth:`Lanes.forsaken`; one still queued never starts); the next
+        batch on its coordinator starts as soon as this one ends."""
         assert isinstance(ticket, _Batch)
         if ticket.rest is None:
             return ticket.outcome
+        forsaken = self._lanes.forsaken(ticket.lane)
+        if ticket.running is None and forsaken:
+            self._queued.remove(ticket)
+            return OVERDUE
         while ticket.running is None:  # queued behind batches collected before it
             self._start(self._queued.popleft())
         assert ticket.running is not None
-        outcome = ticket.running.wait(timeout)
-        self._lanes.judge(ticket.lane, outcome, ticket.running, self._clock() - ticket.begun)
+        outcome = ticket.running.wait(0.0 if forsaken else timeout)
+        if not forsaken or outcome is not OVERDUE:  # given up for its lane: no news of it
+            self._lanes.judge(ticket.lane, outcome, ticket.running,
+                              self._clock() - ticket.begun)
         if self._started.get(ticket.lane) is ticket:
             del self._started[ticket.lane]
             following = next((b for b in self._queued if b.lane == ticket.lane), None)
-            if following is not None:
+            if following is not None and not self._lanes.forsaken(ticket.lane):
                 self._queued.remove(following)
                 self._start(following)
         return outcome
 
     def stuck(self, coordinator: object) -> bool:
         """Whether to send no batch to ``coordinator`` now (:meth:`Lanes.avoided`)."""
-        return self._lanes.avoided(coordinator)
+        return self._lanes.avoided(id(coordinator))
 
     def clear(self) -> None:
         """Forget the batches of a turn that ended without collecting them: a queued one is
@@ -231,12 +238,12 @@ class AsyncCalls:
 
     __slots__ = ("_abandoned", "_clock", "_lanes", "_started")
 
-    def __init__(self, clock: Callable[[], float]) -> None:
+    def __init__(self, clock: Callable[[], float], lanes: int = 1) -> None:
         self._clock = clock
         self._abandoned: set[asyncio.Future[Any]] = set()
         # Renewals not yet collected, each with its coordinator's id and its start.
         self._started: dict[asyncio.Future[Any], tuple[int, float]] = {}
-        self._lanes = Lanes(clock)
+        self._lanes = Lanes(clock, lanes)
 
     async def bounded(self, call: Callable[[A], Awaitable[T]], argument: A, timeout: float,
                       late: Callable[[T], Awaitable[object]] | None = None
@@ -302,11 +309,14 @@ class AsyncCalls:
         return running
 
     async def collect(self, ticket: object, timeout: float) -> object:
+        """As :meth:`Calls.collect`."""
         assert isinstance(ticket, asyncio.Future)
         lane, begun = self._started.pop(ticket)
-        outcome = await bounded_wait(ticket, timeout, self._abandoned)
+        forsaken = self._lanes.forsaken(lane)
+        outcome = await bounded_wait(ticket, 0.0 if forsaken else timeout, self._abandoned)
         # Given up on, it is cancelled, but a hung connection may not let it end.
-        self._lanes.judge(lane, outcome, ticket, self._clock() - begun)
+        if not forsaken or outcome is not OVERDUE:
+            self._lanes.judge(lane, outcome, ticket, self._clock() - begun)
         return outcome
 
     async def _timed(self, call: Awaitable[list[LeaseResult]]) -> Ended:
@@ -319,7 +329,7 @@ class AsyncCalls:
 
     def stuck(self, coordinator: object) -> bool:
         """As :meth:`Calls.stuck`."""
-        return self._lanes.avoided(coordinator)
+        return self._lanes.avoided(id(coordinator))
 
     def clear(self) -> None:
         """A turn cut short (cancelled, or a bug) leaves no renewal running unwatched."""

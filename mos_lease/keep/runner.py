@@ -114,7 +114,7 @@ class AsyncSupervisor(_Supervisor[AsyncConnectorLeaseCoordinator]):
                          heartbeat_coordinator=heartbeat_coordinator, on_event=on_event,
                          fleet=fleet)
         self._sleep = sleep if sleep is not None else self._wakeup.wait
-        self._calls = AsyncCalls(self._core.clock)
+        self._calls = AsyncCalls(self._core.clock, len(self.renewers))
         self._worker = AsyncWorker()
 
     def _started(self) -> None:
@@ -140,7 +140,7 @@ class AsyncSupervisor(_Supervisor[AsyncConnectorLeaseCoordinator]):
     async def turn(self) -> None:
         """One turn: renew what is due, make the campaign calls due, or sleep."""
         try:
-            drive = Drive(turn(self._core, self._in_flight), ())
+            drive = Drive(turn(self._core, self._in_flight, len(self.renewers)), ())
             for call in drive:
                 drive.send(await self._perform(call))
         finally:
@@ -380,7 +380,7 @@ class Supervisor(_Supervisor[ConnectorLeaseCoordinator]):
                          heartbeat_coordinator=heartbeat_coordinator, on_event=on_event,
                          fleet=fleet)
         self._sleep = sleep if sleep is not None else self._wakeup.wait
-        self._calls = Calls(self._core.clock)
+        self._calls = Calls(self._core.clock, len(self.renewers))
         self._worker = Worker()
 
     def _started(self) -> None:
@@ -406,7 +406,7 @@ class Supervisor(_Supervisor[ConnectorLeaseCoordinator]):
     def turn(self) -> None:
         """One turn: renew what is due, make the campaign calls due, or sleep."""
         try:
-            drive = Drive(turn(self._core, self._in_flight), ())
+            drive = Drive(turn(self._core, self._in_flight, len(self.renewers)), ())
             for call in drive:
                 drive.send(self._perform(call))
         finally:

@@ -622,7 +622,7 @@ class Schedule:
                 started: float, finished: float, limit: float = -math.inf) -> list[Change]:
         """After a ``heartbeat_many`` that started at ``started`` and returned at
         ``finished``: its results (in order), the exception it raised, or ``None`` if it was
-        abandoned at its time limit ``limit`` (the earliest deadline when it started). Each
+        abandoned at its time limit ``limit`` (see :func:`~mos_lease.keep.turn.turn`). Each
         lease is judged on its own by the keeper's rule (an abandoned one by
         :func:`~mos_lease.keep.timing.abandoned`)."""
         if not isinstance(outcome, BaseException | None) and len(outcome) != len(call.slots):

@@ -3,20 +3,21 @@
 :func:`turn` is a generator that yields the calls it needs (:class:`~.slots.RenewalBatch`,
 :class:`Collect`, :class:`Attempt`, :class:`ReleaseWon`, :class:`Sleep`) and is sent their
 outcomes, as the keeper's flows are; the supervisors of ``runner.py`` perform them on one
-thread or one task. An outcome is the call's result, the exception it
-raised (as a value: store failures are judged by the schedule, not raised), or
-:data:`OVERDUE` for a call still running at its time limit.
+thread or one task. An outcome is the call's result, the exception it raised (as a value:
+store failures are judged by the schedule, not raised), or :data:`OVERDUE` for a call still
+running at its time limit.
 
-A renewal is the one call that is started and waited for apart: a :class:`~.slots.RenewalBatch` is
-answered at once with a ticket, which a later :class:`Collect` waits for. A driver may keep
-more than one batch of a tick in flight (both supervisors keep :data:`IN_FLIGHT`), so
-that the client's own work on one batch (building the 1,000 renewals, reading the 1,000
-results) overlaps the database's work on the other, instead of each waiting for the other.
+A renewal is the one call that is started and waited for apart: a :class:`~.slots.
+RenewalBatch` is answered at once with a ticket, which a later :class:`Collect` waits for.
+A driver may keep more than one batch of a tick in flight (both supervisors keep
+:data:`IN_FLIGHT`), so that the client's own work on one batch (building the 1,000
+renewals, reading the 1,000 results) overlaps the database's work on the other.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from collections import deque
 from collections.abc import Callable, Generator
@@ -118,9 +119,8 @@ class Core:
     its loop thread share it, and so does the notice confirmer's thread of either
     supervisor). Changes are reported after the lock is released, so a callback may call
     back into the supervisor. ``confirming`` holds, per slot, the ``done`` of the notice
-    confirmer's turn whose read is planned or in flight (:mod:`mos_lease.supervisor.
-    notices`): called once that read is over, so one read per identity is in flight.
-    """
+    confirmer's turn whose read is planned or in flight (``notices.py``):
+    called once that read is over, so one read per identity is in flight."""
 
     def __init__(self, clock: Callable[[], float], draw: Callable[[], float],
                  on_change: Callable[[Change], object] | None,
@@ -166,26 +166,21 @@ def turn_failed(core: Core, error: Exception) -> None:
     log.error("mos_lease: supervisor turn failed: %r", error)
     with core.lock:
         _unclaim(core, list(core.schedule.slots.values()))
-        _unclaim_confirms(core, list(core.confirming))
+        _unclaim(core, list(core.confirming), confirm=True)
 
 
-def _unclaim(core: Core, slots: list[Slot]) -> None:
-    """Calls planned but not made: their slots are free for the next turn."""
+def _unclaim(core: Core, slots: list[Slot], confirm: bool = False) -> None:
+    """Calls planned but not made: their slots are free for the next turn (which plans
+    confirming reads again: their confirmer turns are still running, so nothing else would)."""
     for slot in slots:
-        core.schedule.free(slot)
+        core.schedule.free(slot, confirm=confirm)
 
 
-def _unclaim_confirms(core: Core, slots: list[Slot]) -> None:
-    """Confirming reads planned but not made: the next turn plans them again (their
-    confirmer turns are still running, so nothing else would)."""
-    for slot in slots:
-        core.schedule.free(slot, confirm=True)
-
-
-def turn(core: Core, in_flight: int = 1) -> Flow:
+def turn(core: Core, in_flight: int = 1, lanes: int = 1) -> Flow:
     """One turn: report losses found at their deadline, send the renewals due (one call per
-    batch, up to ``in_flight`` at once), then the confirming reads and campaign calls due
-    until a renewal or deadline needs the driver again; or sleep until something is due."""
+    batch, up to ``in_flight`` at once, over ``lanes`` renewal coordinators), then the
+    confirming reads and campaign calls due until a renewal or deadline needs the driver
+    again; or sleep until something is due."""
     with core.lock:
         now = core.clock()
         due = core.schedule.due(now)
@@ -194,12 +189,11 @@ def turn(core: Core, in_flight: int = 1) -> Flow:
     core.report(due.changes)
     if not due.renewals and not due.campaigns and not due.confirms and not members:
         _done(looked)
-        # Nothing is due until then; the driver wakes earlier when a binding is added or on
-        # close.
+        # Nothing is due until then (the driver wakes earlier on add() or close()).
         yield Sleep(max(due.wake_at - now, 0.0))
         return
     try:
-        if (yield from _renewals(core, due, max(in_flight, 1))):
+        if (yield from _renewals(core, due, max(in_flight, 1), lanes)):
             if members:
                 yield from fleet.members(core, MAX_CALL)
             yield from _campaign(core, [*due.confirms, *due.campaigns])
@@ -215,8 +209,7 @@ def _done(turns: list[Callable[[], None]]) -> None:
 @attrs.frozen(slots=True, eq=False)
 class _Flight:
     """A renewal batch in flight: batch ``index`` of the tick, started at ``started``,
-    answered by ``ticket``, to be given up at ``limit`` (the earliest deadline of the held
-    leases when it started)."""
+    answered by ``ticket``, to be given up on at ``limit``."""
 
     index: int
     renew: RenewalBatch
@@ -225,7 +218,7 @@ class _Flight:
     limit: float
 
 
-def _renewals(core: Core, due: Due, in_flight: int) -> Generator[Call, Any, bool]:
+def _renewals(core: Core, due: Due, in_flight: int, lanes: int) -> Generator[Call, Any, bool]:
     """The renewals of ``due``, one call per batch, up to ``in_flight`` at once;
     ``False`` if the supervisor closed meanwhile (the batches in flight are waited for and
     judged, the rest of ``due`` is given back)."""
@@ -244,11 +237,13 @@ def _renewals(core: Core, due: Due, in_flight: int) -> Generator[Call, Any, bool
         if closing:
             closed_at = k
             break
-        # The earliest deadline of every held lease, counted from this call's start: those
-        # outside the tick and those of the batches from the oldest still in flight on
-        # (the batches before it took time too, and the leases of one in flight still have
-        # their old deadlines).
-        limit = min(rest, *pending[flying[0].index if flying else k:])
+        # The earliest deadline of the leases outside the tick and of the batches from the
+        # oldest in flight (whose leases keep their old deadlines) to this one; and half the
+        # time left to that of those still to be renewed if this call hangs: the batches
+        # behind it, and, given another renewal coordinator, its own (retried there).
+        later = min(pending[k if lanes > 1 else k + 1:], default=math.inf)
+        limit = min(rest, *pending[flying[0].index if flying else k:k + 1],
+                    started + (later - started) / 2)
         ticket = yield attrs.evolve(renew, timeout=max(limit - started, 0.0))
         flying.append(_Flight(k, renew, started, ticket, limit))
     while flying:
@@ -258,7 +253,7 @@ def _renewals(core: Core, due: Due, in_flight: int) -> Generator[Call, Any, bool
     with core.lock:
         _unclaim(core, [s for later in due.renewals[closed_at:] for s in later.slots])
         _unclaim(core, [call.slot for call in due.campaigns])
-        _unclaim_confirms(core, [call.slot for call in due.confirms])
+        _unclaim(core, [call.slot for call in due.confirms], confirm=True)
     return False
 
 
@@ -270,8 +265,9 @@ def _collect(core: Core, flight: _Flight, rest: float) -> Generator[Call, Any, f
     if isinstance(outcome, Ended):  # judged as of when its call returned
         finished, outcome = min(outcome.at, finished), outcome.outcome
     with core.lock:
+        # Given up on before its limit (its coordinator failed): retried with the time left.
         changes = core.schedule.renewed(flight.renew, None if outcome is OVERDUE else outcome,
-                                        flight.started, finished, flight.limit)
+                                        flight.started, finished, min(flight.limit, finished))
         rest = min(rest, core.schedule.deadlines(flight.renew.slots))  # retries keep theirs
     core.report(changes)
     return rest
@@ -317,7 +313,7 @@ def _campaign(core: Core, calls: list[Campaign | Confirm]) -> Flow:
             if core.closing or started >= urgent_at:
                 # Renewals first: the rest waits for the next turn.
                 rest = [c for later in planned[k - 1:] for c in later]
-                _unclaim_confirms(core, [c.slot for c in rest if isinstance(c, Confirm)])
+                _unclaim(core, [c.slot for c in rest if isinstance(c, Confirm)], confirm=True)
                 _unclaim(core, [c.slot for c in rest if not isinstance(c, Confirm)])
                 return
         timeout = min(earliest - started, MAX_CALL)

@@ -886,6 +886,42 @@ def test_a_batch_that_returned_in_time_is_judged_as_of_then_not_as_of_its_collec
     assert sum(slot.state is not None and slot.state.loss is not None for slot in slots) == (
         2000 - len(held))
 
+@pytest.mark.parametrize("lanes", [1, 2])
+def test_a_batch_is_given_up_on_at_half_the_time_left_to_what_could_still_be_renewed(
+        lanes: int) -> None:
+    """Three batches, one in flight at a time: each is given up on at half the time left
+    before the earliest deadline of the batches behind it (and, with a second renewal
+    coordinator to retry them on, of its own), not at that deadline. A call that hangs
+    leaves the batches behind it time to be renewed, and its own leases are retried (on the
+    other coordinator), not lost; the last batch, on one coordinator, has its whole time."""
+    from mos_lease.keep.turn import OVERDUE, Collect, Core, turn
+
+    clock = [0.0]
+    core = Core(lambda: clock[0], lambda: 0.5, None)
+    for i in range(3000):
+        core.schedule.add(_binding(i), 0.0)
+    _acquire_all(core.schedule, core.schedule.due(0.0))
+    clock[0] = 10.0
+    deadline = core.schedule.earliest_deadline()
+    flow = turn(core, 1, lanes)
+    first = flow.send(None)
+    assert isinstance(first, RenewalBatch)
+    assert first.timeout == pytest.approx((deadline - 10.0) / 2)
+    collect = flow.send(first)
+    assert isinstance(collect, Collect) and collect.timeout == pytest.approx(first.timeout)
+    clock[0] += first.timeout  # it hung until its limit
+    second = flow.send(OVERDUE)
+    assert isinstance(second, RenewalBatch) and second.timeout > 0
+    assert all(s.state is not None and s.state.loss is None and s.state.failures == 1
+               for s in first.slots)  # retried, with the time they have left
+    flow.send(second)
+    answered = [LeaseResult(Outcome.RENEWED, None, "c", lease=lease) for lease in second.leases]
+    last = flow.send(answered)
+    assert isinstance(last, RenewalBatch)
+    left = deadline - clock[0]
+    assert last.timeout == pytest.approx(left / 2 if lanes > 1 else left)
+
+
 class _Overlapping(AsyncInMemoryLeaseStore):
     """Counts how many ``renew_many`` calls are running at once (each yields to the loop
     while it runs, as a real store's round trip would)."""

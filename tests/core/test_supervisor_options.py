@@ -215,7 +215,7 @@ class Hanging:
         renewer.prime_heartbeat_many = primed  # type: ignore[method-assign]
 
 
-HUNG = 50  # bindings of the hung-connection tests, one renewal batch
+HUNG = 3000  # bindings of the hung-connection tests: three renewal batches a tick
 
 
 def add_hung(supervisor: Supervisor | AsyncSupervisor) -> None:
@@ -233,25 +233,24 @@ async def all_started_soon(changes: list[Any]) -> None:
         await asyncio.sleep(0.01)
 
 
-def lost_once_each_and_held_again(changes: list[Any],
-                                  lease: Callable[[LeaseIdentity], LeaseHandle | None]) -> None:
-    """Every binding was lost once, at its deadline (with the batch that hung), and is held
-    again, renewed since through the other coordinator."""
-    lost = [c for c in changes if isinstance(c, BindingLost)]
-    assert lost and all(c.loss.cause is LossCause.DEADLINE for c in lost)
-    assert sorted(c.identity.logical_agent_id for c in lost) == sorted(
-        ident(i).logical_agent_id for i in range(HUNG))
+def none_lost(changes: list[Any], lease: Callable[[LeaseIdentity], LeaseHandle | None]
+              ) -> None:
+    """No binding was lost: the batches that hung (and those sent behind them) were given up
+    on while their leases had time left, and renewed through the other coordinator."""
+    assert [c.identity.logical_agent_id for c in changes if isinstance(c, BindingLost)] == []
     assert sum(lease(ident(i)) is not None for i in range(HUNG)) == HUNG
 
 
 @pytest.mark.parametrize("bound", [30.0, 1.2], ids=["hung for good", "ended by a bound"])
 def test_renewals_pass_over_a_heartbeat_coordinator_whose_batch_hangs(bound: float) -> None:
-    """Once a batch on one of two renewal coordinators hangs past its limit, its leases are
-    lost (at their deadlines) and won back, and every later batch goes to the other
-    coordinator while the hung one still runs, and for a pause after it ends (a store's
-    call bound ends it, and the next one would hang again): each binding is lost once, not
-    every other tick, as it would be if batches kept taking turns over both. Real time, a
-    short ttl: a batch's limit is under a second, the pause after a first failure 5 s."""
+    """A batch on one of two renewal coordinators that hangs is given up on at half the time
+    its leases have left, and they are retried through the other; so is every batch sent
+    to the hung one before that, and the batches waiting behind them are sent in time.
+    Every later batch goes to the other coordinator while the hung one still runs, and for
+    a pause after it ends (a store's call bound ends it, and the next one would hang
+    again). No binding is lost; the old code lost 800-3,600 of 3,000-6,000 (those of the
+    hung batches, and of the batches behind them, at their deadlines). Real time, a short
+    ttl: a renewal every 0.5 s, a batch's limit under a second."""
     store = InMemoryLeaseStore()
     coordinator = ConnectorLeaseCoordinator(store, AllowAllPolicy())
     renewers = [Renewer(store, AllowAllPolicy()) for _ in range(2)]
@@ -267,7 +266,7 @@ def test_renewals_pass_over_a_heartbeat_coordinator_whose_batch_hangs(bound: flo
             time.sleep(0.01)
         hanging.hang.set()
         time.sleep(4.5)  # three ttls: nine renewal ticks
-        lost_once_each_and_held_again(changes, supervisor.lease)
+        none_lost(changes, supervisor.lease)
     finally:
         hanging.release.set()
         supervisor.close()
@@ -300,7 +299,7 @@ def test_the_asyncio_supervisor_passes_over_a_heartbeat_coordinator_whose_batch_
             await asyncio.wait_for(all_started_soon(changes), 5)
             hang.set()
             await asyncio.sleep(4.5)
-            lost_once_each_and_held_again(changes, supervisor.lease)
+            none_lost(changes, supervisor.lease)
         finally:
             release.set()
             await supervisor.close()
