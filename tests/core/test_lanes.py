@@ -1,0 +1,86 @@
+"""The health of a supervisor's renewal lanes (``mos_lease.keep.lanes``), judged on a clock
+moved by hand: when a lane is avoided, for how long, and when a batch on it is forsaken."""
+
+from __future__ import annotations
+
+import pytest
+
+from mos_lease.bounded import OVERDUE
+from mos_lease.errors import StoreUnavailable
+from mos_lease.keep.lanes import AVOID, AVOID_CAP, PATIENCE, Lanes
+from mos_lease.keep.turn import Ended
+
+HUNG, HEALTHY = 1, 2  # two lanes, by id
+
+
+class Call:
+    """A call given up on, which ends when the test says."""
+
+    def __init__(self) -> None:
+        self.ended = False
+
+    def done(self) -> bool:
+        return self.ended
+
+
+class Rig:
+    def __init__(self, count: int = 2) -> None:
+        self.now = 100.0
+        self.lanes = Lanes(lambda: self.now, count)
+
+
+def test_a_lane_whose_batch_was_given_up_on_is_avoided_while_it_runs_and_a_pause_after() -> None:
+    rig = Rig()
+    call = Call()
+    rig.lanes.judge(HUNG, OVERDUE, call, PATIENCE)
+    rig.now += 1000  # however long it runs
+    assert rig.lanes.avoided(HUNG) and not rig.lanes.avoided(HEALTHY)
+    call.ended = True
+    assert rig.lanes.avoided(HUNG)  # the pause counts from the end seen now
+    rig.now += AVOID - 0.01
+    assert rig.lanes.avoided(HUNG)
+    rig.now += 0.02
+    assert not rig.lanes.avoided(HUNG)
+
+
+def test_the_pause_doubles_with_each_failure_in_a_row_up_to_its_cap_and_a_return_clears_it(
+        ) -> None:
+    rig = Rig()
+    pauses = []
+    for _ in range(6):
+        rig.lanes.judge(HUNG, StoreUnavailable("down"), None, 0.01)
+        began = rig.now
+        while rig.lanes.avoided(HUNG):
+            rig.now += 1.0
+        pauses.append(rig.now - began)
+    assert pauses == [AVOID, 2 * AVOID, 4 * AVOID, 8 * AVOID, AVOID_CAP, AVOID_CAP]
+    rig.lanes.judge(HUNG, Ended([], rig.now), None, 0.01)  # a batch that returned
+    rig.lanes.judge(HUNG, StoreUnavailable("down"), None, 0.01)
+    began = rig.now
+    while rig.lanes.avoided(HUNG):
+        rig.now += 1.0
+    assert rig.now - began == AVOID
+
+
+def test_a_batch_given_less_than_the_patience_is_no_verdict_on_its_lane() -> None:
+    """Given up on after less than PATIENCE (its limit was near when it started), it earns no
+    pause: its lane is avoided only while it still runs."""
+    rig = Rig()
+    call = Call()
+    rig.lanes.judge(HEALTHY, OVERDUE, call, PATIENCE / 2)
+    assert rig.lanes.avoided(HEALTHY)
+    call.ended = True
+    assert not rig.lanes.avoided(HEALTHY)
+
+
+@pytest.mark.parametrize("count", [1, 2])
+def test_a_batch_on_a_failing_lane_is_forsaken_only_while_another_lane_is_not_avoided(
+        count: int) -> None:
+    """With a second lane to retry on, the batches on a failing lane are given up on at their
+    collection; with one lane (or both failing) they are waited for as before."""
+    rig = Rig(count)
+    rig.lanes.judge(HUNG, OVERDUE, Call(), PATIENCE)
+    assert rig.lanes.forsaken(HUNG) is (count == 2)
+    assert not rig.lanes.forsaken(HEALTHY)
+    rig.lanes.judge(HEALTHY, StoreUnavailable("down"), None, 0.01)
+    assert not rig.lanes.forsaken(HUNG) and not rig.lanes.forsaken(HEALTHY)
