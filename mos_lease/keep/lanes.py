@@ -7,22 +7,24 @@ from collections.abc import Callable
 from typing import Any
 
 from mos_lease.bounded import OVERDUE
+from mos_lease.errors import CommitOutcomeUnknown, StoreUnavailable
 from mos_lease.keep.turn import Ended
 
 
 class Lanes:
-    """The health of each renewal coordinator (a lane, by its id), for a supervisor that
-    renews on two. A lane fails when a batch on it raises, or is given up on at its limit
-    after at least :data:`PATIENCE` seconds (a batch given less, its limit already near when
-    it started, says nothing of its lane). A lane is avoided while a batch given up on still
-    runs there (a thread blocked on a hung connection, a cancelled task that cannot end),
-    and after a failure for a pause that doubles with each failure in a row, from
-    :data:`AVOID` up to :data:`AVOID_CAP` seconds, counted from the end of the failed call;
-    a batch that returns clears it. The pause is needed because a store's own call bound
-    ends a hung call, and a new connection over a network path that stays silent hangs as
-    well: each batch sent there would lose its leases at their deadlines. While one lane
-    is avoided, the other renews every batch (as one connection would); when both are,
-    they take turns as before.
+    """The health of each renewal coordinator (a lane, by its id), for a supervisor that renews
+    on two. A lane fails when a batch on it raises what a connection raises
+    (``StoreUnavailable``, ``CommitOutcomeUnknown``; bad input or a bug says nothing of it),
+    or is given up on at its limit after at least :data:`PATIENCE` seconds (a batch given
+    less, its limit already near when it started, says nothing of its lane). A lane is
+    avoided while a batch given up on still runs there (a thread blocked on a hung
+    connection, a cancelled task that cannot end), and after a failure for a pause that
+    doubles with each failure in a row, from :data:`AVOID` up to :data:`AVOID_CAP` seconds,
+    counted from the end of the failed call; a batch that returns clears it. The pause is
+    needed because a store's own call bound ends a hung call, and a new connection over a
+    network path that stays silent hangs as well: each batch sent there would lose its
+    leases at their deadlines. While one lane is avoided, the other renews every batch (as
+    one connection would); when both are, they take turns as before.
 
     A batch sent to a lane before it was found failing is given up on at its collection
     (:meth:`forsaken`), while another lane is not avoided: its leases are retried there
@@ -50,6 +52,9 @@ class Lanes:
         if not (outcome is OVERDUE or isinstance(outcome, BaseException)):
             self._failing.pop(lane, None)
             return
+        if outcome is not OVERDUE and not isinstance(outcome, StoreUnavailable
+                                                     | CommitOutcomeUnknown):
+            return  # bad input, a bug: nothing said of the connection
         failures = 1 if failing is None else failing.failures + 1
         failing = self._failing[lane] = _Failing(
             failures, min(AVOID * 2 ** min(failures - 1, 16), AVOID_CAP))

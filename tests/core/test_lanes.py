@@ -3,10 +3,12 @@ moved by hand: when a lane is avoided, for how long, and when a batch on it is f
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 
 from mos_lease.bounded import OVERDUE
-from mos_lease.errors import StoreUnavailable
+from mos_lease.errors import CommitOutcomeUnknown, InvalidInput, StoreUnavailable
 from mos_lease.keep.lanes import AVOID, AVOID_CAP, PATIENCE, Lanes
 from mos_lease.keep.turn import Ended
 
@@ -84,3 +86,23 @@ def test_a_batch_on_a_failing_lane_is_forsaken_only_while_another_lane_is_not_av
     assert not rig.lanes.forsaken(HEALTHY)
     rig.lanes.judge(HEALTHY, StoreUnavailable("down"), None, 0.01)
     assert not rig.lanes.forsaken(HUNG) and not rig.lanes.forsaken(HEALTHY)
+
+
+@pytest.mark.parametrize("error", [StoreUnavailable("down"),
+                                   CommitOutcomeUnknown(uuid.uuid4(), "lost reply")])
+def test_a_connections_error_fails_its_lane(error: Exception) -> None:
+    rig = Rig()
+    rig.lanes.judge(HUNG, error, None, 0.01)
+    assert rig.lanes.avoided(HUNG)
+
+
+@pytest.mark.parametrize("error", [InvalidInput("leases", "bad"), RuntimeError("a bug")])
+def test_bad_input_or_a_bug_says_nothing_of_the_lane(error: Exception) -> None:
+    """A batch that raised what no connection raises neither fails its lane nor clears a
+    failure it had."""
+    rig = Rig()
+    rig.lanes.judge(HEALTHY, error, None, 0.01)
+    assert not rig.lanes.avoided(HEALTHY)
+    rig.lanes.judge(HUNG, StoreUnavailable("down"), None, 0.01)
+    rig.lanes.judge(HUNG, error, None, 0.01)
+    assert rig.lanes.avoided(HUNG)
