@@ -7,11 +7,12 @@ thread or one task. An outcome is the call's result, the exception it raised (as
 store failures are judged by the schedule, not raised), or :data:`OVERDUE` for a call still
 running at its time limit.
 
-A renewal is the one call that is started and waited for apart: a :class:`~.slots.
-RenewalBatch` is answered at once with a ticket, which a later :class:`Collect` waits for.
-A driver may keep more than one batch of a tick in flight (both supervisors keep
-:data:`IN_FLIGHT`), so that the client's own work on one batch (building the 1,000
-renewals, reading the 1,000 results) overlaps the database's work on the other.
+A renewal is the one call that is started and waited for apart: a
+:class:`~.slots.RenewalBatch` is answered at once with a ticket, which a later
+:class:`Collect` waits for. A driver may keep more than one batch of a tick in flight
+(both supervisors keep :data:`IN_FLIGHT`), so that the client's own work on one batch
+(building the 1,000 renewals, reading the 1,000 results) overlaps the database's work on
+the other.
 """
 
 from __future__ import annotations
