@@ -18,7 +18,6 @@ the other.
 from __future__ import annotations
 
 import logging
-import math
 import threading
 from collections import deque
 from collections.abc import Callable, Generator
@@ -239,12 +238,13 @@ def _renewals(core: Core, due: Due, in_flight: int, lanes: int) -> Generator[Cal
             closed_at = k
             break
         # The earliest deadline of the leases outside the tick and of the batches from the
-        # oldest in flight (whose leases keep their old deadlines) to this one; and half the
-        # time left to that of those still to be renewed if this call hangs: the batches
-        # behind it, and, given another renewal coordinator, its own (retried there).
-        later = min(pending[k if lanes > 1 else k + 1:], default=math.inf)
-        limit = min(rest, *pending[flying[0].index if flying else k:k + 1],
-                    started + (later - started) / 2)
+        # oldest in flight on (whose leases keep their old deadlines). Given two renewal
+        # coordinators, half the time left to that of this batch and those behind it: a
+        # call that hangs is given up on while they can still be renewed on the other (one
+        # connection, busy with the hung call, could not renew them sooner).
+        limit = min(rest, *pending[flying[0].index if flying else k:])
+        if lanes > 1:
+            limit = min(limit, started + (min(pending[k:]) - started) / 2)
         ticket = yield attrs.evolve(renew, timeout=max(limit - started, 0.0))
         flying.append(_Flight(k, renew, started, ticket, limit))
     while flying:
