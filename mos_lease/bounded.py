@@ -59,6 +59,11 @@ class Running(Generic[T]):
         """Whether the call has ended (its thread has nothing left to run but ``late``)."""
         return self._done.is_set()
 
+    def ended(self, timeout: float) -> bool:
+        """Whether the call ends within ``timeout`` seconds, waiting that long at most and
+        giving up on nothing (:meth:`wait` then answers at once)."""
+        return self._done.wait(max(timeout, 0.0))
+
     def wait(self, timeout: float) -> T | BaseException:
         """The call's result, the exception it raised, or :data:`OVERDUE` if it is still
         running after ``timeout`` seconds (it is then abandoned: a result that arrives later

@@ -3,7 +3,7 @@ around one that hangs: see :class:`Lanes`."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from mos_lease.bounded import OVERDUE
@@ -31,12 +31,13 @@ class Lanes:
     with the time they have left, instead of waiting on the failing lane until their
     deadlines."""
 
-    __slots__ = ("_clock", "_count", "_failing")
+    __slots__ = ("_clock", "_count", "_failing", "_returned")
 
     def __init__(self, clock: Callable[[], float], count: int = 1) -> None:
         self._clock = clock
         self._count = count  # the lanes there are
         self._failing: dict[int, _Failing] = {}
+        self._returned: dict[int, float] = {}  # the latest start of a batch that returned
 
     def judge(self, lane: int, outcome: object, running: Any, given: float) -> None:
         """A batch on ``lane``, given ``given`` seconds, was collected: its results, its
@@ -51,6 +52,7 @@ class Lanes:
             return
         if not (outcome is OVERDUE or isinstance(outcome, BaseException)):
             self._failing.pop(lane, None)
+            self.returned(lane, self._clock() - given)
             return
         if outcome is not OVERDUE and not isinstance(outcome, StoreUnavailable
                                                      | CommitOutcomeUnknown):
@@ -62,6 +64,21 @@ class Lanes:
             failing.running = running  # the pause counts from its end
         else:
             failing.until = self._clock() + failing.pause
+
+    def returned(self, lane: int, begun: float) -> None:
+        """A batch on ``lane`` that started at ``begun`` returned its results."""
+        self._returned[lane] = max(self._returned.get(lane, begun), begun)
+
+    def outpaced(self, lane: int, begun: float,
+                 ended: Iterable[tuple[int, float, object]] = ()) -> bool:
+        """Whether another lane returned a batch that started no earlier than ``begun``
+        (a batch's on ``lane`` still running): that lane, not the database, is slow.
+        ``ended``: batches ended but not yet collected, as (lane, start, outcome)."""
+        for other, started, outcome in ended:
+            if isinstance(outcome, Ended) and not isinstance(outcome.outcome, BaseException):
+                self.returned(other, started)
+        return any(other != lane and started >= begun
+                   for other, started in self._returned.items())
 
     def forsaken(self, lane: int) -> bool:
         """Whether a batch on ``lane`` not yet ended is to be given up on now: the lane is

@@ -8,9 +8,8 @@ with the same call shape, so that the supervisor itself is written once
   as a task, of its own) and the renewal batches a turn keeps in flight;
 * :class:`Worker` / :class:`AsyncWorker`: the one thread, or task, the loop runs on.
 
-The asyncio runner is the source and uses the ``Async`` names; ``tools/async_to_sync.py``
-generates the thread supervisor from it by dropping ``async`` and ``await`` and naming the
-synchronous twin of each pair.
+The asyncio runner is the source; ``tools/async_to_sync.py`` generates the thread one from
+it, dropping ``async`` and ``await`` and naming the synchronous twin of each pair.
 """
 
 from __future__ import annotations
@@ -20,6 +19,7 @@ import collections
 import contextlib
 import math
 import threading
+import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
@@ -116,14 +116,10 @@ class Calls:
     thread of its own, abandoned past its limit (:func:`mos_lease.bounded.bounded`).
 
     A renewal batch is primed when the turn asks for it (its leases checked and its
-    statement built, on the supervisor's thread), and its store call starts only when the
-    one before it on the same coordinator was collected, so one renewal thread runs per
-    renewal coordinator however many batches the turn keeps in flight. With two in flight,
-    the next batch is primed (and the last one judged) on the supervisor's thread while a
-    statement runs: the client's work overlaps the database's, and the library still runs
-    three threads (the supervisor's, one renewal, the PostgreSQL store's watchdog); given
-    two renewal coordinators (two connections), the supervisor keeps three batches in
-    flight and two statements run at once, on two renewal threads."""
+    statement built, on the supervisor's thread), and its store call starts once the one
+    before it on the same coordinator was collected: one renewal thread per renewal
+    coordinator however many batches are in flight, while the supervisor's thread primes
+    the next batch and judges the last (the client's work overlapping the database's)."""
 
     __slots__ = ("_clock", "_lanes", "_queued", "_started")
 
@@ -155,11 +151,11 @@ class Calls:
             self._start(batch)
         return batch
 
-    def collect(self, ticket: object, timeout: float) -> object:
+    def collect(self, ticket: object, timeout: float, patience: float) -> object:
         """The batch's results, the exception its call raised, or ``OVERDUE`` (abandoned)
-        after ``timeout`` seconds, or at once if its coordinator has failed meanwhile and the
-        other has not (:meth:`Lanes.forsaken`; one still queued never starts); the next
-        batch on its coordinator starts as soon as this one ends."""
+        after ``timeout`` seconds, after ``patience`` if its coordinator is outpaced
+        (:meth:`Lanes.outpaced`), at once if it is forsaken (:meth:`Lanes.forsaken`; one
+        queued never starts). The next batch on its coordinator starts once this one ends."""
         assert isinstance(ticket, _Batch)
         if ticket.rest is None:
             return ticket.outcome
@@ -169,8 +165,15 @@ class Calls:
             return OVERDUE
         while ticket.running is None:  # queued behind batches collected before it
             self._start(self._queued.popleft())
-        assert ticket.running is not None
-        outcome = ticket.running.wait(0.0 if forsaken else timeout)
+        running, wait = ticket.running, 0.0 if forsaken else timeout
+        if wait > 0.0 and patience < timeout:
+            began = time.monotonic()
+            outpaced = not running.ended(patience) and self._lanes.outpaced(
+                ticket.lane, ticket.begun, [(b.lane, b.begun, b.running.wait(0.0)) for b in
+                                            self._started.values() if b.running is not None
+                                            and b is not ticket and b.running.done()])
+            wait = 0.0 if outpaced else timeout - (time.monotonic() - began)
+        outcome = running.wait(wait)
         if not forsaken or outcome is not OVERDUE:  # given up for its lane: no news of it
             self._lanes.judge(ticket.lane, outcome, ticket.running,
                               self._clock() - ticket.begun)
@@ -187,8 +190,8 @@ class Calls:
         return self._lanes.avoided(id(coordinator))
 
     def clear(self) -> None:
-        """Forget the batches of a turn that ended without collecting them: a queued one is
-        never started, a started one is abandoned (as at its limit)."""
+        """Forget the batches of a turn that ended without collecting them (never started,
+        or abandoned as at their limit)."""
         self._queued.clear()
         self._started.clear()
 
@@ -214,9 +217,8 @@ def _timed(call: Callable[[], list[LeaseResult]], clock: Callable[[], float]
 
 
 class _Batch:
-    """A renewal batch primed on the supervisor's thread (its leases checked, its statement
-    built), whose store call and judging run on a thread of their own once started, one at
-    a time on its coordinator (``lane``: the coordinator's id)."""
+    """A renewal batch primed on the supervisor's thread, whose store call runs on a thread
+    of its own once started, one at a time on its coordinator (``lane``: its id)."""
 
     __slots__ = ("begun", "lane", "outcome", "rest", "running")
 
@@ -231,10 +233,9 @@ class _Batch:
 
 class AsyncCalls:
     """The asyncio supervisor's store calls, each a task of its own: a campaign call is
-    waited for until its limit (:func:`mos_lease.bounded.bounded_async`), a renewal batch is
-    started at once and waited for by its collect (:func:`mos_lease.bounded.bounded_wait`),
-    so two batches are in flight together (on two connections, where the store has them). A
-    call given up on is cancelled and kept referenced until it ends, never trusted later."""
+    waited for until its limit (:func:`mos_lease.bounded.bounded_async`), a renewal batch
+    started at once and waited for by its collect. A call given up on is cancelled and kept
+    referenced until it ends, never trusted later."""
 
     __slots__ = ("_abandoned", "_clock", "_lanes", "_started")
 
@@ -308,12 +309,25 @@ class AsyncCalls:
         self._started[running] = (id(coordinator), self._clock())
         return running
 
-    async def collect(self, ticket: object, timeout: float) -> object:
+    async def collect(self, ticket: object, timeout: float, patience: float) -> object:
         """As :meth:`Calls.collect`."""
         assert isinstance(ticket, asyncio.Future)
         lane, begun = self._started.pop(ticket)
         forsaken = self._lanes.forsaken(lane)
-        outcome = await bounded_wait(ticket, 0.0 if forsaken else timeout, self._abandoned)
+        wait = 0.0 if forsaken else timeout
+        if wait > 0.0 and patience < timeout:
+            began = time.monotonic()
+            try:
+                done, _ = await asyncio.wait((ticket,), timeout=max(patience, 0.0))
+            except asyncio.CancelledError:
+                abandon(ticket, self._abandoned)
+                raise
+            outpaced = not done and self._lanes.outpaced(lane, begun, [
+                (other, started, running.result()) for running, (other, started)
+                in self._started.items() if running.done() and not running.cancelled()
+                and running.exception() is None])
+            wait = 0.0 if outpaced else timeout - (time.monotonic() - began)
+        outcome = await bounded_wait(ticket, wait, self._abandoned)
         # Given up on, it is cancelled, but a hung connection may not let it end.
         if not forsaken or outcome is not OVERDUE:
             self._lanes.judge(lane, outcome, ticket, self._clock() - begun)

@@ -156,7 +156,7 @@ class AsyncSupervisor(_Supervisor[AsyncConnectorLeaseCoordinator]):
             self._counts.renewal(len(call.leases))
             return self._calls.renew(self._next_renewer(self._calls.stuck), call)
         if isinstance(call, Collect):
-            return await self._calls.collect(call.ticket, call.timeout)
+            return await self._calls.collect(call.ticket, call.timeout, call.patience)
         if isinstance(call, Attempt):
             return await self._calls.bounded(self._campaign, call, call.timeout,
                                              self._unanswered)
@@ -422,7 +422,7 @@ class Supervisor(_Supervisor[ConnectorLeaseCoordinator]):
             self._counts.renewal(len(call.leases))
             return self._calls.renew(self._next_renewer(self._calls.stuck), call)
         if isinstance(call, Collect):
-            return self._calls.collect(call.ticket, call.timeout)
+            return self._calls.collect(call.ticket, call.timeout, call.patience)
         if isinstance(call, Attempt):
             return self._calls.bounded(self._campaign, call, call.timeout,
                                        self._unanswered)

@@ -263,8 +263,8 @@ def abandoned(state: KeeperState, timing: KeeperTiming, started: float, finished
     limit ``limit`` and was abandoned at ``finished`` (whatever it returns later cannot undo
     what is decided here). The lease is lost if its own deadline was that limit or has
     come; else something earlier set the limit (in a supervisor's batch: another lease's
-    deadline, or on two renewal connections half the time left), and this lease is retried
-    as after a transient failure, until its own deadline."""
+    deadline, or half the time left on a renewal connection outpaced by another), and this
+    lease is retried as after a transient failure, until its own deadline."""
     if state.loss is not None:
         return state
     if finished >= state.deadline or limit >= state.deadline:

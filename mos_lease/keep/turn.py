@@ -10,9 +10,8 @@ running at its time limit.
 A renewal is the one call that is started and waited for apart: a
 :class:`~.slots.RenewalBatch` is answered at once with a ticket, which a later
 :class:`Collect` waits for. A driver may keep more than one batch of a tick in flight
-(both supervisors keep :data:`IN_FLIGHT`), so that the client's own work on one batch
-(building the 1,000 renewals, reading the 1,000 results) overlaps the database's work on
-the other.
+(both supervisors keep :data:`IN_FLIGHT`), so that the client's work on one batch (its
+renewals built, its results read) overlaps the database's work on the other.
 """
 
 from __future__ import annotations
@@ -85,10 +84,13 @@ class Attempt:
 class Collect:
     """Wait for the renewal started as ``ticket`` (the driver's answer to its
     :class:`~.slots.RenewalBatch`) for at most ``timeout`` seconds: its results or exception
-    (maybe as :class:`Ended`), or :data:`OVERDUE` (it is then abandoned)."""
+    (maybe as :class:`Ended`), or :data:`OVERDUE` (it is then abandoned), already after
+    ``patience`` if another coordinator has returned a batch started later (its own
+    coordinator is what is slow: :meth:`~.lanes.Lanes.outpaced`)."""
 
     ticket: object
     timeout: float
+    patience: float
 
 
 @attrs.frozen(slots=True, eq=False)
@@ -209,13 +211,14 @@ def _done(turns: list[Callable[[], None]]) -> None:
 @attrs.frozen(slots=True, eq=False)
 class _Flight:
     """A renewal batch in flight: batch ``index`` of the tick, started at ``started``,
-    answered by ``ticket``, to be given up on at ``limit``."""
+    answered by ``ticket``, given up on at ``limit`` (or ``patience``: :class:`Collect`)."""
 
     index: int
     renew: RenewalBatch
     started: float
     ticket: object
     limit: float
+    patience: float
 
 
 def _renewals(core: Core, due: Due, in_flight: int, lanes: int) -> Generator[Call, Any, bool]:
@@ -238,15 +241,13 @@ def _renewals(core: Core, due: Due, in_flight: int, lanes: int) -> Generator[Cal
             closed_at = k
             break
         # The earliest deadline of the leases outside the tick and of the batches from the
-        # oldest in flight on (whose leases keep their old deadlines). Given two renewal
-        # coordinators, half the time left to that of this batch and those behind it: a
-        # call that hangs is given up on while they can still be renewed on the other (one
-        # connection, busy with the hung call, could not renew them sooner).
+        # oldest in flight on (theirs are still the old). On two renewal coordinators, one
+        # outpaced by the other is given up on at half the time left to that of this batch
+        # and those behind (one connection, busy with the hung call, could do no better).
         limit = min(rest, *pending[flying[0].index if flying else k:])
-        if lanes > 1:
-            limit = min(limit, started + (min(pending[k:]) - started) / 2)
+        patience = limit if lanes == 1 else min(limit, (started + min(pending[k:])) / 2)
         ticket = yield attrs.evolve(renew, timeout=max(limit - started, 0.0))
-        flying.append(_Flight(k, renew, started, ticket, limit))
+        flying.append(_Flight(k, renew, started, ticket, limit, patience))
     while flying:
         rest = yield from _collect(core, flying.popleft(), rest)
     if closed_at is None:
@@ -261,7 +262,9 @@ def _renewals(core: Core, due: Due, in_flight: int, lanes: int) -> Generator[Cal
 def _collect(core: Core, flight: _Flight, rest: float) -> Generator[Call, Any, float]:
     """Wait for ``flight`` until its limit and judge each of its leases; ``rest`` with the
     deadlines of the leases it left to retry."""
-    outcome = yield Collect(flight.ticket, max(flight.limit - core.clock(), 0.0))
+    now = core.clock()
+    outcome = yield Collect(flight.ticket, max(flight.limit - now, 0.0),
+                            max(flight.patience - now, 0.0))
     finished = core.clock()
     if isinstance(outcome, Ended):  # judged as of when its call returned
         finished, outcome = min(outcome.at, finished), outcome.outcome

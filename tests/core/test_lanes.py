@@ -106,3 +106,28 @@ def test_bad_input_or_a_bug_says_nothing_of_the_lane(error: Exception) -> None:
     rig.lanes.judge(HUNG, StoreUnavailable("down"), None, 0.01)
     rig.lanes.judge(HUNG, error, None, 0.01)
     assert rig.lanes.avoided(HUNG)
+
+
+def test_a_lane_is_outpaced_by_another_that_returned_a_batch_started_after_its_own() -> None:
+    """Only a batch of another lane that started no earlier than the one waited for, and
+    returned its results, shows that lane to be slow (not the database): one that raised,
+    one that started earlier, or one of the same lane shows nothing."""
+    rig = Rig()
+    begun = rig.now
+    assert not rig.lanes.outpaced(HUNG, begun)
+    assert not rig.lanes.outpaced(HUNG, begun, [(HEALTHY, begun - 0.1, Ended([], rig.now))])
+    assert not rig.lanes.outpaced(HUNG, begun, [(HEALTHY, begun + 0.1, Ended(
+        StoreUnavailable("down"), rig.now))])
+    assert not rig.lanes.outpaced(HUNG, begun, [(HUNG, begun + 0.1, Ended([], rig.now))])
+    assert rig.lanes.outpaced(HUNG, begun, [(HEALTHY, begun + 0.1, Ended([], rig.now))])
+    assert rig.lanes.outpaced(HUNG, begun)  # remembered
+    assert not rig.lanes.outpaced(HUNG, begun + 0.2)
+
+
+def test_a_batch_collected_with_its_results_counts_for_outpacing() -> None:
+    rig = Rig()
+    begun = rig.now
+    rig.now += 0.05
+    rig.lanes.judge(HEALTHY, Ended([], rig.now), None, 0.04)  # started at begun + 0.01
+    assert rig.lanes.outpaced(HUNG, begun)
+    assert not rig.lanes.outpaced(HUNG, begun + 0.02)

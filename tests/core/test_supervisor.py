@@ -887,14 +887,15 @@ def test_a_batch_that_returned_in_time_is_judged_as_of_then_not_as_of_its_collec
         2000 - len(held))
 
 @pytest.mark.parametrize("lanes", [1, 2])
-def test_a_batch_is_given_up_on_at_half_the_time_left_to_what_could_still_be_renewed(
+def test_a_batch_outpaced_on_another_coordinator_is_given_up_on_at_half_the_time_left(
         lanes: int) -> None:
-    """Three batches, one in flight at a time. Given a second renewal coordinator, each is
-    given up on at half the time left before the earliest deadline of its leases and of the
-    batches behind it, not at that deadline: a call that hangs leaves them time to be
-    renewed, and its own leases are retried (on the other coordinator), not lost. On one
-    coordinator (busy with the hung call, it could not renew them sooner), a batch has the
-    whole time to that deadline."""
+    """Three batches, one in flight at a time, each waited for until the earliest deadline.
+    Given a second renewal coordinator, each may be given up on sooner, at half the time
+    left to the earliest deadline of its leases and of the batches behind it, if the other
+    coordinator is outpacing it (its patience): then its own leases are retried (on the
+    other coordinator), not lost, and the batches behind it are sent with time to spare. On
+    one coordinator (busy with the hung call, it could not renew them sooner) a batch has no
+    patience: the whole time to that deadline."""
     from mos_lease.keep.turn import OVERDUE, Collect, Core, turn
 
     clock = [0.0]
@@ -907,21 +908,24 @@ def test_a_batch_is_given_up_on_at_half_the_time_left_to_what_could_still_be_ren
     flow = turn(core, 1, lanes)
     first = flow.send(None)
     assert isinstance(first, RenewalBatch)
-    assert first.timeout == pytest.approx((deadline - 10.0) / (2 if lanes > 1 else 1))
+    assert first.timeout == pytest.approx(deadline - 10.0)
     collect = flow.send(first)
     assert isinstance(collect, Collect) and collect.timeout == pytest.approx(first.timeout)
-    if lanes == 1:
+    assert collect.patience == pytest.approx(first.timeout / (2 if lanes > 1 else 1))
+    if lanes == 1 or collect.patience is None:
         return
-    clock[0] += first.timeout  # it hung until its limit
+    clock[0] += collect.patience  # outpaced: given up on then
     second = flow.send(OVERDUE)
     assert isinstance(second, RenewalBatch) and second.timeout > 0
     assert all(s.state is not None and s.state.loss is None and s.state.failures == 1
                for s in first.slots)  # retried, with the time they have left
-    flow.send(second)
+    collect = flow.send(second)
     answered = [LeaseResult(Outcome.RENEWED, None, "c", lease=lease) for lease in second.leases]
     last = flow.send(answered)
     assert isinstance(last, RenewalBatch)
-    assert last.timeout == pytest.approx((deadline - clock[0]) / 2)
+    collect = flow.send(last)
+    assert isinstance(collect, Collect)
+    assert collect.patience == pytest.approx((deadline - clock[0]) / 2)
 
 
 class _Overlapping(AsyncInMemoryLeaseStore):
