@@ -272,6 +272,45 @@ def test_renewals_pass_over_a_heartbeat_coordinator_whose_batch_hangs(bound: flo
         supervisor.close()
 
 
+def test_two_heartbeat_coordinators_both_slow_are_waited_for_until_the_deadline() -> None:
+    """Both renewal coordinators slow (the database is): every call takes 0.5 s, past half
+    the time a renewal has (about 0.85 s from the renewal to the deadline), but within it.
+    Neither outpaces the other, so no batch is given up on before its deadline and no lease
+    is lost; giving up at the half-time mark whatever the other did lost them all."""
+    store = InMemoryLeaseStore()
+    coordinator = ConnectorLeaseCoordinator(store, AllowAllPolicy())
+    renewers = [Renewer(store, AllowAllPolicy()) for _ in range(2)]
+    slow = threading.Event()
+    for renewer in renewers:
+        prime = renewer.prime_heartbeat_many
+
+        def primed(leases: Sequence[LeaseHandle], prime: Any = prime, **options: Any) -> Any:
+            rest = prime(leases, **options)
+
+            def call() -> Any:
+                if slow.is_set():
+                    time.sleep(0.5)
+                return rest()
+            return call
+        renewer.prime_heartbeat_many = primed  # type: ignore[method-assign]
+    changes: list[Any] = []
+    supervisor = Supervisor(coordinator, on_change=changes.append,
+                            heartbeat_coordinator=renewers)
+    try:
+        for i in range(50):
+            supervisor.add(ident(i), "gw-a", scopes=SCOPES, ttl=1.5)
+        deadline = time.monotonic() + 5
+        while sum(isinstance(c, BindingStarted) for c in changes) < 50 \
+                and time.monotonic() < deadline:
+            time.sleep(0.01)
+        slow.set()
+        time.sleep(4.5)
+        assert [c.identity for c in changes if isinstance(c, BindingLost)] == []
+        assert all(supervisor.lease(ident(i)) is not None for i in range(50))
+    finally:
+        supervisor.close()
+
+
 def test_the_asyncio_supervisor_passes_over_a_heartbeat_coordinator_whose_batch_hangs(
         ) -> None:
     """As above for the asyncio supervisor, whose batch given up on is cancelled: one whose
