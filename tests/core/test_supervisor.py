@@ -30,6 +30,7 @@ from mos_lease import (
 from mos_lease.clock import ManualClock
 from mos_lease.keep.schedule import BATCH, Schedule
 from mos_lease.keep.slots import AcquireDue, Due, ReadHolder, RenewalBatch, TakeoverDue
+from mos_lease.keep.turn import Core
 from mos_lease.keeper import KeeperTiming
 from mos_lease.machine import Renew as RenewWrite
 from mos_lease.records import AuditEntry, WriteOutcome
@@ -776,7 +777,6 @@ def test_a_turn_that_fails_frees_what_it_claimed(monkeypatch: pytest.MonkeyPatch
 
 def _held_core(n: int) -> Any:
     """A supervisor core holding ``n`` leases acquired at 0, all due at 10 (ttl 30)."""
-    from mos_lease.keep.turn import Core
 
     clock = [0.0]
     core = Core(lambda: clock[0], lambda: 0.5, None)
@@ -850,6 +850,18 @@ def test_batches_in_flight_when_the_supervisor_closes_are_collected_and_judged()
 
 
 
+def _due_at_ten(bindings: int) -> tuple[Core, list[float], float]:
+    """A turn's core whose ``bindings`` leases were acquired at 0 s, its clock at 10 s (their
+    renewals due), and their earliest deadline."""
+    clock = [0.0]
+    core = Core(lambda: clock[0], lambda: 0.5, None)
+    for i in range(bindings):
+        core.schedule.add(_binding(i), 0.0)
+    _acquire_all(core.schedule, core.schedule.due(0.0))
+    clock[0] = 10.0
+    return core, clock, core.schedule.earliest_deadline()
+
+
 @pytest.mark.parametrize("answer", ["ended in time", "plain, judged when collected"])
 def test_a_batch_that_returned_in_time_is_judged_as_of_then_not_as_of_its_collection(
         answer: str) -> None:
@@ -858,15 +870,9 @@ def test_a_batch_that_returned_in_time_is_judged_as_of_then_not_as_of_its_collec
     is collected only then. Answered as :class:`Ended` (what both drivers answer), its leases
     are judged as of the time its call returned, and kept; a plain answer is judged as of its
     collection, past the deadline, and its leases are lost, although they were renewed."""
-    from mos_lease.keep.turn import OVERDUE, Collect, Core, Ended, turn
+    from mos_lease.keep.turn import OVERDUE, Collect, Ended, turn
 
-    clock = [0.0]
-    core = Core(lambda: clock[0], lambda: 0.5, None)
-    for i in range(2000):
-        core.schedule.add(_binding(i), 0.0)
-    _acquire_all(core.schedule, core.schedule.due(0.0))
-    clock[0] = 10.0
-    deadline = core.schedule.earliest_deadline()
+    core, clock, deadline = _due_at_ten(2000)
     flow = turn(core, 2)
     first = flow.send(None)
     second = flow.send(first)
@@ -896,15 +902,9 @@ def test_a_batch_outpaced_on_another_coordinator_is_given_up_on_at_half_the_time
     other coordinator), not lost, and the batches behind it are sent with time to spare. On
     one coordinator (busy with the hung call, it could not renew them sooner) a batch has no
     patience: the whole time to that deadline."""
-    from mos_lease.keep.turn import OVERDUE, Collect, Core, turn
+    from mos_lease.keep.turn import OVERDUE, Collect, turn
 
-    clock = [0.0]
-    core = Core(lambda: clock[0], lambda: 0.5, None)
-    for i in range(3000):
-        core.schedule.add(_binding(i), 0.0)
-    _acquire_all(core.schedule, core.schedule.due(0.0))
-    clock[0] = 10.0
-    deadline = core.schedule.earliest_deadline()
+    core, clock, deadline = _due_at_ten(3000)
     flow = turn(core, 1, lanes)
     first = flow.send(None)
     assert isinstance(first, RenewalBatch)
