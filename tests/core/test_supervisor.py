@@ -775,10 +775,11 @@ def test_a_turn_that_fails_frees_what_it_claimed(monkeypatch: pytest.MonkeyPatch
 # --- renewal batches in flight ---------------------------------------------------------------
 
 
-def _held_core(n: int) -> Any:
-    """A supervisor core holding ``n`` leases acquired at 0, all due at 10 (ttl 30)."""
-
-    clock = [0.0]
+def _held_core(n: int, clock: list[float] | None = None) -> Core:
+    """A supervisor core holding ``n`` leases acquired at 0, all due at 10 (ttl 30); its
+    clock reads ``clock[0]`` (given, the caller moves it on)."""
+    clock = [0.0] if clock is None else clock
+    clock[0] = 0.0
     core = Core(lambda: clock[0], lambda: 0.5, None)
     schedule = core.schedule
     for i in range(n):
@@ -850,18 +851,6 @@ def test_batches_in_flight_when_the_supervisor_closes_are_collected_and_judged()
 
 
 
-def _due_at_ten(bindings: int) -> tuple[Core, list[float], float]:
-    """A turn's core whose ``bindings`` leases were acquired at 0 s, its clock at 10 s (their
-    renewals due), and their earliest deadline."""
-    clock = [0.0]
-    core = Core(lambda: clock[0], lambda: 0.5, None)
-    for i in range(bindings):
-        core.schedule.add(_binding(i), 0.0)
-    _acquire_all(core.schedule, core.schedule.due(0.0))
-    clock[0] = 10.0
-    return core, clock, core.schedule.earliest_deadline()
-
-
 @pytest.mark.parametrize("answer", ["ended in time", "plain, judged when collected"])
 def test_a_batch_that_returned_in_time_is_judged_as_of_then_not_as_of_its_collection(
         answer: str) -> None:
@@ -872,7 +861,9 @@ def test_a_batch_that_returned_in_time_is_judged_as_of_then_not_as_of_its_collec
     collection, past the deadline, and its leases are lost, although they were renewed."""
     from mos_lease.keep.turn import OVERDUE, Collect, Ended, turn
 
-    core, clock, deadline = _due_at_ten(2000)
+    clock = [0.0]
+    core = _held_core(2000, clock)
+    deadline = core.schedule.earliest_deadline()
     flow = turn(core, 2)
     first = flow.send(None)
     second = flow.send(first)
@@ -904,7 +895,9 @@ def test_a_batch_outpaced_on_another_coordinator_is_given_up_on_at_half_the_time
     patience: the whole time to that deadline."""
     from mos_lease.keep.turn import OVERDUE, Collect, turn
 
-    core, clock, deadline = _due_at_ten(3000)
+    clock = [0.0]
+    core = _held_core(3000, clock)
+    deadline = core.schedule.earliest_deadline()
     flow = turn(core, 1, lanes)
     first = flow.send(None)
     assert isinstance(first, RenewalBatch)
