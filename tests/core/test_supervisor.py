@@ -847,7 +847,7 @@ def test_batches_in_flight_when_the_supervisor_closes_are_collected_and_judged()
     # The third batch was never sent: its slots are given back, and nothing was lost.
     slots = core.schedule.slots.values()
     assert all(not slot.busy and slot.holding for slot in slots)
-    assert sum(slot.state.failures == 1 for slot in slots) == 1000
+    assert sum(slot.state is not None and slot.state.failures == 1 for slot in slots) == 1000
 
 
 
