@@ -273,8 +273,8 @@ def test_renewals_pass_over_a_heartbeat_coordinator_whose_batch_hangs(bound: flo
 
 
 def test_two_heartbeat_coordinators_both_slow_are_waited_for_until_the_deadline() -> None:
-    """Both renewal coordinators slow (the database is): every call takes 0.5 s, past half
-    the time a renewal has (about 0.85 s from the renewal to the deadline), but within it.
+    """Both renewal coordinators slow (the database is): every call takes 1.2 s, past half
+    the time a renewal has (ttl 3 s: 1.7 s from the renewal to the deadline), but within it.
     Neither outpaces the other, so no batch is given up on before its deadline and no lease
     is lost; giving up at the half-time mark whatever the other did lost them all."""
     store = InMemoryLeaseStore()
@@ -289,7 +289,7 @@ def test_two_heartbeat_coordinators_both_slow_are_waited_for_until_the_deadline(
 
             def call() -> Any:
                 if slow.is_set():
-                    time.sleep(0.5)
+                    time.sleep(1.2)
                 return rest()
             return call
         renewer.prime_heartbeat_many = primed  # type: ignore[method-assign]
@@ -298,13 +298,13 @@ def test_two_heartbeat_coordinators_both_slow_are_waited_for_until_the_deadline(
                             heartbeat_coordinator=renewers)
     try:
         for i in range(50):
-            supervisor.add(ident(i), "gw-a", scopes=SCOPES, ttl=1.5)
+            supervisor.add(ident(i), "gw-a", scopes=SCOPES, ttl=3.0)
         deadline = time.monotonic() + 5
         while sum(isinstance(c, BindingStarted) for c in changes) < 50 \
                 and time.monotonic() < deadline:
             time.sleep(0.01)
         slow.set()
-        time.sleep(4.5)
+        time.sleep(6.0)  # two ttls: six renewal ticks
         assert [c.identity for c in changes if isinstance(c, BindingLost)] == []
         assert all(supervisor.lease(ident(i)) is not None for i in range(50))
     finally:
