@@ -39,11 +39,12 @@ class Lanes:
         self._failing: dict[int, _Failing] = {}
         self._returned: dict[int, float] = {}  # the latest start of a batch that returned
 
-    def judge(self, lane: int, outcome: object, running: Any, given: float) -> None:
-        """A batch on ``lane``, given ``given`` seconds, was collected: its results, its
+    def judge(self, lane: int, outcome: object, running: Any, begun: float) -> None:
+        """A batch on ``lane``, started at ``begun``, was collected: its results, its
         exception or ``OVERDUE`` (``running``: its call, which may still run)."""
         if isinstance(outcome, Ended):
             outcome = outcome.outcome
+        given = self._clock() - begun
         failing = self._failing.get(lane)
         if outcome is OVERDUE and given < PATIENCE:  # no verdict: avoided while it runs
             if failing is None:
@@ -52,7 +53,7 @@ class Lanes:
             return
         if not (outcome is OVERDUE or isinstance(outcome, BaseException)):
             self._failing.pop(lane, None)
-            self.returned(lane, self._clock() - given)
+            self.returned(lane, begun)
             return
         if outcome is not OVERDUE and not isinstance(outcome, StoreUnavailable
                                                      | CommitOutcomeUnknown):

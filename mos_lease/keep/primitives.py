@@ -175,8 +175,7 @@ class Calls:
             wait = 0.0 if outpaced else timeout - (time.monotonic() - began)
         outcome = running.wait(wait)
         if not forsaken or outcome is not OVERDUE:  # given up for its lane: no news of it
-            self._lanes.judge(ticket.lane, outcome, ticket.running,
-                              self._clock() - ticket.begun)
+            self._lanes.judge(ticket.lane, outcome, running, ticket.begun)
         if self._started.get(ticket.lane) is ticket:
             del self._started[ticket.lane]
             following = next((b for b in self._queued if b.lane == ticket.lane), None)
@@ -330,7 +329,7 @@ class AsyncCalls:
         outcome = await bounded_wait(ticket, wait, self._abandoned)
         # Given up on, it is cancelled, but a hung connection may not let it end.
         if not forsaken or outcome is not OVERDUE:
-            self._lanes.judge(lane, outcome, ticket, self._clock() - begun)
+            self._lanes.judge(lane, outcome, ticket, begun)
         return outcome
 
     async def _timed(self, call: Awaitable[list[LeaseResult]]) -> Ended:

@@ -269,7 +269,7 @@ def _collect(core: Core, flight: _Flight, rest: float) -> Generator[Call, Any, f
     if isinstance(outcome, Ended):  # judged as of when its call returned
         finished, outcome = min(outcome.at, finished), outcome.outcome
     with core.lock:
-        # Given up on before its limit (its coordinator failed): retried with the time left.
+        # Given up on before its limit (its coordinator outpaced or failed): retried.
         changes = core.schedule.renewed(flight.renew, None if outcome is OVERDUE else outcome,
                                         flight.started, finished, min(flight.limit, finished))
         rest = min(rest, core.schedule.deadlines(flight.renew.slots))  # retries keep theirs

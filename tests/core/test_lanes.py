@@ -34,7 +34,7 @@ class Rig:
 def test_a_lane_whose_batch_was_given_up_on_is_avoided_while_it_runs_and_a_pause_after() -> None:
     rig = Rig()
     call = Call()
-    rig.lanes.judge(HUNG, OVERDUE, call, PATIENCE)
+    rig.lanes.judge(HUNG, OVERDUE, call, rig.now - PATIENCE)
     rig.now += 1000  # however long it runs
     assert rig.lanes.avoided(HUNG) and not rig.lanes.avoided(HEALTHY)
     call.ended = True
@@ -50,14 +50,14 @@ def test_the_pause_doubles_with_each_failure_in_a_row_up_to_its_cap_and_a_return
     rig = Rig()
     pauses = []
     for _ in range(6):
-        rig.lanes.judge(HUNG, StoreUnavailable("down"), None, 0.01)
+        rig.lanes.judge(HUNG, StoreUnavailable("down"), None, rig.now - 0.01)
         began = rig.now
         while rig.lanes.avoided(HUNG):
             rig.now += 1.0
         pauses.append(rig.now - began)
     assert pauses == [AVOID, 2 * AVOID, 4 * AVOID, 8 * AVOID, AVOID_CAP, AVOID_CAP]
-    rig.lanes.judge(HUNG, Ended([], rig.now), None, 0.01)  # a batch that returned
-    rig.lanes.judge(HUNG, StoreUnavailable("down"), None, 0.01)
+    rig.lanes.judge(HUNG, Ended([], rig.now), None, rig.now - 0.01)  # a batch that returned
+    rig.lanes.judge(HUNG, StoreUnavailable("down"), None, rig.now - 0.01)
     began = rig.now
     while rig.lanes.avoided(HUNG):
         rig.now += 1.0
@@ -69,7 +69,7 @@ def test_a_batch_given_less_than_the_patience_is_no_verdict_on_its_lane() -> Non
     pause: its lane is avoided only while it still runs."""
     rig = Rig()
     call = Call()
-    rig.lanes.judge(HEALTHY, OVERDUE, call, PATIENCE / 2)
+    rig.lanes.judge(HEALTHY, OVERDUE, call, rig.now - PATIENCE / 2)
     assert rig.lanes.avoided(HEALTHY)
     call.ended = True
     assert not rig.lanes.avoided(HEALTHY)
@@ -81,10 +81,10 @@ def test_a_batch_on_a_failing_lane_is_forsaken_only_while_another_lane_is_not_av
     """With a second lane to retry on, the batches on a failing lane are given up on at their
     collection; with one lane (or both failing) they are waited for as before."""
     rig = Rig(count)
-    rig.lanes.judge(HUNG, OVERDUE, Call(), PATIENCE)
+    rig.lanes.judge(HUNG, OVERDUE, Call(), rig.now - PATIENCE)
     assert rig.lanes.forsaken(HUNG) is (count == 2)
     assert not rig.lanes.forsaken(HEALTHY)
-    rig.lanes.judge(HEALTHY, StoreUnavailable("down"), None, 0.01)
+    rig.lanes.judge(HEALTHY, StoreUnavailable("down"), None, rig.now - 0.01)
     assert not rig.lanes.forsaken(HUNG) and not rig.lanes.forsaken(HEALTHY)
 
 
@@ -92,7 +92,7 @@ def test_a_batch_on_a_failing_lane_is_forsaken_only_while_another_lane_is_not_av
                                    CommitOutcomeUnknown(uuid.uuid4(), "lost reply")])
 def test_a_connections_error_fails_its_lane(error: Exception) -> None:
     rig = Rig()
-    rig.lanes.judge(HUNG, error, None, 0.01)
+    rig.lanes.judge(HUNG, error, None, rig.now - 0.01)
     assert rig.lanes.avoided(HUNG)
 
 
@@ -101,10 +101,10 @@ def test_bad_input_or_a_bug_says_nothing_of_the_lane(error: Exception) -> None:
     """A batch that raised what no connection raises neither fails its lane nor clears a
     failure it had."""
     rig = Rig()
-    rig.lanes.judge(HEALTHY, error, None, 0.01)
+    rig.lanes.judge(HEALTHY, error, None, rig.now - 0.01)
     assert not rig.lanes.avoided(HEALTHY)
-    rig.lanes.judge(HUNG, StoreUnavailable("down"), None, 0.01)
-    rig.lanes.judge(HUNG, error, None, 0.01)
+    rig.lanes.judge(HUNG, StoreUnavailable("down"), None, rig.now - 0.01)
+    rig.lanes.judge(HUNG, error, None, rig.now - 0.01)
     assert rig.lanes.avoided(HUNG)
 
 
@@ -128,6 +128,6 @@ def test_a_batch_collected_with_its_results_counts_for_outpacing() -> None:
     rig = Rig()
     begun = rig.now
     rig.now += 0.05
-    rig.lanes.judge(HEALTHY, Ended([], rig.now), None, 0.04)  # started at begun + 0.01
+    rig.lanes.judge(HEALTHY, Ended([], rig.now), None, rig.now - 0.04)  # started at begun + 0.01
     assert rig.lanes.outpaced(HUNG, begun)
     assert not rig.lanes.outpaced(HUNG, begun + 0.02)
