@@ -9,7 +9,8 @@ from it: the same text with ``async`` and ``await`` dropped and each asyncio nam
 by its synchronous one (the target's ``names``), so continuation lines aligned under a
 bracket of a changed line move with it. Where threads and asyncio really differ, the source
 calls a primitive whose synchronous twin has the same call shape under another name
-(``mos_lease/keep/primitives.py``), so the text itself stays one.
+(``mos_lease/keep/primitives.py``, ``mos_lease/keep/calls.py``), so the text itself stays
+one.
 """
 
 from __future__ import annotations

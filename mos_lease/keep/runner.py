@@ -7,7 +7,7 @@ again when something is due.
 asyncio name), and ``tests/core/test_async_to_sync.py`` fails when the generated text is not
 current. Where threads and asyncio really differ (waiting and waking, a call given a time
 limit, the renewals in flight, the thread or task the loop runs on), the difference is a
-pair of primitives with one call shape (:mod:`mos_lease.keep.primitives`).
+pair with one call shape (:mod:`mos_lease.keep.primitives`, :mod:`mos_lease.keep.calls`).
 """
 
 from __future__ import annotations
@@ -24,20 +24,14 @@ from mos_lease.events import EventHook
 from mos_lease.fleet.membership import Fleet
 from mos_lease.flowdrive import Drive, outcome_of, outcome_of_async
 from mos_lease.identity import LeaseIdentity
+from mos_lease.keep.calls import AsyncCalls, Calls
 from mos_lease.keep.changes import Change
 from mos_lease.keep.fleet import FleetCall
 from mos_lease.keep.granting import issue_grant
 from mos_lease.keep.handover import HandoverResult, handover
 from mos_lease.keep.keeper_calls import IssueGrantCall
 from mos_lease.keep.notices import NoticeFeed
-from mos_lease.keep.primitives import (
-    AsyncCalls,
-    AsyncWakeup,
-    AsyncWorker,
-    Calls,
-    Wakeup,
-    Worker,
-)
+from mos_lease.keep.primitives import AsyncWakeup, AsyncWorker, Wakeup, Worker
 from mos_lease.keep.schedule import DRAIN
 from mos_lease.keep.slots import AcquireDue, ReadHolder, RenewalBatch, TakeoverDue
 from mos_lease.keep.supervising import _Supervisor
@@ -70,7 +64,7 @@ class AsyncSupervisor(_Supervisor[AsyncConnectorLeaseCoordinator]):
     Every held lease is renewed by one ``heartbeat_many`` round trip per 1,000 leases per
     tick, each judged on its own with the keeper's deadline rule, two batches in flight at
     once. Each store call is given a time limit
-    (:class:`~mos_lease.keep.primitives.AsyncCalls`): one hanging past the earliest
+    (:class:`~mos_lease.keep.calls.AsyncCalls`): one hanging past the earliest
     local deadline is abandoned and that deadline still reported.
     The supervisor's task is started by the first :meth:`add` (call every method on its loop).
     ``on_change`` is called with each :data:`~mos_lease.supervisor.Change`, from the
@@ -114,7 +108,7 @@ class AsyncSupervisor(_Supervisor[AsyncConnectorLeaseCoordinator]):
                          heartbeat_coordinator=heartbeat_coordinator, on_event=on_event,
                          fleet=fleet)
         self._sleep = sleep if sleep is not None else self._wakeup.wait
-        self._calls = AsyncCalls(self._core.clock, len(self.renewers))
+        self._calls = AsyncCalls(self._core.clock, self.renewers)
         self._worker = AsyncWorker()
 
     def _started(self) -> None:
@@ -336,7 +330,7 @@ class Supervisor(_Supervisor[ConnectorLeaseCoordinator]):
     Every held lease is renewed by one ``heartbeat_many`` round trip per 1,000 leases per
     tick, each judged on its own with the keeper's deadline rule, two batches in flight at
     once. Each store call is given a time limit
-    (:class:`~mos_lease.keep.primitives.Calls`): one hanging past the earliest
+    (:class:`~mos_lease.keep.calls.Calls`): one hanging past the earliest
     local deadline is abandoned and that deadline still reported.
     The supervisor's thread is started by the first :meth:`add`.
     ``on_change`` is called with each :data:`~mos_lease.supervisor.Change`, from the
@@ -380,7 +374,7 @@ class Supervisor(_Supervisor[ConnectorLeaseCoordinator]):
                          heartbeat_coordinator=heartbeat_coordinator, on_event=on_event,
                          fleet=fleet)
         self._sleep = sleep if sleep is not None else self._wakeup.wait
-        self._calls = Calls(self._core.clock, len(self.renewers))
+        self._calls = Calls(self._core.clock, self.renewers)
         self._worker = Worker()
 
     def _started(self) -> None:

@@ -1,0 +1,386 @@
+"""The supervisor's store calls, each given a time limit: a campaign call waited for until
+its limit, and the renewal batches a turn keeps in flight, given up on at theirs (or sooner,
+on a renewal connection found slower than the other: :class:`~mos_lease.keep.lanes.Lanes`),
+and sent again on the other connection when one of them is slow with nothing to compare it
+to (a hedge). :class:`Calls` for the thread supervisor, :class:`AsyncCalls` for the asyncio
+one, with one call shape (:mod:`mos_lease.keep.runner`).
+
+Why a hedge: a batch on one of two renewal connections still running at half the time its
+leases have left is slow, but that alone does not say whether its connection or the
+database is. When a batch of the other connection started no earlier has returned, its own
+connection is (it is then given up on, :meth:`Lanes.outpaced`). When the other connection
+is idle (a tick of one batch), the same renewals are sent there too, and whichever call
+returns its results first is judged: a connection that hangs costs no lease, and a database
+slow for both costs one extra call, not a lease given up on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Final, TypeVar
+
+from mos_lease.bounded import (
+    OVERDUE,
+    Running,
+    abandon,
+    bounded,
+    bounded_async,
+    bounded_wait,
+    start,
+)
+from mos_lease.coordinator import AsyncConnectorLeaseCoordinator, ConnectorLeaseCoordinator
+from mos_lease.keep.lanes import Lanes
+from mos_lease.keep.slots import RenewalBatch
+from mos_lease.keep.turn import Ended
+from mos_lease.results import LeaseResult
+
+A = TypeVar("A")
+T = TypeVar("T")
+
+NAME = "mos-lease-supervisor"
+"""The name of the supervisor's thread or task; its call threads are named after it."""
+
+POLL: Final = 0.01
+"""Seconds between looks at a hedge while the thread supervisor waits for the batch it
+hedges (a thread cannot wait for the first of two others)."""
+
+
+def _returned(outcome: object) -> bool:
+    """Whether a renewal call's outcome is its results (not an exception, not OVERDUE)."""
+    return isinstance(outcome, Ended) and not isinstance(outcome.outcome, BaseException)
+
+
+class Calls:
+    """The thread supervisor's store calls. A campaign call runs on a short-lived daemon
+    thread of its own, abandoned past its limit (:func:`mos_lease.bounded.bounded`).
+
+    A renewal batch is primed when the turn asks for it (its leases checked and its
+    statement built, on the supervisor's thread), and its store call starts once the one
+    before it on the same coordinator was collected: one renewal thread per renewal
+    coordinator however many batches are in flight, while the supervisor's thread primes
+    the next batch and judges the last (the client's work overlapping the database's)."""
+
+    __slots__ = ("_clock", "_lanes", "_queued", "_renewers", "_started")
+
+    def __init__(self, clock: Callable[[], float],
+                 renewers: Sequence[ConnectorLeaseCoordinator] = ()) -> None:
+        self._clock = clock
+        self._renewers = tuple(renewers)
+        self._queued: collections.deque[_Batch] = collections.deque()
+        # By coordinator (its id): the batch whose thread may still run.
+        self._started: dict[int, _Batch] = {}
+        self._lanes = Lanes(clock, max(len(self._renewers), 1))  # kept past the turn
+
+    def bounded(self, call: Callable[[A], T], argument: A, timeout: float,
+                late: Callable[[T], object] | None = None) -> T | BaseException:
+        """``call(argument)``'s result, the exception it raised, or
+        :data:`~mos_lease.bounded.OVERDUE` after ``timeout`` seconds; the result of a
+        call abandoned then goes to ``late``, on its thread, once it ends."""
+        return bounded(lambda: call(argument), timeout, name=f"{NAME}-campaign", late=late)
+
+    def renew(self, coordinator: ConnectorLeaseCoordinator, renew: RenewalBatch) -> object:
+        """Prime the batch ``renew`` and start it if no other runs on ``coordinator``: its
+        ticket."""
+        try:
+            batch = _Batch(coordinator.prime_heartbeat_many(renew.leases, ttl=renew.ttl),
+                           lane=id(coordinator), renew=renew)
+        except Exception as error:  # bad input: the batch's outcome, as its call's would be
+            return _Batch(None, error)
+        if batch.lane in self._started:
+            self._queued.append(batch)
+        else:
+            self._start(batch)
+        return batch
+
+    def collect(self, ticket: object, timeout: float, patience: float) -> object:
+        """The batch's results, the exception its call raised, or ``OVERDUE`` (abandoned)
+        after ``timeout`` seconds, after ``patience`` if its coordinator is outpaced
+        (:meth:`Lanes.outpaced`), at once if it is forsaken (:meth:`Lanes.forsaken`; one
+        queued never starts); still running at ``patience`` with the other coordinator idle,
+        the results of whichever of it and its hedge returns first. The next batch on its
+        coordinator starts once this one ends."""
+        assert isinstance(ticket, _Batch)
+        if ticket.rest is None:
+            return ticket.outcome
+        forsaken = self._lanes.forsaken(ticket.lane)
+        if ticket.running is None and forsaken:
+            self._queued.remove(ticket)
+            return OVERDUE
+        while ticket.running is None:  # queued behind batches collected before it
+            self._start(self._queued.popleft())
+        running, wait = ticket.running, 0.0 if forsaken else timeout
+        outcome: object = None
+        if wait > 0.0 and patience < timeout:
+            began = time.monotonic()
+            if not running.ended(patience):
+                if self._lanes.outpaced(ticket.lane, ticket.begun, [
+                        (b.lane, b.begun, b.running.wait(0.0)) for b in self._started.values()
+                        if b.running is not None and b is not ticket and b.running.done()]):
+                    wait = 0.0
+                else:
+                    wait = timeout - (time.monotonic() - began)
+                    outcome = self._hedged(ticket, wait)
+                    wait = timeout - (time.monotonic() - began)
+        if outcome is None:
+            outcome = running.wait(wait)
+            if not forsaken or outcome is not OVERDUE:  # given up for its lane: no news of it
+                self._lanes.judge(ticket.lane, outcome, running, ticket.begun)
+        self._ended(ticket)
+        return outcome
+
+    def _hedged(self, ticket: _Batch, wait: float) -> object:
+        """Send ``ticket``'s renewals on an idle coordinator too and wait for either call,
+        ``wait`` seconds at most: the hedge's results if they came first (``ticket`` is then
+        given up on and judged), else ``None`` (wait for ``ticket`` alone)."""
+        hedge = self._hedge(ticket)
+        if hedge is None:
+            return None
+        assert ticket.running is not None and hedge.running is not None
+        end = time.monotonic() + wait
+        while not ticket.running.ended(min(POLL, end - time.monotonic())):
+            if hedge.running.done():
+                outcome = hedge.running.wait(0.0)
+                self._lanes.judge(hedge.lane, outcome, hedge.running, hedge.begun)
+                self._ended(hedge)
+                if not _returned(outcome):
+                    return None
+                given_up = ticket.running.wait(0.0)
+                self._lanes.judge(ticket.lane, given_up, ticket.running, ticket.begun)
+                return outcome if given_up is OVERDUE else given_up
+            if time.monotonic() >= end:
+                return None
+        return None  # ended first: its own outcome, judged by collect
+
+    def _hedge(self, ticket: _Batch) -> _Batch | None:
+        """``ticket``'s renewals started on another coordinator with no batch in flight or
+        queued and not avoided, if there is one."""
+        busy = {ticket.lane, *self._started, *(b.lane for b in self._queued)}
+        idle = [r for r in self._renewers if id(r) not in busy and not self.stuck(r)]
+        if not idle or ticket.renew is None:
+            return None
+        renew = ticket.renew
+        try:
+            hedge = _Batch(idle[0].prime_heartbeat_many(renew.leases, ttl=renew.ttl),
+                           lane=id(idle[0]), renew=renew)
+        except Exception:
+            return None  # primed once already: a bug, which the batch itself reports
+        self._start(hedge)
+        return hedge
+
+    def _ended(self, batch: _Batch) -> None:
+        """``batch`` was collected: the next batch on its coordinator may start."""
+        if self._started.get(batch.lane) is batch:
+            del self._started[batch.lane]
+            following = next((b for b in self._queued if b.lane == batch.lane), None)
+            if following is not None and not self._lanes.forsaken(batch.lane):
+                self._queued.remove(following)
+                self._start(following)
+
+    def stuck(self, coordinator: object) -> bool:
+        """Whether to send no batch to ``coordinator`` now (:meth:`Lanes.avoided`)."""
+        return self._lanes.avoided(id(coordinator))
+
+    def clear(self) -> None:
+        """Forget the batches of a turn that ended without collecting them (never started,
+        or abandoned as at their limit)."""
+        self._queued.clear()
+        self._started.clear()
+
+    def _start(self, batch: _Batch) -> None:
+        assert batch.rest is not None
+        batch.begun = self._clock()
+        batch.running = start(_timed(batch.rest, self._clock), name=f"{NAME}-renewal")
+        self._started[batch.lane] = batch
+
+
+def _timed(call: Callable[[], list[LeaseResult]], clock: Callable[[], float]
+           ) -> Callable[[], Ended]:
+    """``call`` answering :class:`~mos_lease.keep.turn.Ended`: its outcome, and when it
+    returned."""
+    def timed() -> Ended:
+        outcome: object
+        try:
+            outcome = call()
+        except Exception as error:
+            outcome = error
+        return Ended(outcome, clock())
+    return timed
+
+
+class _Batch:
+    """A renewal batch primed on the supervisor's thread, whose store call runs on a thread
+    of its own once started, one at a time on its coordinator (``lane``: its id)."""
+
+    __slots__ = ("begun", "lane", "outcome", "renew", "rest", "running")
+
+    def __init__(self, rest: Callable[[], list[LeaseResult]] | None,
+                 outcome: object = None, lane: int = 0,
+                 renew: RenewalBatch | None = None) -> None:
+        self.rest = rest  # None: answered already (priming raised ``outcome``)
+        self.outcome = outcome
+        self.lane = lane
+        self.renew = renew  # what a hedge sends again
+        self.running: Running[Ended] | None = None
+        self.begun = 0.0  # when its call started, on the supervisor's clock
+
+
+class AsyncCalls:
+    """The asyncio supervisor's store calls, each a task of its own: a campaign call is
+    waited for until its limit (:func:`mos_lease.bounded.bounded_async`), a renewal batch
+    started at once and waited for by its collect. A call given up on is cancelled and kept
+    referenced until it ends, never trusted later."""
+
+    __slots__ = ("_abandoned", "_clock", "_lanes", "_renewers", "_started")
+
+    def __init__(self, clock: Callable[[], float],
+                 renewers: Sequence[AsyncConnectorLeaseCoordinator] = ()) -> None:
+        self._clock = clock
+        self._renewers = tuple(renewers)
+        self._abandoned: set[asyncio.Future[Any]] = set()
+        # Renewals not yet collected: each one's coordinator's id, start and batch.
+        self._started: dict[asyncio.Future[Any], tuple[int, float, RenewalBatch]] = {}
+        self._lanes = Lanes(clock, max(len(self._renewers), 1))
+
+    async def bounded(self, call: Callable[[A], Awaitable[T]], argument: A, timeout: float,
+                      late: Callable[[T], Awaitable[object]] | None = None
+                      ) -> T | BaseException:
+        """As :meth:`Calls.bounded`. Given ``late``, a call given up on is not cancelled (a
+        call cancelled mid-write may have committed it; one left to end says what it did):
+        past ``timeout`` it runs on (the store bounds it) and its result goes to ``late``, as
+        a task kept until it ends, as a thread's does; when the caller is cancelled, the
+        cancellation waits until the call has ended and ``late`` has had its result (at
+        most ``timeout`` more), so that nothing it started is still running once it goes
+        on."""
+        if late is None:
+            return await bounded_async(call(argument), timeout, self._abandoned)
+        running = asyncio.ensure_future(call(argument))
+        limit = min(max(timeout, 0.0), 1e9)
+        try:
+            done, _ = await asyncio.wait((running,), timeout=limit)
+        except asyncio.CancelledError:
+            await self._settle(running, late, limit)
+            raise
+        if not done:
+            self._late(running, late)
+            overdue: T | BaseException = OVERDUE
+            return overdue
+        try:
+            return running.result()
+        except Exception as error:
+            return error
+
+    async def _settle(self, running: asyncio.Future[T],
+                      late: Callable[[T], Awaitable[object]], limit: float) -> None:
+        """Wait (the caller is being cancelled) for ``running`` to end and ``late`` to take
+        its result; left to the background if it takes longer than ``limit``, or if the
+        caller is cancelled once more."""
+        try:
+            done, _ = await asyncio.wait((running,), timeout=limit)
+            if not done:
+                self._late(running, late)
+            elif not running.cancelled() and running.exception() is None:
+                await late(running.result())
+        except asyncio.CancelledError:
+            if not running.done():
+                self._late(running, late)
+            raise
+
+    def _late(self, running: asyncio.Future[T], late: Callable[[T], Awaitable[object]]
+              ) -> None:
+        def after(ended: asyncio.Future[T]) -> None:
+            self._abandoned.discard(ended)
+            if ended.cancelled() or ended.exception() is not None:
+                return
+            follow = asyncio.ensure_future(late(ended.result()))
+            self._abandoned.add(follow)
+            follow.add_done_callback(self._abandoned.discard)
+
+        self._abandoned.add(running)
+        running.add_done_callback(after)
+
+    def renew(self, coordinator: AsyncConnectorLeaseCoordinator, renew: RenewalBatch) -> object:
+        running = asyncio.ensure_future(self._timed(
+            coordinator.heartbeat_many(renew.leases, ttl=renew.ttl)))
+        self._started[running] = (id(coordinator), self._clock(), renew)
+        return running
+
+    async def collect(self, ticket: object, timeout: float, patience: float) -> object:
+        """As :meth:`Calls.collect`."""
+        assert isinstance(ticket, asyncio.Future)
+        lane, begun, renew = self._started.pop(ticket)
+        forsaken = self._lanes.forsaken(lane)
+        wait = 0.0 if forsaken else timeout
+        if wait > 0.0 and patience < timeout:
+            began = time.monotonic()
+            try:
+                done, _ = await asyncio.wait((ticket,), timeout=max(patience, 0.0))
+            except asyncio.CancelledError:
+                abandon(ticket, self._abandoned)
+                raise
+            if not done and self._lanes.outpaced(lane, begun, [
+                    (other, started, running.result()) for running, (other, started, _)
+                    in self._started.items() if running.done() and not running.cancelled()
+                    and running.exception() is None]):
+                wait = 0.0
+            elif not done:
+                hedged = await self._hedged(ticket, lane, begun, renew,
+                                            timeout - (time.monotonic() - began))
+                if hedged is not None:
+                    return hedged
+                wait = timeout - (time.monotonic() - began)
+        outcome = await bounded_wait(ticket, wait, self._abandoned)
+        # Given up on, it is cancelled, but a hung connection may not let it end.
+        if not forsaken or outcome is not OVERDUE:
+            self._lanes.judge(lane, outcome, ticket, begun)
+        return outcome
+
+    async def _hedged(self, ticket: asyncio.Future[Any], lane: int, begun: float,
+                      renew: RenewalBatch, wait: float) -> object:
+        """As :meth:`Calls._hedged`: the hedge's results if they came first (``ticket`` is
+        then given up on, cancelled, and judged), else ``None``; a hedge still running when
+        ``ticket`` ends is cancelled (no verdict on its coordinator)."""
+        busy = {lane, *(other for other, _, _ in self._started.values())}
+        idle = [r for r in self._renewers if id(r) not in busy and not self.stuck(r)]
+        if not idle:
+            return None
+        hedge = asyncio.ensure_future(self._timed(idle[0].heartbeat_many(renew.leases,
+                                                                         ttl=renew.ttl)))
+        started = self._clock()
+        try:
+            done, _ = await asyncio.wait((ticket, hedge), timeout=min(max(wait, 0.0), 1e9),
+                                         return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            abandon(hedge, self._abandoned)
+            abandon(ticket, self._abandoned)
+            raise
+        if ticket in done or hedge not in done:
+            abandon(hedge, self._abandoned)
+            return None
+        outcome = hedge.result()
+        self._lanes.judge(id(idle[0]), outcome, hedge, started)
+        if not _returned(outcome):
+            return None
+        abandon(ticket, self._abandoned)
+        self._lanes.judge(lane, OVERDUE, ticket, begun)
+        return outcome
+
+    async def _timed(self, call: Awaitable[list[LeaseResult]]) -> Ended:
+        outcome: object
+        try:
+            outcome = await call
+        except Exception as error:
+            outcome = error
+        return Ended(outcome, self._clock())
+
+    def stuck(self, coordinator: object) -> bool:
+        """As :meth:`Calls.stuck`."""
+        return self._lanes.avoided(id(coordinator))
+
+    def clear(self) -> None:
+        """A turn cut short (cancelled, or a bug) leaves no renewal running unwatched."""
+        for running in self._started:
+            abandon(running, self._abandoned)
+        self._started.clear()
