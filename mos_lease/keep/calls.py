@@ -132,27 +132,35 @@ class Calls:
         return outcome
 
     def _hedged(self, ticket: _Batch, wait: float) -> object:
-        """Send ``ticket``'s renewals on an idle coordinator too and wait for either call,
-        ``wait`` seconds at most: the hedge's results if they came first (``ticket`` is then
-        given up on and judged), else ``None`` (wait for ``ticket`` alone)."""
+        """Send ``ticket``'s renewals on an idle coordinator too and wait, ``wait`` seconds at
+        most, for either call to return its results: the hedge's if they came first
+        (``ticket`` is then given up on, or failed, and judged), else ``None`` (``ticket``
+        returned first, or nothing did: collect judges it)."""
         hedge = self._hedge(ticket)
         if hedge is None:
             return None
-        assert ticket.running is not None and hedge.running is not None
+        first, second = ticket.running, hedge.running
+        assert first is not None and second is not None
         end = time.monotonic() + wait
-        while not ticket.running.ended(min(POLL, end - time.monotonic())):
-            if hedge.running.done():
-                outcome = hedge.running.wait(0.0)
-                self._lanes.judge(hedge.lane, outcome, hedge.running, hedge.begun)
+        while (left := end - time.monotonic()) > 0:
+            if second.done():
+                outcome = second.wait(0.0)
+                self._lanes.judge(hedge.lane, outcome, second, hedge.begun)
                 self._ended(hedge)
                 if not _returned(outcome):
                     return None
-                given_up = ticket.running.wait(0.0)
-                self._lanes.judge(ticket.lane, given_up, ticket.running, ticket.begun)
-                return outcome if given_up is OVERDUE else given_up
-            if time.monotonic() >= end:
+                given_up = first.wait(0.0)
+                if _returned(given_up):
+                    return None  # both returned: the first's, judged by collect
+                self._lanes.judge(ticket.lane, given_up, first, ticket.begun)
+                return outcome
+            if not first.done():
+                first.ended(min(POLL, left))
+            elif _returned(first.wait(0.0)):
                 return None
-        return None  # ended first: its own outcome, judged by collect
+            else:  # the first failed: wait for the hedge alone
+                second.ended(left)
+        return None
 
     def _hedge(self, ticket: _Batch) -> _Batch | None:
         """``ticket``'s renewals started on another coordinator with no batch in flight or
@@ -339,33 +347,41 @@ class AsyncCalls:
 
     async def _hedged(self, ticket: asyncio.Future[Any], lane: int, begun: float,
                       renew: RenewalBatch, wait: float) -> object:
-        """As :meth:`Calls._hedged`: the hedge's results if they came first (``ticket`` is
-        then given up on, cancelled, and judged), else ``None``; a hedge still running when
-        ``ticket`` ends is cancelled (no verdict on its coordinator)."""
+        """As :meth:`Calls._hedged`; a hedge still running when ``ticket`` returns its
+        results, or at the end of ``wait``, is cancelled (no verdict on its coordinator)."""
         busy = {lane, *(other for other, _, _ in self._started.values())}
         idle = [r for r in self._renewers if id(r) not in busy and not self.stuck(r)]
         if not idle:
             return None
         hedge = asyncio.ensure_future(self._timed(idle[0].heartbeat_many(renew.leases,
                                                                          ttl=renew.ttl)))
-        started = self._clock()
+        started, end = self._clock(), time.monotonic() + wait
+        waiting = {ticket, hedge}
         try:
-            done, _ = await asyncio.wait((ticket, hedge), timeout=min(max(wait, 0.0), 1e9),
-                                         return_when=asyncio.FIRST_COMPLETED)
+            while waiting and (left := end - time.monotonic()) > 0:
+                done, _ = await asyncio.wait(waiting, timeout=min(left, 1e9),
+                                             return_when=asyncio.FIRST_COMPLETED)
+                waiting -= done
+                if ticket in done and _returned(ticket.result()):
+                    break  # the first returned: its own, judged by collect
+                if hedge in done:
+                    outcome = hedge.result()
+                    self._lanes.judge(id(idle[0]), outcome, hedge, started)
+                    if _returned(outcome):
+                        if ticket in waiting:
+                            abandon(ticket, self._abandoned)
+                        given_up = ticket.result() if ticket.done() else OVERDUE
+                        self._lanes.judge(lane, given_up, ticket, begun)
+                        return outcome
+                    if ticket.done():
+                        break
         except asyncio.CancelledError:
             abandon(hedge, self._abandoned)
             abandon(ticket, self._abandoned)
             raise
-        if ticket in done or hedge not in done:
+        if not hedge.done():
             abandon(hedge, self._abandoned)
-            return None
-        outcome = hedge.result()
-        self._lanes.judge(id(idle[0]), outcome, hedge, started)
-        if not _returned(outcome):
-            return None
-        abandon(ticket, self._abandoned)
-        self._lanes.judge(lane, OVERDUE, ticket, begun)
-        return outcome
+        return None
 
     async def _timed(self, call: Awaitable[list[LeaseResult]]) -> Ended:
         outcome: object

@@ -319,6 +319,106 @@ def test_two_heartbeat_coordinators_both_slow_are_waited_for_until_the_deadline(
         supervisor.close()
 
 
+def test_a_hedge_still_running_when_the_first_call_fails_is_waited_for() -> None:
+    """One coordinator's calls fail after 2.4 s (a store's call bound ends a hung statement),
+    the other's take 1.2 s (ttl 6 s: 3.4 s from a renewal to its deadline, the hedge sent at
+    1.7 s). A batch on the first is sent again on the second at half its time; the first
+    fails before the hedge returns, and the hedge's results still count, renewing every
+    lease. Taking the failure as the batch's outcome retried the leases on the second
+    behind the hedge still running there, past their deadline (3.65 s): every lease lost."""
+    store = InMemoryLeaseStore()
+    coordinator = ConnectorLeaseCoordinator(store, AllowAllPolicy())
+    renewers = [Renewer(store, AllowAllPolicy()) for _ in range(2)]
+    trouble = threading.Event()
+
+    def slowed(renewer: Renewer, then: Callable[[], None]) -> None:
+        prime = renewer.prime_heartbeat_many
+
+        def primed(leases: Sequence[LeaseHandle], **options: Any) -> Any:
+            rest = prime(leases, **options)
+
+            def call() -> Any:
+                if trouble.is_set():
+                    then()
+                return rest()
+            return call
+        renewer.prime_heartbeat_many = primed  # type: ignore[method-assign]
+
+    def bounded() -> None:
+        time.sleep(2.4)
+        raise StoreUnavailable("the call bound passed")
+
+    slowed(renewers[0], lambda: time.sleep(1.2))
+    slowed(renewers[1], bounded)
+    changes: list[Any] = []
+    supervisor = Supervisor(coordinator, on_change=changes.append,
+                            heartbeat_coordinator=renewers)
+    try:
+        for i in range(FEW):
+            supervisor.add(ident(i), "gw-a", scopes=SCOPES, ttl=6.0)
+        deadline = time.monotonic() + 10
+        while not (all_started(changes, FEW) and all(r.batches for r in renewers)) \
+                and time.monotonic() < deadline:
+            time.sleep(0.01)
+        batches = renewers[1].batches
+        trouble.set()
+        time.sleep(8.0)  # four renewal ticks
+        assert renewers[1].batches > batches  # a batch met the failing coordinator
+        assert [c.identity for c in changes if isinstance(c, BindingLost)] == []
+        assert all(supervisor.lease(ident(i)) is not None for i in range(FEW))
+    finally:
+        trouble.clear()
+        supervisor.close()
+
+
+def test_the_asyncio_supervisor_waits_for_a_hedge_still_running_when_the_first_fails(
+        ) -> None:
+    """As above for the asyncio supervisor."""
+    trouble = asyncio.Event()
+
+    class Slow(AsyncRenewer):
+        async def heartbeat_many(self, leases: Sequence[LeaseHandle], **options: Any) -> Any:
+            self.batches += 1
+            if trouble.is_set():
+                await asyncio.sleep(1.2)
+            return await AsyncConnectorLeaseCoordinator.heartbeat_many(self, leases, **options)
+
+    class Bounded(AsyncRenewer):
+        async def heartbeat_many(self, leases: Sequence[LeaseHandle], **options: Any) -> Any:
+            self.batches += 1
+            if trouble.is_set():
+                await asyncio.sleep(2.4)
+                raise StoreUnavailable("the call bound passed")
+            return await AsyncConnectorLeaseCoordinator.heartbeat_many(self, leases, **options)
+
+    async def main() -> None:
+        store = AsyncInMemoryLeaseStore()
+        coordinator = AsyncConnectorLeaseCoordinator(store, AllowAllPolicy())
+        renewers = [Slow(store, AllowAllPolicy()), Bounded(store, AllowAllPolicy())]
+        changes: list[Any] = []
+        supervisor = AsyncSupervisor(coordinator, on_change=changes.append,
+                                     heartbeat_coordinator=renewers)
+        try:
+            for i in range(FEW):
+                supervisor.add(ident(i), "gw-a", scopes=SCOPES, ttl=6.0)
+
+            async def warm() -> None:
+                while not (all_started(changes, FEW) and all(r.batches for r in renewers)):
+                    await asyncio.sleep(0.01)
+            await asyncio.wait_for(warm(), 10)
+            batches = renewers[1].batches
+            trouble.set()
+            await asyncio.sleep(8.0)
+            assert renewers[1].batches > batches
+            assert [c.identity for c in changes if isinstance(c, BindingLost)] == []
+            assert all(supervisor.lease(ident(i)) is not None for i in range(FEW))
+        finally:
+            trouble.clear()
+            await supervisor.close()
+
+    asyncio.run(main())
+
+
 def test_the_asyncio_supervisor_waits_for_two_heartbeat_coordinators_both_slow() -> None:
     """As above for the asyncio supervisor: each batch, sent again on the idle coordinator at
     half its time, is answered by the first call (the second is cancelled), and no lease is
