@@ -190,6 +190,8 @@ class OpenTelemetryStats:
                 description="Renewal batches a supervisor sent")
         counter("mos_lease.supervisor.renewal.leases", [self._renewed], unit="{lease}",
                 description="Leases carried by a supervisor's renewal batches")
+        counter("mos_lease.supervisor.renewal.hedges", [self._hedges], unit="{batch}",
+                description="Renewal batches sent again on the other renewal connection")
         counter("mos_lease.supervisor.calls", [self._campaign], unit="{call}",
                 description="A supervisor's campaign calls and releases, by call")
         counter("mos_lease.keep.notices", [self._notices], unit="{notice}",
@@ -298,6 +300,9 @@ class OpenTelemetryStats:
 
     def _renewed(self, _options: CallbackOptions) -> Iterable[Observation]:
         return self._supervisor("leases_renewed")
+
+    def _hedges(self, _options: CallbackOptions) -> Iterable[Observation]:
+        return self._supervisor("renewal_hedges")
 
     def _last_renewed(self, _options: CallbackOptions) -> Iterable[Observation]:
         return self._supervisor("last_renewed")

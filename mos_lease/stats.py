@@ -158,8 +158,8 @@ class CoordinatorStats:
 class SupervisorCounts:
     """A supervisor's running tallies (see :class:`SupervisorStats`)."""
 
-    __slots__ = ("acquires", "campaign_reads", "last_renewed", "notices", "releases",
-                 "renewal_ticks", "renewed", "takeovers")
+    __slots__ = ("acquires", "campaign_reads", "hedges", "last_renewed", "notices",
+                 "releases", "renewal_ticks", "renewed", "takeovers")
 
     def __init__(self) -> None:
         self.renewal_ticks = 0
@@ -170,6 +170,7 @@ class SupervisorCounts:
         self.takeovers = 0
         self.releases = 0
         self.notices = 0
+        self.hedges = 0
 
     def renewal(self, leases: int) -> None:
         """A renewal batch of ``leases`` leases went out."""
@@ -190,7 +191,10 @@ class SupervisorStats:
     binding whether sent alone or in a batch (won or not). ``notices``: lease notices about
     one of its bindings that were acted on (a waiting binding's next read moved earlier, or a
     confirming read asked for a held one). ``bindings``: registered now;
-    ``bindings_held``: of them, holding a lease now (both gauges)."""
+    ``bindings_held``: of them, holding a lease now (both gauges). ``renewal_hedges``:
+    renewal batches sent again on the other of two renewal coordinators, a batch still
+    running at half its time (``docs/keeping.md``; not in ``renewal_ticks``): above zero,
+    one renewal connection, or the database, is slow."""
 
     renewal_ticks: int = 0
     leases_renewed: int = 0
@@ -202,6 +206,7 @@ class SupervisorStats:
     notices: int = 0
     bindings: int = 0
     bindings_held: int = 0
+    renewal_hedges: int = 0
 
 
 __all__ = ["DENIED", "OK", "CoordinatorCounts", "CoordinatorStats", "StoreCounts",

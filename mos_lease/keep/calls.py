@@ -36,6 +36,7 @@ from mos_lease.keep.lanes import Lanes
 from mos_lease.keep.slots import RenewalBatch
 from mos_lease.keep.turn import Ended
 from mos_lease.results import LeaseResult
+from mos_lease.stats import SupervisorCounts
 
 A = TypeVar("A")
 T = TypeVar("T")
@@ -46,6 +47,13 @@ NAME = "mos-lease-supervisor"
 POLL: Final = 0.01
 """Seconds between looks at a hedge while the thread supervisor waits for the batch it
 hedges (a thread cannot wait for the first of two others)."""
+
+
+def _lanes(clock: Callable[[], float], renewers: Sequence[object]) -> Lanes:
+    """The health of ``renewers``' connections, named in the log by their place."""
+    return Lanes(clock, max(len(renewers), 1), {
+        id(r): f"renewal coordinator {i} of {len(renewers)}"
+        for i, r in enumerate(renewers, 1)})
 
 
 def _returned(outcome: object) -> bool:
@@ -63,16 +71,18 @@ class Calls:
     coordinator however many batches are in flight, while the supervisor's thread primes
     the next batch and judges the last (the client's work overlapping the database's)."""
 
-    __slots__ = ("_clock", "_lanes", "_queued", "_renewers", "_started")
+    __slots__ = ("_clock", "_counts", "_lanes", "_queued", "_renewers", "_started")
 
     def __init__(self, clock: Callable[[], float],
-                 renewers: Sequence[ConnectorLeaseCoordinator] = ()) -> None:
+                 renewers: Sequence[ConnectorLeaseCoordinator] = (),
+                 counts: SupervisorCounts | None = None) -> None:
         self._clock = clock
         self._renewers = tuple(renewers)
+        self._counts = SupervisorCounts() if counts is None else counts  # hedges
         self._queued: collections.deque[_Batch] = collections.deque()
         # By coordinator (its id): the batch whose thread may still run.
         self._started: dict[int, _Batch] = {}
-        self._lanes = Lanes(clock, max(len(self._renewers), 1))  # kept past the turn
+        self._lanes = _lanes(clock, self._renewers)  # kept past the turn
 
     def bounded(self, call: Callable[[A], T], argument: A, timeout: float,
                 late: Callable[[T], object] | None = None) -> T | BaseException:
@@ -175,6 +185,7 @@ class Calls:
                            lane=id(idle[0]), renew=renew)
         except Exception:
             return None  # primed once already: a bug, which the batch itself reports
+        self._counts.hedges += 1
         self._start(hedge)
         return hedge
 
@@ -241,16 +252,18 @@ class AsyncCalls:
     started at once and waited for by its collect. A call given up on is cancelled and kept
     referenced until it ends, never trusted later."""
 
-    __slots__ = ("_abandoned", "_clock", "_lanes", "_renewers", "_started")
+    __slots__ = ("_abandoned", "_clock", "_counts", "_lanes", "_renewers", "_started")
 
     def __init__(self, clock: Callable[[], float],
-                 renewers: Sequence[AsyncConnectorLeaseCoordinator] = ()) -> None:
+                 renewers: Sequence[AsyncConnectorLeaseCoordinator] = (),
+                 counts: SupervisorCounts | None = None) -> None:
         self._clock = clock
         self._renewers = tuple(renewers)
+        self._counts = SupervisorCounts() if counts is None else counts
         self._abandoned: set[asyncio.Future[Any]] = set()
         # Renewals not yet collected: each one's coordinator's id, start and batch.
         self._started: dict[asyncio.Future[Any], tuple[int, float, RenewalBatch]] = {}
-        self._lanes = Lanes(clock, max(len(self._renewers), 1))
+        self._lanes = _lanes(clock, self._renewers)
 
     async def bounded(self, call: Callable[[A], Awaitable[T]], argument: A, timeout: float,
                       late: Callable[[T], Awaitable[object]] | None = None
@@ -355,6 +368,7 @@ class AsyncCalls:
             return None
         hedge = asyncio.ensure_future(self._timed(idle[0].heartbeat_many(renew.leases,
                                                                          ttl=renew.ttl)))
+        self._counts.hedges += 1
         started, end = self._clock(), time.monotonic() + wait
         waiting = {ticket, hedge}
         try:

@@ -3,12 +3,15 @@ around one that hangs: see :class:`Lanes`."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import logging
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from mos_lease.bounded import OVERDUE
 from mos_lease.errors import CommitOutcomeUnknown, StoreUnavailable
 from mos_lease.keep.turn import Ended
+
+log = logging.getLogger("mos_lease.supervisor")
 
 
 class Lanes:
@@ -31,11 +34,13 @@ class Lanes:
     with the time they have left, instead of waiting on the failing lane until their
     deadlines."""
 
-    __slots__ = ("_clock", "_count", "_failing", "_returned")
+    __slots__ = ("_clock", "_count", "_failing", "_names", "_returned")
 
-    def __init__(self, clock: Callable[[], float], count: int = 1) -> None:
+    def __init__(self, clock: Callable[[], float], count: int = 1,
+                 names: Mapping[int, str] | None = None) -> None:
         self._clock = clock
         self._count = count  # the lanes there are
+        self._names = names or {}  # what the log calls each lane
         self._failing: dict[int, _Failing] = {}
         self._returned: dict[int, float] = {}  # the latest start of a batch that returned
 
@@ -52,6 +57,8 @@ class Lanes:
             failing.running = running
             return
         if not (outcome is OVERDUE or isinstance(outcome, BaseException)):
+            if failing is not None and failing.failures:
+                log.info("mos_lease: %s renews again", self._name(lane))
             self._failing.pop(lane, None)
             self.returned(lane, begun)
             return
@@ -61,10 +68,18 @@ class Lanes:
         failures = 1 if failing is None else failing.failures + 1
         failing = self._failing[lane] = _Failing(
             failures, min(AVOID * 2 ** min(failures - 1, 16), AVOID_CAP))
+        if failures == 1:  # once a run of failures: the pause grows while it lasts
+            log.warning("mos_lease: %s failing (%s); the other renews every batch while "
+                        "the call runs and for %g s after", self._name(lane),
+                        f"given up on after {given:.2f} s" if outcome is OVERDUE
+                        else f"{type(outcome).__name__}: {outcome}", failing.pause)
         if outcome is OVERDUE:
             failing.running = running  # the pause counts from its end
         else:
             failing.until = self._clock() + failing.pause
+
+    def _name(self, lane: int) -> str:
+        return self._names.get(lane, "a renewal coordinator")
 
     def returned(self, lane: int, begun: float) -> None:
         """A batch on ``lane`` that started at ``begun`` returned its results."""

@@ -108,7 +108,7 @@ class AsyncSupervisor(_Supervisor[AsyncConnectorLeaseCoordinator]):
                          heartbeat_coordinator=heartbeat_coordinator, on_event=on_event,
                          fleet=fleet)
         self._sleep = sleep if sleep is not None else self._wakeup.wait
-        self._calls = AsyncCalls(self._core.clock, self.renewers)
+        self._calls = AsyncCalls(self._core.clock, self.renewers, self._counts)
         self._worker = AsyncWorker()
 
     def _started(self) -> None:
@@ -374,7 +374,7 @@ class Supervisor(_Supervisor[ConnectorLeaseCoordinator]):
                          heartbeat_coordinator=heartbeat_coordinator, on_event=on_event,
                          fleet=fleet)
         self._sleep = sleep if sleep is not None else self._wakeup.wait
-        self._calls = Calls(self._core.clock, self.renewers)
+        self._calls = Calls(self._core.clock, self.renewers, self._counts)
         self._worker = Worker()
 
     def _started(self) -> None:

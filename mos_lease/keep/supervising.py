@@ -265,7 +265,8 @@ class _Supervisor(Generic[C]):
             registered = len(slots)
         return SupervisorStats(counts.renewal_ticks, counts.renewed, counts.last_renewed,
                                counts.campaign_reads, counts.acquires, counts.takeovers,
-                               counts.releases, counts.notices, registered, held)
+                               counts.releases, counts.notices, registered, held,
+                               counts.hedges)
 
     @property
     def bindings(self) -> list[LeaseIdentity]:

@@ -3,6 +3,7 @@ moved by hand: when a lane is avoided, for how long, and when a batch on it is f
 
 from __future__ import annotations
 
+import logging
 import uuid
 
 import pytest
@@ -131,3 +132,29 @@ def test_a_batch_collected_with_its_results_counts_for_outpacing() -> None:
     rig.lanes.judge(HEALTHY, Ended([], rig.now), None, rig.now - 0.04)  # started at begun + 0.01
     assert rig.lanes.outpaced(HUNG, begun)
     assert not rig.lanes.outpaced(HUNG, begun + 0.02)
+
+
+def test_a_lane_failing_is_logged_once_a_run_of_failures_by_its_name_and_so_is_its_return(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """An operator learns that one of two renewal connections fails (the other renews every
+    batch meanwhile, so no lease may be lost to tell it): one WARNING when a run of failures
+    starts, naming the lane and what it did, none for the failures that follow, an INFO when
+    a batch returns on it again."""
+    caplog.set_level(logging.INFO, logger="mos_lease.supervisor")
+    lanes = Lanes(lambda: 100.0, 2, {HUNG: "renewal coordinator 2 of 2"})
+    lanes.judge(HUNG, StoreUnavailable("connection reset"), None, 99.0)
+    lanes.judge(HUNG, StoreUnavailable("connection reset"), None, 99.0)
+    lanes.judge(HUNG, OVERDUE, Call(), 98.0)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == ["mos_lease: renewal coordinator 2 of 2 failing (StoreUnavailable: "
+                        "connection reset); the other renews every batch while the call runs "
+                        "and for 30 s after"]
+    lanes.judge(HUNG, Ended([], 100.0), None, 99.9)
+    lanes.judge(HEALTHY, Ended([], 100.0), None, 99.9)  # never failed: nothing to say
+    infos = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    assert infos == ["mos_lease: renewal coordinator 2 of 2 renews again"]
+    caplog.clear()
+    lanes.judge(HUNG, OVERDUE, Call(), 100.0 - PATIENCE)
+    assert [r.getMessage() for r in caplog.records] == [
+        "mos_lease: renewal coordinator 2 of 2 failing (given up on after 0.25 s); the other "
+        "renews every batch while the call runs and for 30 s after"]

@@ -270,6 +270,8 @@ def test_renewals_pass_over_a_heartbeat_coordinator_whose_batch_hangs(bound: flo
         hanging.hang.set()
         time.sleep(4.5)  # three ttls: nine renewal ticks
         none_lost(changes, supervisor.lease, n)
+        if n == FEW:  # renewed by a hedge: no batch of the other to be outpaced by
+            assert supervisor.stats().renewal_hedges >= 1
     finally:
         hanging.release.set()
         supervisor.close()
@@ -315,6 +317,7 @@ def test_two_heartbeat_coordinators_both_slow_are_waited_for_until_the_deadline(
         time.sleep(6.0)  # two ttls: six renewal ticks
         assert [c.identity for c in changes if isinstance(c, BindingLost)] == []
         assert all(supervisor.lease(ident(i)) is not None for i in range(FEW))
+        assert supervisor.stats().renewal_hedges >= 1  # each slow batch, sent again
     finally:
         supervisor.close()
 
@@ -485,6 +488,8 @@ def test_the_asyncio_supervisor_passes_over_a_heartbeat_coordinator_whose_batch_
             hang.set()
             await asyncio.sleep(4.5)
             none_lost(changes, supervisor.lease, n)
+            if n == FEW:
+                assert supervisor.stats().renewal_hedges >= 1
         finally:
             release.set()
             await supervisor.close()

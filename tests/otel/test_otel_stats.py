@@ -133,7 +133,7 @@ def test_each_count_is_published_under_its_own_name() -> None:
     supervisor = _Fixed(SupervisorStats(renewal_ticks=2, leases_renewed=3, last_renewed=5,
                                         campaign_reads=7, acquires=11, takeovers=13,
                                         releases=17, notices=19, bindings=23,
-                                        bindings_held=29))
+                                        bindings_held=29, renewal_hedges=31))
     published.watch(store, name="s")
     published.watch(supervisor, name="v")
 
@@ -149,6 +149,7 @@ def test_each_count_is_published_under_its_own_name() -> None:
     assert values("mos_lease.store.reconciles") == {"": 19}
     assert values("mos_lease.supervisor.renewal.ticks") == {"": 2}
     assert values("mos_lease.supervisor.renewal.leases") == {"": 3}
+    assert values("mos_lease.supervisor.renewal.hedges") == {"": 31}
     assert values("mos_lease.supervisor.renewal.last_leases") == {"": 5}
     assert values("mos_lease.supervisor.calls") == {"read": 7, "acquire": 11, "takeover": 13,
                                                     "release": 17}
