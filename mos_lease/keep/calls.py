@@ -1,17 +1,14 @@
 """The supervisor's store calls, each given a time limit: a campaign call waited for until
-its limit, and the renewal batches a turn keeps in flight, given up on at theirs (or sooner,
-on a renewal connection found slower than the other: :class:`~mos_lease.keep.lanes.Lanes`),
-and sent again on the other connection when one of them is slow with nothing to compare it
-to (a hedge). :class:`Calls` for the thread supervisor, :class:`AsyncCalls` for the asyncio
-one, with one call shape (:mod:`mos_lease.keep.runner`).
+its limit, and the renewal batches a turn keeps in flight, given up on at theirs (or
+sooner, on a renewal connection the other outpaces: :class:`~mos_lease.keep.lanes.Lanes`).
+:class:`Calls` for the thread supervisor, :class:`AsyncCalls` for the asyncio one, with one
+call shape (:mod:`mos_lease.keep.runner`).
 
-Why a hedge: a batch on one of two renewal connections still running at half the time its
-leases have left is slow, but that alone does not say whether its connection or the
-database is. When a batch of the other connection started no earlier has returned, its own
-connection is (it is then given up on, :meth:`Lanes.outpaced`). When the other connection
-is idle (a tick of one batch), the same renewals are sent there too, and whichever call
-returns its results first is judged: a connection that hangs costs no lease, and a database
-slow for both costs one extra call, not a lease given up on.
+A batch on one of two renewal connections still running at half its time is slow, but that
+alone does not say whether its connection or the database is; with the other connection
+idle (a tick of one batch), nothing there says it either. So its renewals are sent there
+too (a hedge), and whichever call returns its results first is judged: a connection that
+hangs costs no lease, a database slow for both one extra call and no lease given up on.
 """
 
 from __future__ import annotations
@@ -32,7 +29,7 @@ from mos_lease.bounded import (
     start,
 )
 from mos_lease.coordinator import AsyncConnectorLeaseCoordinator, ConnectorLeaseCoordinator
-from mos_lease.keep.lanes import Lanes
+from mos_lease.keep.lanes import Lanes, answered
 from mos_lease.keep.slots import RenewalBatch
 from mos_lease.keep.turn import Ended
 from mos_lease.results import LeaseResult
@@ -47,18 +44,6 @@ NAME = "mos-lease-supervisor"
 POLL: Final = 0.01
 """Seconds between looks at a hedge while the thread supervisor waits for the batch it
 hedges (a thread cannot wait for the first of two others)."""
-
-
-def _lanes(clock: Callable[[], float], renewers: Sequence[object]) -> Lanes:
-    """The health of ``renewers``' connections, named in the log by their place."""
-    return Lanes(clock, max(len(renewers), 1), {
-        id(r): f"renewal coordinator {i} of {len(renewers)}"
-        for i, r in enumerate(renewers, 1)})
-
-
-def _returned(outcome: object) -> bool:
-    """Whether a renewal call's outcome is its results (not an exception, not OVERDUE)."""
-    return isinstance(outcome, Ended) and not isinstance(outcome.outcome, BaseException)
 
 
 class Calls:
@@ -82,7 +67,7 @@ class Calls:
         self._queued: collections.deque[_Batch] = collections.deque()
         # By coordinator (its id): the batch whose thread may still run.
         self._started: dict[int, _Batch] = {}
-        self._lanes = _lanes(clock, self._renewers)  # kept past the turn
+        self._lanes = Lanes.of(clock, self._renewers)  # kept past the turn
 
     def bounded(self, call: Callable[[A], T], argument: A, timeout: float,
                 late: Callable[[T], object] | None = None) -> T | BaseException:
@@ -131,8 +116,7 @@ class Calls:
                         if b.running is not None and b is not ticket and b.running.done()]):
                     wait = 0.0
                 else:
-                    wait = timeout - (time.monotonic() - began)
-                    outcome = self._hedged(ticket, wait)
+                    outcome = self._hedged(ticket, timeout - (time.monotonic() - began))
                     wait = timeout - (time.monotonic() - began)
         if outcome is None:
             outcome = running.wait(wait)
@@ -157,16 +141,16 @@ class Calls:
                 outcome = second.wait(0.0)
                 self._lanes.judge(hedge.lane, outcome, second, hedge.begun)
                 self._ended(hedge)
-                if not _returned(outcome):
+                if not answered(outcome):
                     return None
                 given_up = first.wait(0.0)
-                if _returned(given_up):
+                if answered(given_up):
                     return None  # both returned: the first's, judged by collect
                 self._lanes.judge(ticket.lane, given_up, first, ticket.begun)
                 return outcome
             if not first.done():
                 first.ended(min(POLL, left))
-            elif _returned(first.wait(0.0)):
+            elif answered(first.wait(0.0)):
                 return None
             else:  # the first failed: wait for the hedge alone
                 second.ended(left)
@@ -175,14 +159,14 @@ class Calls:
     def _hedge(self, ticket: _Batch) -> _Batch | None:
         """``ticket``'s renewals started on another coordinator with no batch in flight or
         queued and not avoided, if there is one."""
-        busy = {ticket.lane, *self._started, *(b.lane for b in self._queued)}
-        idle = [r for r in self._renewers if id(r) not in busy and not self.stuck(r)]
-        if not idle or ticket.renew is None:
-            return None
+        idle = self._lanes.idle(self._renewers, [ticket.lane, *self._started,
+                                                 *(b.lane for b in self._queued)])
         renew = ticket.renew
+        if idle is None or renew is None:
+            return None
         try:
-            hedge = _Batch(idle[0].prime_heartbeat_many(renew.leases, ttl=renew.ttl),
-                           lane=id(idle[0]), renew=renew)
+            hedge = _Batch(idle.prime_heartbeat_many(renew.leases, ttl=renew.ttl),
+                           lane=id(idle), renew=renew)
         except Exception:
             return None  # primed once already: a bug, which the batch itself reports
         self._counts.hedges += 1
@@ -263,7 +247,7 @@ class AsyncCalls:
         self._abandoned: set[asyncio.Future[Any]] = set()
         # Renewals not yet collected: each one's coordinator's id, start and batch.
         self._started: dict[asyncio.Future[Any], tuple[int, float, RenewalBatch]] = {}
-        self._lanes = _lanes(clock, self._renewers)
+        self._lanes = Lanes.of(clock, self._renewers)
 
     async def bounded(self, call: Callable[[A], Awaitable[T]], argument: A, timeout: float,
                       late: Callable[[T], Awaitable[object]] | None = None
@@ -362,12 +346,12 @@ class AsyncCalls:
                       renew: RenewalBatch, wait: float) -> object:
         """As :meth:`Calls._hedged`; a hedge still running when ``ticket`` returns its
         results, or at the end of ``wait``, is cancelled (no verdict on its coordinator)."""
-        busy = {lane, *(other for other, _, _ in self._started.values())}
-        idle = [r for r in self._renewers if id(r) not in busy and not self.stuck(r)]
-        if not idle:
+        idle = self._lanes.idle(self._renewers,
+                                [lane, *(other for other, _, _ in self._started.values())])
+        if idle is None:
             return None
-        hedge = asyncio.ensure_future(self._timed(idle[0].heartbeat_many(renew.leases,
-                                                                         ttl=renew.ttl)))
+        hedge = asyncio.ensure_future(self._timed(idle.heartbeat_many(renew.leases,
+                                                                      ttl=renew.ttl)))
         self._counts.hedges += 1
         started, end = self._clock(), time.monotonic() + wait
         waiting = {ticket, hedge}
@@ -376,12 +360,12 @@ class AsyncCalls:
                 done, _ = await asyncio.wait(waiting, timeout=min(left, 1e9),
                                              return_when=asyncio.FIRST_COMPLETED)
                 waiting -= done
-                if ticket in done and _returned(ticket.result()):
+                if ticket in done and answered(ticket.result()):
                     break  # the first returned: its own, judged by collect
                 if hedge in done:
                     outcome = hedge.result()
-                    self._lanes.judge(id(idle[0]), outcome, hedge, started)
-                    if _returned(outcome):
+                    self._lanes.judge(id(idle), outcome, hedge, started)
+                    if answered(outcome):
                         if ticket in waiting:
                             abandon(ticket, self._abandoned)
                         given_up = ticket.result() if ticket.done() else OVERDUE

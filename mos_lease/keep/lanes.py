@@ -4,14 +4,21 @@ around one that hangs: see :class:`Lanes`."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, TypeVar
 
 from mos_lease.bounded import OVERDUE
 from mos_lease.errors import CommitOutcomeUnknown, StoreUnavailable
 from mos_lease.keep.turn import Ended
 
 log = logging.getLogger("mos_lease.supervisor")
+
+R = TypeVar("R")
+
+
+def answered(outcome: object) -> bool:
+    """Whether a renewal call's outcome is its results (not an exception, not OVERDUE)."""
+    return isinstance(outcome, Ended) and not isinstance(outcome.outcome, BaseException)
 
 
 class Lanes:
@@ -78,6 +85,20 @@ class Lanes:
         else:
             failing.until = self._clock() + failing.pause
 
+    @classmethod
+    def of(cls, clock: Callable[[], float], renewers: Sequence[object]) -> Lanes:
+        """The lanes of ``renewers`` (by id), named in the log by their place."""
+        return cls(clock, max(len(renewers), 1), {
+            id(r): f"renewal coordinator {i} of {len(renewers)}"
+            for i, r in enumerate(renewers, 1)})
+
+    def idle(self, renewers: Sequence[R], busy: Iterable[int]) -> R | None:
+        """The first of ``renewers`` not avoided with no batch on it (``busy``: the lanes
+        with one): where a batch still running elsewhere may be sent again."""
+        taken = set(busy)
+        return next((r for r in renewers if id(r) not in taken and not self.avoided(id(r))),
+                    None)
+
     def _name(self, lane: int) -> str:
         return self._names.get(lane, "a renewal coordinator")
 
@@ -91,7 +112,7 @@ class Lanes:
         (a batch's on ``lane`` still running): that lane, not the database, is slow.
         ``ended``: batches ended but not yet collected, as (lane, start, outcome)."""
         for other, started, outcome in ended:
-            if isinstance(outcome, Ended) and not isinstance(outcome.outcome, BaseException):
+            if answered(outcome):
                 self.returned(other, started)
         return any(other != lane and started >= begun
                    for other, started in self._returned.items())

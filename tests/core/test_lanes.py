@@ -158,3 +158,20 @@ def test_a_lane_failing_is_logged_once_a_run_of_failures_by_its_name_and_so_is_i
     assert [r.getMessage() for r in caplog.records] == [
         "mos_lease: renewal coordinator 2 of 2 failing (given up on after 0.25 s); the other "
         "renews every batch while the call runs and for 30 s after"]
+
+
+def test_a_hedge_goes_to_a_coordinator_with_no_batch_on_it_that_is_not_avoided(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """``idle`` is where a batch still running elsewhere may be sent again: the first
+    coordinator with no batch in flight or queued on it, passing over one avoided; none if
+    every other is busy or avoided. ``of`` names each by its place in the log."""
+    first, second, third = object(), object(), object()
+    now = [100.0]
+    lanes = Lanes.of(lambda: now[0], [first, second, third])
+    assert lanes.idle([first, second, third], [id(first)]) is second
+    assert lanes.idle([first, second, third], [id(first), id(second)]) is third
+    lanes.judge(id(second), StoreUnavailable("down"), None, 99.0)
+    assert lanes.idle([first, second, third], [id(first)]) is third
+    assert lanes.idle([first, second, third], [id(first), id(third)]) is None
+    assert [r.getMessage().split(" failing")[0] for r in caplog.records] == [
+        "mos_lease: renewal coordinator 2 of 3"]
