@@ -9,7 +9,7 @@ import asyncio
 import contextlib
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import pytest
@@ -27,6 +27,7 @@ from mos_lease import (
     StoreUnavailable,
 )
 from mos_lease.events import Event, Lost, RenewalRetry, Renewed
+from mos_lease.stats import SupervisorStats
 from mos_lease.supervisor import AsyncSupervisor, BindingLost, BindingStarted, Supervisor
 from mos_lease_memory import AsyncInMemoryLeaseStore, InMemoryLeaseStore
 from tests.core.test_supervisor import SCOPES, TTL, AsyncRig, Rig, ident
@@ -217,12 +218,14 @@ class Hanging:
 
 HUNG = 3000  # bindings of the hung-connection tests: three renewal batches a tick
 FEW = 50  # and one batch a tick: no batch of the other coordinator runs beside it
+HUNG_TTL = 3.0
 
 
 def add_hung(supervisor: Supervisor | AsyncSupervisor, n: int) -> None:
-    """The bindings of a hung-connection test, with a short ttl (a renewal every 0.5 s)."""
+    """The bindings of a hung-connection test, with a short ttl (a renewal every second,
+    1.7 s from a renewal to its deadline: room for a slow machine's batch of 1,000)."""
     for i in range(n):
-        supervisor.add(ident(i), "gw-a", scopes=SCOPES, ttl=1.5)
+        supervisor.add(ident(i), "gw-a", scopes=SCOPES, ttl=HUNG_TTL)
 
 
 def all_started(changes: list[Any], n: int) -> bool:
@@ -253,7 +256,7 @@ def test_renewals_pass_over_a_heartbeat_coordinator_whose_batch_hangs(bound: flo
     a pause after it ends (a store's call bound ends it, and the next one would hang
     again). No binding is lost; the old code lost 800-3,600 of 3,000-6,000 (those of the
     hung batches, and of the batches behind them, at their deadlines). Real time, a short
-    ttl: a renewal every 0.5 s, a batch's limit under a second."""
+    ttl: a renewal every second, a batch's limit under two."""
     store = InMemoryLeaseStore()
     coordinator = ConnectorLeaseCoordinator(store, AllowAllPolicy())
     renewers = [Renewer(store, AllowAllPolicy()) for _ in range(2)]
@@ -268,13 +271,62 @@ def test_renewals_pass_over_a_heartbeat_coordinator_whose_batch_hangs(bound: flo
         while not all_started(changes, n) and time.monotonic() < deadline:
             time.sleep(0.01)
         hanging.hang.set()
-        time.sleep(4.5)  # three ttls: nine renewal ticks
+        time.sleep(3 * HUNG_TTL)  # nine renewal ticks
         none_lost(changes, supervisor.lease, n)
         if n == FEW:  # renewed by a hedge: no batch of the other to be outpaced by
             assert supervisor.stats().renewal_hedges >= 1
     finally:
         hanging.release.set()
         supervisor.close()
+
+
+def through_trouble(effects: Sequence[Callable[[], None]], ttl: float, watched: float
+                    ) -> tuple[list[Any], int, SupervisorStats, list[int]]:
+    """A thread supervisor keeping FEW bindings through two renewal coordinators; once both
+    have renewed a batch (each was quick before), every call through coordinator ``k`` runs
+    ``effects[k]`` first, for ``watched`` seconds. The changes meanwhile, the bindings held
+    at the end, the stats and the calls each coordinator took meanwhile."""
+    store = InMemoryLeaseStore()
+    renewers = [Renewer(store, AllowAllPolicy()) for _ in effects]
+    trouble = threading.Event()
+    for renewer, effect in zip(renewers, effects, strict=True):
+        prime = renewer.prime_heartbeat_many
+
+        def primed(leases: Sequence[LeaseHandle], prime: Any = prime,
+                   effect: Callable[[], None] = effect, **options: Any) -> Any:
+            rest = prime(leases, **options)
+
+            def call() -> Any:
+                if trouble.is_set():
+                    effect()
+                return rest()
+            return call
+        renewer.prime_heartbeat_many = primed  # type: ignore[method-assign]
+    changes: list[Any] = []
+    supervisor = Supervisor(ConnectorLeaseCoordinator(store, AllowAllPolicy()),
+                            on_change=changes.append, heartbeat_coordinator=renewers)
+    try:
+        for i in range(FEW):
+            supervisor.add(ident(i), "gw-a", scopes=SCOPES, ttl=ttl)
+        deadline = time.monotonic() + 10
+        while not (all_started(changes, FEW) and all(r.batches for r in renewers)) \
+                and time.monotonic() < deadline:
+            time.sleep(0.01)
+        before = [r.batches for r in renewers]
+        del changes[:]
+        trouble.set()
+        time.sleep(watched)
+        held = sum(supervisor.lease(ident(i)) is not None for i in range(FEW))
+        # A copy: closing reports every binding stopped, into the same list.
+        return (list(changes), held, supervisor.stats(),
+                [r.batches - b for r, b in zip(renewers, before, strict=True)])
+    finally:
+        trouble.clear()
+        supervisor.close()
+
+
+def lost(changes: list[Any]) -> list[LeaseIdentity]:
+    return [c.identity for c in changes if isinstance(c, BindingLost)]
 
 
 def test_two_heartbeat_coordinators_both_slow_are_waited_for_until_the_deadline() -> None:
@@ -285,41 +337,15 @@ def test_two_heartbeat_coordinators_both_slow_are_waited_for_until_the_deadline(
     coordinator was quick before the database turned slow, which is no evidence either:
     each batch is sent again on the idle one at half its time, and the first answer
     counts."""
-    store = InMemoryLeaseStore()
-    coordinator = ConnectorLeaseCoordinator(store, AllowAllPolicy())
-    renewers = [Renewer(store, AllowAllPolicy()) for _ in range(2)]
-    slow = threading.Event()
-    for renewer in renewers:
-        prime = renewer.prime_heartbeat_many
+    changes, held, stats, _ = through_trouble([lambda: time.sleep(1.2)] * 2, 3.0, 6.0)
+    assert (lost(changes), held) == ([], FEW)
+    assert stats.renewal_hedges >= 1  # each slow batch, sent again
 
-        def primed(leases: Sequence[LeaseHandle], prime: Any = prime, **options: Any) -> Any:
-            rest = prime(leases, **options)
 
-            def call() -> Any:
-                if slow.is_set():
-                    time.sleep(1.2)
-                return rest()
-            return call
-        renewer.prime_heartbeat_many = primed  # type: ignore[method-assign]
-    changes: list[Any] = []
-    supervisor = Supervisor(coordinator, on_change=changes.append,
-                            heartbeat_coordinator=renewers)
-    try:
-        for i in range(FEW):
-            supervisor.add(ident(i), "gw-a", scopes=SCOPES, ttl=3.0)
-        deadline = time.monotonic() + 5
-        # Each renewal coordinator has been quick before the database turned slow: that is
-        # no reason to give up on a batch of one for the other.
-        while not (all_started(changes, FEW) and all(r.batches for r in renewers)) \
-                and time.monotonic() < deadline:
-            time.sleep(0.01)
-        slow.set()
-        time.sleep(6.0)  # two ttls: six renewal ticks
-        assert [c.identity for c in changes if isinstance(c, BindingLost)] == []
-        assert all(supervisor.lease(ident(i)) is not None for i in range(FEW))
-        assert supervisor.stats().renewal_hedges >= 1  # each slow batch, sent again
-    finally:
-        supervisor.close()
+def bounded_call() -> None:
+    """A call a store's call bound ends (a hung statement)."""
+    time.sleep(2.4)
+    raise StoreUnavailable("the call bound passed")
 
 
 def test_a_hedge_still_running_when_the_first_call_fails_is_waited_for() -> None:
@@ -329,134 +355,74 @@ def test_a_hedge_still_running_when_the_first_call_fails_is_waited_for() -> None
     fails before the hedge returns, and the hedge's results still count, renewing every
     lease. Taking the failure as the batch's outcome retried the leases on the second
     behind the hedge still running there, past their deadline (3.65 s): every lease lost."""
-    store = InMemoryLeaseStore()
-    coordinator = ConnectorLeaseCoordinator(store, AllowAllPolicy())
-    renewers = [Renewer(store, AllowAllPolicy()) for _ in range(2)]
-    trouble = threading.Event()
+    changes, held, _, calls = through_trouble([lambda: time.sleep(1.2), bounded_call], 6.0,
+                                              8.0)
+    assert calls[1] >= 1  # a batch met the failing coordinator
+    assert (lost(changes), held) == ([], FEW)
 
-    def slowed(renewer: Renewer, then: Callable[[], None]) -> None:
-        prime = renewer.prime_heartbeat_many
 
-        def primed(leases: Sequence[LeaseHandle], **options: Any) -> Any:
-            rest = prime(leases, **options)
+async def through_trouble_async(effects: Sequence[Callable[[], Awaitable[None]]], ttl: float,
+                                watched: float) -> tuple[list[Any], int, SupervisorStats]:
+    """:func:`through_trouble` for the asyncio supervisor."""
+    trouble = asyncio.Event()
 
-            def call() -> Any:
-                if trouble.is_set():
-                    then()
-                return rest()
-            return call
-        renewer.prime_heartbeat_many = primed  # type: ignore[method-assign]
+    class Troubled(AsyncRenewer):
+        effect: Callable[[], Awaitable[None]]
 
-    def bounded() -> None:
-        time.sleep(2.4)
-        raise StoreUnavailable("the call bound passed")
+        async def heartbeat_many(self, leases: Sequence[LeaseHandle], **options: Any) -> Any:
+            if trouble.is_set():
+                await self.effect()
+            return await super().heartbeat_many(leases, **options)
 
-    slowed(renewers[0], lambda: time.sleep(1.2))
-    slowed(renewers[1], bounded)
+    store = AsyncInMemoryLeaseStore()
+    renewers = []
+    for effect in effects:
+        renewer = Troubled(store, AllowAllPolicy())
+        renewer.effect = effect
+        renewers.append(renewer)
     changes: list[Any] = []
-    supervisor = Supervisor(coordinator, on_change=changes.append,
-                            heartbeat_coordinator=renewers)
+    supervisor = AsyncSupervisor(AsyncConnectorLeaseCoordinator(store, AllowAllPolicy()),
+                                 on_change=changes.append, heartbeat_coordinator=renewers)
     try:
         for i in range(FEW):
-            supervisor.add(ident(i), "gw-a", scopes=SCOPES, ttl=6.0)
-        deadline = time.monotonic() + 10
-        while not (all_started(changes, FEW) and all(r.batches for r in renewers)) \
-                and time.monotonic() < deadline:
-            time.sleep(0.01)
-        batches = renewers[1].batches
+            supervisor.add(ident(i), "gw-a", scopes=SCOPES, ttl=ttl)
+
+        async def warm() -> None:
+            while not (all_started(changes, FEW) and all(r.batches for r in renewers)):
+                await asyncio.sleep(0.01)
+        await asyncio.wait_for(warm(), 10)
+        del changes[:]
         trouble.set()
-        time.sleep(8.0)  # four renewal ticks
-        assert renewers[1].batches > batches  # a batch met the failing coordinator
-        assert [c.identity for c in changes if isinstance(c, BindingLost)] == []
-        assert all(supervisor.lease(ident(i)) is not None for i in range(FEW))
+        await asyncio.sleep(watched)
+        held = sum(supervisor.lease(ident(i)) is not None for i in range(FEW))
+        return list(changes), held, supervisor.stats()
     finally:
         trouble.clear()
-        supervisor.close()
+        await supervisor.close()
+
+
+async def bounded_call_async() -> None:
+    await asyncio.sleep(2.4)
+    raise StoreUnavailable("the call bound passed")
 
 
 def test_the_asyncio_supervisor_waits_for_a_hedge_still_running_when_the_first_fails(
         ) -> None:
     """As above for the asyncio supervisor."""
-    trouble = asyncio.Event()
-
-    class Slow(AsyncRenewer):
-        async def heartbeat_many(self, leases: Sequence[LeaseHandle], **options: Any) -> Any:
-            self.batches += 1
-            if trouble.is_set():
-                await asyncio.sleep(1.2)
-            return await AsyncConnectorLeaseCoordinator.heartbeat_many(self, leases, **options)
-
-    class Bounded(AsyncRenewer):
-        async def heartbeat_many(self, leases: Sequence[LeaseHandle], **options: Any) -> Any:
-            self.batches += 1
-            if trouble.is_set():
-                await asyncio.sleep(2.4)
-                raise StoreUnavailable("the call bound passed")
-            return await AsyncConnectorLeaseCoordinator.heartbeat_many(self, leases, **options)
-
-    async def main() -> None:
-        store = AsyncInMemoryLeaseStore()
-        coordinator = AsyncConnectorLeaseCoordinator(store, AllowAllPolicy())
-        renewers = [Slow(store, AllowAllPolicy()), Bounded(store, AllowAllPolicy())]
-        changes: list[Any] = []
-        supervisor = AsyncSupervisor(coordinator, on_change=changes.append,
-                                     heartbeat_coordinator=renewers)
-        try:
-            for i in range(FEW):
-                supervisor.add(ident(i), "gw-a", scopes=SCOPES, ttl=6.0)
-
-            async def warm() -> None:
-                while not (all_started(changes, FEW) and all(r.batches for r in renewers)):
-                    await asyncio.sleep(0.01)
-            await asyncio.wait_for(warm(), 10)
-            batches = renewers[1].batches
-            trouble.set()
-            await asyncio.sleep(8.0)
-            assert renewers[1].batches > batches
-            assert [c.identity for c in changes if isinstance(c, BindingLost)] == []
-            assert all(supervisor.lease(ident(i)) is not None for i in range(FEW))
-        finally:
-            trouble.clear()
-            await supervisor.close()
-
-    asyncio.run(main())
+    changes, held, stats = asyncio.run(through_trouble_async(
+        [lambda: asyncio.sleep(1.2), bounded_call_async], 6.0, 8.0))
+    assert (lost(changes), held) == ([], FEW)
+    assert stats.renewal_hedges >= 1
 
 
 def test_the_asyncio_supervisor_waits_for_two_heartbeat_coordinators_both_slow() -> None:
     """As above for the asyncio supervisor: each batch, sent again on the idle coordinator at
     half its time, is answered by the first call (the second is cancelled), and no lease is
     lost."""
-    slow = asyncio.Event()
-
-    class Slow(AsyncRenewer):
-        async def heartbeat_many(self, leases: Sequence[LeaseHandle], **options: Any) -> Any:
-            if slow.is_set():
-                await asyncio.sleep(1.2)
-            return await super().heartbeat_many(leases, **options)
-
-    async def main() -> None:
-        store = AsyncInMemoryLeaseStore()
-        coordinator = AsyncConnectorLeaseCoordinator(store, AllowAllPolicy())
-        renewers = [Slow(store, AllowAllPolicy()) for _ in range(2)]
-        changes: list[Any] = []
-        supervisor = AsyncSupervisor(coordinator, on_change=changes.append,
-                                     heartbeat_coordinator=renewers)
-        try:
-            for i in range(FEW):
-                supervisor.add(ident(i), "gw-a", scopes=SCOPES, ttl=3.0)
-
-            async def warm() -> None:
-                while not (all_started(changes, FEW) and all(r.batches for r in renewers)):
-                    await asyncio.sleep(0.01)
-            await asyncio.wait_for(warm(), 5)
-            slow.set()
-            await asyncio.sleep(6.0)
-            assert [c.identity for c in changes if isinstance(c, BindingLost)] == []
-            assert all(supervisor.lease(ident(i)) is not None for i in range(FEW))
-        finally:
-            await supervisor.close()
-
-    asyncio.run(main())
+    changes, held, stats = asyncio.run(through_trouble_async(
+        [lambda: asyncio.sleep(1.2)] * 2, 3.0, 6.0))
+    assert (lost(changes), held) == ([], FEW)
+    assert stats.renewal_hedges >= 1
 
 
 @pytest.mark.parametrize("n", [HUNG, FEW], ids=["three batches a tick", "one batch a tick"])
@@ -486,7 +452,7 @@ def test_the_asyncio_supervisor_passes_over_a_heartbeat_coordinator_whose_batch_
             add_hung(supervisor, n)
             await asyncio.wait_for(all_started_soon(changes, n), 5)
             hang.set()
-            await asyncio.sleep(4.5)
+            await asyncio.sleep(3 * HUNG_TTL)
             none_lost(changes, supervisor.lease, n)
             if n == FEW:
                 assert supervisor.stats().renewal_hedges >= 1
