@@ -44,7 +44,6 @@ from mos_lease.keep.hold_options import (
     check_options,
 )
 from mos_lease.keep.holding import AsyncHolder, Holder
-from mos_lease.keep.timing import default_clock_step
 
 __all__ = ["hold"]
 
@@ -140,8 +139,7 @@ def hold(coordinator: ConnectorLeaseCoordinator | AsyncConnectorLeaseCoordinator
     margin).
     """
     checked = check_options(identity, connector_id, scopes=scopes, ttl=ttl,
-                            default_clock_step=default_clock_step(
-                                getattr(coordinator, "store", None)), **options)
+                            store=getattr(coordinator, "store", None), **options)
     if not (sleep is None or callable(sleep)):
         raise InvalidInput("sleep", f"must be callable or None, not {type(sleep).__name__}")
     if isinstance(coordinator, ConnectorLeaseCoordinator):

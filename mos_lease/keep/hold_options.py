@@ -26,7 +26,7 @@ from mos_lease.identity import (
     normalize_ttl,
 )
 from mos_lease.keep.campaign import TakeoverPolicy, check_takeover, check_wait
-from mos_lease.keep.timing import DEFAULT_CLOCK_STEP, KeeperTiming, LeaseLoss
+from mos_lease.keep.timing import KeeperTiming, LeaseLoss, timing_over
 from mos_lease.metadata import EMPTY_METADATA, Metadata, check_metadata
 from mos_lease.records import LeaseHandle
 from mos_lease.results import HolderView
@@ -256,12 +256,11 @@ def _unexpected(keyword: str) -> TypeError:
 
 
 def check_options(identity: object, connector_id: object, *, scopes: object, ttl: object,
-                  default_clock_step: float = DEFAULT_CLOCK_STEP,
-                  **options: Unpack[HoldKeywords]) -> HoldOptions:
+                  store: object = None, **options: Unpack[HoldKeywords]) -> HoldOptions:
     """Check every argument of :func:`~mos_lease.hold` that does not depend on the
-    coordinator's kind, before anything is read or written, and apply the defaults
-    (``default_clock_step``: the ``clock_step`` when ``timing`` gives none; ``hold()``
-    passes its store's, :func:`~mos_lease.keeper.default_clock_step`)."""
+    coordinator's kind, before anything is read or written, and apply the defaults (the
+    ``clock_step`` of the coordinator's ``store`` when ``timing`` gives none:
+    :func:`~mos_lease.keeper.timing_over`)."""
     unknown = sorted(set(options) - HoldKeywords.__optional_keys__)
     if unknown:
         raise _unexpected(unknown[0])
@@ -275,14 +274,12 @@ def check_options(identity: object, connector_id: object, *, scopes: object, ttl
     norm_scopes = normalize_scopes("scopes", scopes)
     norm_ttl = normalize_ttl("ttl", ttl, LEASE_TTL_CAP).total_seconds()
     paced = _group("timing", options.get("timing"), HoldTiming)
-    bounds = {name: seconds for name, seconds in (
-        ("min_backoff", _seconds_or_none("min_backoff", paced.min_backoff)),
-        ("max_backoff", _seconds_or_none("max_backoff", paced.max_backoff)),
-        ("safety_margin", _non_negative("safety_margin", paced.safety_margin)),
-        ("clock_step", _non_negative("clock_step", paced.clock_step))) if seconds is not None}
-    bounds.setdefault("clock_step", default_clock_step)
     # Refuses min_backoff > max_backoff, and a ttl too short for the margin.
-    keeper_timing = KeeperTiming(norm_ttl, **bounds)
+    keeper_timing = timing_over(
+        store, norm_ttl, min_backoff=_seconds_or_none("min_backoff", paced.min_backoff),
+        max_backoff=_seconds_or_none("max_backoff", paced.max_backoff),
+        safety_margin=_non_negative("safety_margin", paced.safety_margin),
+        clock_step=_non_negative("clock_step", paced.clock_step))
     gap = latest_healthy_gap(keeper_timing)
     within = _seconds_or_none("expiring_within", paced.expiring_within)
     if within is None:

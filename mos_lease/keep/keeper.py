@@ -32,8 +32,8 @@ from mos_lease.keep.timing import (
     KeeperState,
     KeeperTiming,
     LeaseLoss,
-    default_clock_step,
     next_action,
+    timing_over,
 )
 from mos_lease.records import LeaseHandle
 from mos_lease.results import LeaseResult
@@ -72,14 +72,6 @@ def _refuse_other_kind(keeper: str, coordinator: object, kind: type[object]) -> 
                              f"{type(coordinator).__name__}{hint}")
 
 
-def _timing(store: object, ttl: float | timedelta, **options: float | None) -> KeeperTiming:
-    # An option left at None takes KeeperTiming's default; clock_step the store's.
-    seconds = ttl.total_seconds() if isinstance(ttl, timedelta) else ttl
-    if options.get("clock_step") is None:
-        options["clock_step"] = default_clock_step(store)
-    return KeeperTiming(seconds, **{k: v for k, v in options.items() if v is not None})
-
-
 def _adopted(lease: object) -> LeaseResult:
     if not isinstance(lease, LeaseHandle):
         raise InvalidInput("lease", f"must be a LeaseHandle, not {type(lease).__name__}")
@@ -110,7 +102,7 @@ class _Keeper(Generic[C, S]):
         self.coordinator: C = coordinator
         self.heartbeat_coordinator: C = _renewer(coordinator, heartbeat_coordinator,
                                                  self._kind)
-        self.timing: KeeperTiming = _timing(
+        self.timing: KeeperTiming = timing_over(
             coordinator.store, ttl, renew_fraction=renew_fraction, jitter=jitter,
             safety_margin=safety_margin, min_backoff=min_backoff, max_backoff=max_backoff,
             clock_step=clock_step)

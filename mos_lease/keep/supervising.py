@@ -31,7 +31,7 @@ from mos_lease.keep.changes import Change
 from mos_lease.keep.notices import NoticeFeed, SupervisorNotices, check_feed
 from mos_lease.keep.schedule import BATCH
 from mos_lease.keep.slots import Binding
-from mos_lease.keep.timing import KeeperTiming, default_clock_step
+from mos_lease.keep.timing import timing_over
 from mos_lease.keep.turn import IN_FLIGHT, Core
 from mos_lease.metadata import check_metadata
 from mos_lease.records import LeaseHandle
@@ -49,12 +49,8 @@ def _binding(store: object, identity: LeaseIdentity, connector_id: str, scopes: 
              ttl: float | timedelta, options: dict[str, float | None],
              metadata: object = None, takeover: object = TakeoverPolicy.EXPIRED,
              wait: object = None, once: object = False) -> Binding:
-    seconds = ttl.total_seconds() if isinstance(ttl, timedelta) else ttl
-    if options.get("clock_step") is None:  # the store says whether its time can step
-        options["clock_step"] = default_clock_step(store)
-    timing = KeeperTiming(seconds, **{k: v for k, v in options.items() if v is not None})
     return Binding(check_identity("identity", identity), check_id("connector_id", connector_id),
-                   normalize_scopes("scopes", scopes), timing,
+                   normalize_scopes("scopes", scopes), timing_over(store, ttl, **options),
                    check_metadata("metadata", metadata), check_takeover(takeover),
                    check_wait(wait), _flag("once", once))
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 import math
+from datetime import timedelta
 from typing import Final
 
 import attrs
@@ -21,7 +22,7 @@ __all__ = [  # re-exported by mos_lease.keeper
     "DEFAULT_CLOCK_STEP", "LEASE_GONE_REASONS", "TIMING_OPTIONS", "TRANSIENT_ERRORS", "Action",
     "HeartbeatDue", "KeeperState", "KeeperTiming", "LeaseLoss", "LossCause", "ReportLoss",
     "Wait", "abandoned", "after_renewal", "default_clock_step", "grant_loss", "held",
-    "local_refusal", "lose", "next_action",
+    "local_refusal", "lose", "next_action", "timing_over",
 ]
 
 DEFAULT_CLOCK_STEP: Final = 2.0
@@ -45,6 +46,17 @@ def default_clock_step(store: object) -> float:
     cannot fail over (the in-memory store, one process's clock) says so, and a store that
     does not say is assumed to step."""
     return 0.0 if getattr(store, "clock_can_step", True) is False else DEFAULT_CLOCK_STEP
+
+
+def timing_over(store: object, ttl: float | timedelta, **options: float | None
+                ) -> KeeperTiming:
+    """The timing of a lease kept over ``store``, for ``ttl`` (seconds or a timedelta): the
+    one reading of the timing options of the keepers, ``hold()`` and ``Supervisor.add()``.
+    An option given as ``None`` takes :class:`KeeperTiming`'s default, ``clock_step`` the
+    store's (:func:`default_clock_step`)."""
+    given = {name: value for name, value in options.items() if value is not None}
+    given.setdefault("clock_step", default_clock_step(store))
+    return KeeperTiming(ttl.total_seconds() if isinstance(ttl, timedelta) else ttl, **given)
 
 TRANSIENT_ERRORS: Final = (StoreUnavailable, CommitOutcomeUnknown)
 
