@@ -4,11 +4,11 @@ sooner, on a renewal connection the other outpaces: :class:`~mos_lease.keep.lane
 :class:`Calls` for the thread supervisor, :class:`AsyncCalls` for the asyncio one, with one
 call shape (:mod:`mos_lease.keep.runner`).
 
-A batch on one of two renewal connections still running at half its time is slow, but that
-alone does not say whether its connection or the database is; with the other connection
-idle (a tick of one batch), nothing there says it either. So its renewals are sent there
-too (a hedge), and whichever call returns its results first is judged: a connection that
-hangs costs no lease, a database slow for both one extra call and no lease given up on.
+A batch on one of two renewal connections still running at half its time may have a hung
+connection or a slow database; with the other connection idle, nothing says which. So its
+renewals are sent there too (a hedge), and whichever call returns first is judged: a hung
+connection costs no lease; a slow database one extra call, then none until a batch is
+prompt again, and no batch waits behind the hedge left running (:meth:`Lanes.wasted`).
 """
 
 from __future__ import annotations
@@ -42,19 +42,17 @@ NAME = "mos-lease-supervisor"
 """The name of the supervisor's thread or task; its call threads are named after it."""
 
 POLL: Final = 0.01
-"""Seconds between looks at a hedge while the thread supervisor waits for the batch it
-hedges (a thread cannot wait for the first of two others)."""
+"""Seconds between a thread supervisor's looks at a batch and its hedge (it cannot wait
+for the first of two threads)."""
 
 
 class Calls:
     """The thread supervisor's store calls. A campaign call runs on a short-lived daemon
-    thread of its own, abandoned past its limit (:func:`mos_lease.bounded.bounded`).
-
-    A renewal batch is primed when the turn asks for it (its leases checked and its
-    statement built, on the supervisor's thread), and its store call starts once the one
-    before it on the same coordinator was collected: one renewal thread per renewal
-    coordinator however many batches are in flight, while the supervisor's thread primes
-    the next batch and judges the last (the client's work overlapping the database's)."""
+    thread of its own, abandoned past its limit (:func:`mos_lease.bounded.bounded`). A
+    renewal batch is primed when the turn asks for it (its leases checked, its statement
+    built), and its call starts once the one before it on its coordinator was collected:
+    one renewal thread per coordinator, while the supervisor's thread primes the next batch
+    and judges the last (the client's work overlapping the database's)."""
 
     __slots__ = ("_clock", "_counts", "_lanes", "_queued", "_renewers", "_started")
 
@@ -77,8 +75,7 @@ class Calls:
         return bounded(lambda: call(argument), timeout, name=f"{NAME}-campaign", late=late)
 
     def renew(self, coordinator: ConnectorLeaseCoordinator, renew: RenewalBatch) -> object:
-        """Prime the batch ``renew`` and start it if no other runs on ``coordinator``: its
-        ticket."""
+        """Prime ``renew``, start it unless a batch runs on ``coordinator``: its ticket."""
         try:
             batch = _Batch(coordinator.prime_heartbeat_many(renew.leases, ttl=renew.ttl),
                            lane=id(coordinator), renew=renew)
@@ -94,9 +91,8 @@ class Calls:
         """The batch's results, the exception its call raised, or ``OVERDUE`` (abandoned)
         after ``timeout`` seconds, after ``patience`` if its coordinator is outpaced
         (:meth:`Lanes.outpaced`), at once if it is forsaken (:meth:`Lanes.forsaken`; one
-        queued never starts); still running at ``patience`` with the other coordinator idle,
-        the results of whichever of it and its hedge returns first. The next batch on its
-        coordinator starts once this one ends."""
+        queued never starts); running at ``patience``, whichever of it and its hedge returns
+        first (:meth:`_hedged`). The next batch on its coordinator starts once it ends."""
         assert isinstance(ticket, _Batch)
         if ticket.rest is None:
             return ticket.outcome
@@ -110,14 +106,15 @@ class Calls:
         outcome: object = None
         if wait > 0.0 and patience < timeout:
             began = time.monotonic()
-            if not running.ended(patience):
-                if self._lanes.outpaced(ticket.lane, ticket.begun, [
-                        (b.lane, b.begun, b.running.wait(0.0)) for b in self._started.values()
-                        if b.running is not None and b is not ticket and b.running.done()]):
-                    wait = 0.0
-                else:
-                    outcome = self._hedged(ticket, timeout - (time.monotonic() - began))
-                    wait = timeout - (time.monotonic() - began)
+            if running.ended(patience):
+                self._lanes.prompt()
+            elif self._lanes.outpaced(ticket.lane, ticket.begun, [
+                    (b.lane, b.begun, b.running.wait(0.0)) for b in self._started.values()
+                    if b.running is not None and b is not ticket and b.running.done()]):
+                wait = 0.0
+            else:
+                outcome = self._hedged(ticket, timeout - (time.monotonic() - began))
+                wait = timeout - (time.monotonic() - began)
         if outcome is None:
             outcome = running.wait(wait)
             if not forsaken or outcome is not OVERDUE:  # given up for its lane: no news of it
@@ -151,14 +148,17 @@ class Calls:
             if not first.done():
                 first.ended(min(POLL, left))
             elif answered(first.wait(0.0)):
-                return None
+                self._lanes.wasted(hedge.lane, second)
+                break
             else:  # the first failed: wait for the hedge alone
                 second.ended(left)
+        else:
+            self._lanes.lingers(hedge.lane, second)  # nothing returned in time
+        self._ended(hedge)
         return None
 
     def _hedge(self, ticket: _Batch) -> _Batch | None:
-        """``ticket``'s renewals started on another coordinator with no batch in flight or
-        queued and not avoided, if there is one."""
+        """``ticket``'s renewals started on an idle coordinator (:meth:`Lanes.idle`), if any."""
         idle = self._lanes.idle(self._renewers, [ticket.lane, *self._started,
                                                  *(b.lane for b in self._queued)])
         renew = ticket.renew
@@ -187,8 +187,7 @@ class Calls:
         return self._lanes.avoided(id(coordinator))
 
     def clear(self) -> None:
-        """Forget the batches of a turn that ended without collecting them (never started,
-        or abandoned as at their limit)."""
+        """Forget the batches of a turn that ended without collecting them."""
         self._queued.clear()
         self._started.clear()
 
@@ -201,8 +200,7 @@ class Calls:
 
 def _timed(call: Callable[[], list[LeaseResult]], clock: Callable[[], float]
            ) -> Callable[[], Ended]:
-    """``call`` answering :class:`~mos_lease.keep.turn.Ended`: its outcome, and when it
-    returned."""
+    """``call`` answering :class:`~mos_lease.keep.turn.Ended`: its outcome and end."""
     def timed() -> Ended:
         outcome: object
         try:
@@ -252,13 +250,11 @@ class AsyncCalls:
     async def bounded(self, call: Callable[[A], Awaitable[T]], argument: A, timeout: float,
                       late: Callable[[T], Awaitable[object]] | None = None
                       ) -> T | BaseException:
-        """As :meth:`Calls.bounded`. Given ``late``, a call given up on is not cancelled (a
-        call cancelled mid-write may have committed it; one left to end says what it did):
-        past ``timeout`` it runs on (the store bounds it) and its result goes to ``late``, as
-        a task kept until it ends, as a thread's does; when the caller is cancelled, the
-        cancellation waits until the call has ended and ``late`` has had its result (at
-        most ``timeout`` more), so that nothing it started is still running once it goes
-        on."""
+        """As :meth:`Calls.bounded`. Given ``late``, a call given up on is not cancelled (one
+        cancelled mid-write may have committed; one left to end says what it did): it runs
+        on, a task kept until it ends, and its result goes to ``late``. A cancelled caller
+        waits (``timeout`` more at most) until the call has ended and ``late`` has its
+        result, so that nothing it started still runs once it goes on."""
         if late is None:
             return await bounded_async(call(argument), timeout, self._abandoned)
         running = asyncio.ensure_future(call(argument))
@@ -280,8 +276,7 @@ class AsyncCalls:
     async def _settle(self, running: asyncio.Future[T],
                       late: Callable[[T], Awaitable[object]], limit: float) -> None:
         """Wait (the caller is being cancelled) for ``running`` to end and ``late`` to take
-        its result; left to the background if it takes longer than ``limit``, or if the
-        caller is cancelled once more."""
+        its result; left to the background past ``limit``, or on a second cancellation."""
         try:
             done, _ = await asyncio.wait((running,), timeout=limit)
             if not done:
@@ -325,7 +320,9 @@ class AsyncCalls:
             except asyncio.CancelledError:
                 abandon(ticket, self._abandoned)
                 raise
-            if not done and self._lanes.outpaced(lane, begun, [
+            if done:
+                self._lanes.prompt()
+            elif self._lanes.outpaced(lane, begun, [
                     (other, started, running.result()) for running, (other, started, _)
                     in self._started.items() if running.done() and not running.cancelled()
                     and running.exception() is None]):
@@ -361,6 +358,8 @@ class AsyncCalls:
                                              return_when=asyncio.FIRST_COMPLETED)
                 waiting -= done
                 if ticket in done and answered(ticket.result()):
+                    if not hedge.done():
+                        self._lanes.wasted(id(idle), hedge)
                     break  # the first returned: its own, judged by collect
                 if hedge in done:
                     outcome = hedge.result()
@@ -378,6 +377,7 @@ class AsyncCalls:
             abandon(ticket, self._abandoned)
             raise
         if not hedge.done():
+            self._lanes.lingers(id(idle), hedge)  # its connection is taken until it ends
             abandon(hedge, self._abandoned)
         return None
 

@@ -41,7 +41,7 @@ class Lanes:
     with the time they have left, instead of waiting on the failing lane until their
     deadlines."""
 
-    __slots__ = ("_clock", "_count", "_failing", "_names", "_returned")
+    __slots__ = ("_clock", "_count", "_failing", "_names", "_returned", "hedging")
 
     def __init__(self, clock: Callable[[], float], count: int = 1,
                  names: Mapping[int, str] | None = None) -> None:
@@ -50,6 +50,11 @@ class Lanes:
         self._names = names or {}  # what the log calls each lane
         self._failing: dict[int, _Failing] = {}
         self._returned: dict[int, float] = {}  # the latest start of a batch that returned
+        # Whether a batch still running at its patience may be sent again (idle): not
+        # after a hedge lost to the call it hedged, until a batch returns within its
+        # patience again (prompt): a database slow for every connection is not given
+        # twice the work, tick after tick.
+        self.hedging = True
 
     def judge(self, lane: int, outcome: object, running: Any, begun: float) -> None:
         """A batch on ``lane``, started at ``begun``, was collected: its results, its
@@ -59,9 +64,7 @@ class Lanes:
         given = self._clock() - begun
         failing = self._failing.get(lane)
         if outcome is OVERDUE and given < PATIENCE:  # no verdict: avoided while it runs
-            if failing is None:
-                failing = self._failing[lane] = _Failing(0, 0.0)
-            failing.running = running
+            self.lingers(lane, running)
             return
         if not (outcome is OVERDUE or isinstance(outcome, BaseException)):
             if failing is not None and failing.failures:
@@ -92,9 +95,33 @@ class Lanes:
             id(r): f"renewal coordinator {i} of {len(renewers)}"
             for i, r in enumerate(renewers, 1)})
 
+    def lingers(self, lane: int, running: Any) -> None:
+        """A call on ``lane`` was left running with no verdict on the lane (given up on
+        too soon to say, or a hedge that lost): the lane is avoided while it runs, since
+        a batch sent there would wait behind it on the connection."""
+        failing = self._failing.get(lane)
+        if failing is None:
+            failing = self._failing[lane] = _Failing(0, 0.0)
+        if failing.running is None or failing.running.done():
+            failing.running = running
+
+    def wasted(self, lane: int, running: Any) -> None:
+        """A hedge on ``lane`` lost to the call it hedged, which returned its results:
+        the database, not a connection, was slow. No hedge until :meth:`prompt`, and the
+        lane lingers while the hedge runs on."""
+        self.hedging = False
+        self.lingers(lane, running)
+
+    def prompt(self) -> None:
+        """A batch returned within its patience: hedges may be sent again."""
+        self.hedging = True
+
     def idle(self, renewers: Sequence[R], busy: Iterable[int]) -> R | None:
         """The first of ``renewers`` not avoided with no batch on it (``busy``: the lanes
-        with one): where a batch still running elsewhere may be sent again."""
+        with one): where a batch still running elsewhere may be sent again (``None``
+        while hedges are held back, :meth:`wasted`)."""
+        if not self.hedging:
+            return None
         taken = set(busy)
         return next((r for r in renewers if id(r) not in taken and not self.avoided(id(r))),
                     None)

@@ -175,3 +175,22 @@ def test_a_hedge_goes_to_a_coordinator_with_no_batch_on_it_that_is_not_avoided(
     assert lanes.idle([first, second, third], [id(first), id(third)]) is None
     assert [r.getMessage().split(" failing")[0] for r in caplog.records] == [
         "mos_lease: renewal coordinator 2 of 3"]
+
+
+def test_a_hedge_that_lost_holds_back_hedges_until_a_batch_is_prompt_and_its_lane_lingers(
+        ) -> None:
+    """A hedge that lost to the call it hedged (``wasted``): no coordinator is idle for
+    another hedge until a batch returns within its patience (``prompt``), and its lane is
+    avoided while the hedge still runs (a batch sent there would wait behind it), with no
+    pause once it has ended and no failure counted."""
+    first, second = object(), object()
+    rig = Rig()
+    hedge = Call()
+    rig.lanes.wasted(id(second), hedge)
+    assert rig.lanes.idle([first, second], [id(first)]) is None
+    assert rig.lanes.avoided(id(second)) and not rig.lanes.avoided(id(first))
+    hedge.ended = True
+    assert not rig.lanes.avoided(id(second))
+    assert rig.lanes.idle([first, second], [id(first)]) is None  # still held back
+    rig.lanes.prompt()
+    assert rig.lanes.idle([first, second], [id(first)]) is second

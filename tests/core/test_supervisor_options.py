@@ -342,6 +342,33 @@ def test_two_heartbeat_coordinators_both_slow_are_waited_for_until_the_deadline(
     assert stats.renewal_hedges >= 1  # each slow batch, sent again
 
 
+def connection(seconds: float) -> Callable[[], None]:
+    """A call that takes ``seconds`` on a connection of its own: one call at a time on it,
+    as on a PostgreSQL connection (a call left running keeps the next one waiting)."""
+    lock = threading.Lock()
+
+    def call() -> None:
+        with lock:
+            time.sleep(seconds)
+    return call
+
+
+def test_no_batch_waits_behind_a_hedge_that_lost_and_a_slow_database_is_hedged_once(
+        ) -> None:
+    """Both renewal coordinators slow by 1.2 s (the database is), each on a connection that
+    takes one call at a time (ttl 3 s: 1.7 s from a renewal to its deadline, the hedge sent
+    at 0.85 s). The first hedge loses to the call it hedged and runs on, and its connection
+    is taken until it ends: the next batch goes to the other connection (sent behind it, it
+    missed its deadline and every lease was lost), and no batch is hedged again while none
+    returns within its patience (every batch was hedged, twice the work for a slow
+    database)."""
+    changes, held, stats, calls = through_trouble([connection(1.2), connection(1.2)], 3.0,
+                                                   6.0)
+    assert (lost(changes), held) == ([], FEW)
+    assert stats.renewal_hedges == 1
+    assert sum(calls) <= stats.renewal_ticks + 1
+
+
 def bounded_call() -> None:
     """A call a store's call bound ends (a hung statement)."""
     time.sleep(2.4)
@@ -423,6 +450,30 @@ def test_the_asyncio_supervisor_waits_for_two_heartbeat_coordinators_both_slow()
         [lambda: asyncio.sleep(1.2)] * 2, 3.0, 6.0))
     assert (lost(changes), held) == ([], FEW)
     assert stats.renewal_hedges >= 1
+
+
+def connection_async(seconds: float) -> Callable[[], Awaitable[None]]:
+    """:func:`connection` for the asyncio supervisor; a call cancelled keeps its connection
+    until its statement ends, as psycopg waits for the server to end a cancelled one."""
+    lock = asyncio.Lock()
+
+    async def call() -> None:
+        async with lock:
+            statement = asyncio.ensure_future(asyncio.sleep(seconds))
+            try:
+                await asyncio.shield(statement)
+            except asyncio.CancelledError:
+                await statement
+                raise
+    return call
+
+
+def test_the_asyncio_supervisor_sends_no_batch_behind_a_hedge_that_lost() -> None:
+    """As above for the asyncio supervisor."""
+    changes, held, stats = asyncio.run(through_trouble_async(
+        [connection_async(1.2), connection_async(1.2)], 3.0, 6.0))
+    assert (lost(changes), held) == ([], FEW)
+    assert stats.renewal_hedges == 1
 
 
 @pytest.mark.parametrize("n", [HUNG, FEW], ids=["three batches a tick", "one batch a tick"])
