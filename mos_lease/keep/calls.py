@@ -92,7 +92,7 @@ class Calls:
         after ``timeout`` seconds, after ``patience`` if its coordinator is outpaced
         (:meth:`Lanes.outpaced`), at once if it is forsaken (:meth:`Lanes.forsaken`; one
         queued never starts); running at ``patience``, whichever of it and its hedge returns
-        first (:meth:`_hedged`). The next batch on its coordinator starts once it ends."""
+        first (``_hedged``). The next batch on its coordinator starts once it ends."""
         assert isinstance(ticket, _Batch)
         if ticket.rest is None:
             return ticket.outcome
