@@ -148,12 +148,12 @@ class Calls:
             if not first.done():
                 first.ended(min(POLL, left))
             elif answered(first.wait(0.0)):
-                self._lanes.wasted(hedge.lane, second)
+                self._lanes.wasted()
                 break
             else:  # the first failed: wait for the hedge alone
                 second.ended(left)
-        else:
-            self._lanes.lingers(hedge.lane, second)  # nothing returned in time
+        if not second.done():  # its connection is taken until it ends
+            self._lanes.lingers(hedge.lane, second)
         self._ended(hedge)
         return None
 
@@ -359,7 +359,7 @@ class AsyncCalls:
                 waiting -= done
                 if ticket in done and answered(ticket.result()):
                     if not hedge.done():
-                        self._lanes.wasted(id(idle), hedge)
+                        self._lanes.wasted()
                     break  # the first returned: its own, judged by collect
                 if hedge in done:
                     outcome = hedge.result()

@@ -105,12 +105,11 @@ class Lanes:
         if failing.running is None or failing.running.done():
             failing.running = running
 
-    def wasted(self, lane: int, running: Any) -> None:
-        """A hedge on ``lane`` lost to the call it hedged, which returned its results:
-        the database, not a connection, was slow. No hedge until :meth:`prompt`, and the
-        lane lingers while the hedge runs on."""
+    def wasted(self) -> None:
+        """A hedge lost to the call it hedged, which returned its results: the database,
+        not a connection, was slow. No hedge until :meth:`prompt` (the hedge's lane
+        :meth:`lingers` while it runs on, as any call left running)."""
         self.hedging = False
-        self.lingers(lane, running)
 
     def prompt(self) -> None:
         """A batch returned within its patience: hedges may be sent again."""

@@ -186,7 +186,8 @@ def test_a_hedge_that_lost_holds_back_hedges_until_a_batch_is_prompt_and_its_lan
     first, second = object(), object()
     rig = Rig()
     hedge = Call()
-    rig.lanes.wasted(id(second), hedge)
+    rig.lanes.wasted()
+    rig.lanes.lingers(id(second), hedge)
     assert rig.lanes.idle([first, second], [id(first)]) is None
     assert rig.lanes.avoided(id(second)) and not rig.lanes.avoided(id(first))
     hedge.ended = True
